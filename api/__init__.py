@@ -1,0 +1,1 @@
+"""The HTTP service: reads tuner's storage and serves the best stable config. Never imports torch."""

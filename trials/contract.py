@@ -1,0 +1,132 @@
+"""The probe contract: what tuner/ sends to one probe and what comes back.
+
+This is the only module of ``trials`` that ``tuner`` imports. It has no torch import: the search, the API and the
+exports all read these models without loading a training stack.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Status = Literal["ok", "oom", "timeout", "error"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Engine = Literal["torch", "deepspeed"]
+
+BUILTIN_PREFIX = "builtin:"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Knobs(_Strict):
+    """The tunable training knobs of one configuration (flat names; tuner/export maps them to each tool)."""
+
+    micro_batch_size: int = Field(ge=1)
+    max_length: int = Field(ge=1)
+    engine: Engine = "deepspeed"
+    zero_stage: int = Field(0, ge=0, le=3)
+    allgather_bucket_size: int | None = Field(None, ge=1)
+    reduce_bucket_size: int | None = Field(None, ge=1)
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    offload_optimizer: bool = False
+    gradient_checkpointing: bool = False
+    precision: Precision = "fp32"
+    alloc_conf: str | None = None
+    eval_batch_size: int | None = Field(None, ge=1)
+    generate: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Knobs:
+        if self.engine == "torch" and (self.zero_stage or self.offload_optimizer):
+            raise ValueError("engine 'torch' has no ZeRO stage or optimizer offload; use engine 'deepspeed'")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("offload_optimizer needs zero_stage >= 1")
+        return self
+
+
+class ModelSpec(_Strict):
+    """Where the model comes from.
+
+    ``source`` is ``builtin:<preset>`` (random init from a T5Config, no download: ``builtin:tiny-t5``,
+    ``builtin:t5-small``, ``builtin:flan-t5-large``), an HF hub id, or a local ``save_pretrained`` directory.
+    ``overrides`` adjust a built-in preset's config fields (``d_model``, ``num_layers`` ...).
+    """
+
+    source: str = "builtin:tiny-t5"
+    overrides: dict[str, int | float | str] = Field(default_factory=dict)
+    vocab_size: int | None = None  # filled by the probe from the model's config
+
+
+class ProbeConfig(_Strict):
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    knobs: Knobs
+    world_size: int = Field(1, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    warmup_steps: int = Field(2, ge=1, description="micro-steps before measuring, at least one optimizer step")
+    measure_steps: int = Field(4, ge=1, description="measured micro-steps; the window holds an optimizer step")
+    device_memory: int | None = Field(None, ge=1, description="bytes of device memory per rank; None = the device's")
+    timeout_s: float = Field(300.0, gt=0)
+    seed: int = 0
+    learning_rate: float = 1e-4
+
+    @property
+    def global_batch(self) -> int:
+        return self.knobs.micro_batch_size * self.gradient_accumulation_steps * self.world_size
+
+
+class RankMemory(_Strict):
+    rank: int
+    peak_allocated: int = 0  # bytes: CUDA max_memory_allocated, or the emulated device's peak live bytes on CPU
+    peak_reserved: int = 0  # bytes: CUDA max_memory_reserved (== peak_allocated on the emulated device)
+    peak_rss: int | None = None  # bytes above the pre-model baseline, CPU only, for reference
+    capacity: int | None = None  # bytes the rank could use (device_memory or the device's total)
+    alloc_retries: int = 0  # CUDA num_alloc_retries (cudaMalloc retries after freeing the cache)
+
+
+class StepStats(_Strict):
+    micro_mean_s: float  # a forward+backward micro-step without optimizer step
+    micro_p50_s: float
+    micro_max_s: float
+    optimizer_step_s: float  # a micro-step that ends with the optimizer step (boundary)
+    cycle_s: float  # one full accumulation cycle: (accum - 1) * micro + boundary
+
+
+class RankResult(_Strict):
+    """What one rank writes to its own result file."""
+
+    rank: int
+    status: Status
+    cause: str | None = None
+    memory: RankMemory | None = None
+    steps: StepStats | None = None
+    setup_s: float | None = None  # process start to first step (imports, model build, engine init)
+
+
+class ProbeResult(_Strict):
+    status: Status
+    cause: str | None = None
+    samples_per_s: float | None = None  # at the global batch, over whole accumulation cycles
+    tokens_per_s: float | None = None  # samples_per_s * max_length (worst-case padded shapes)
+    steps: StepStats | None = None  # of rank 0
+    ranks: list[RankMemory] = Field(default_factory=list)
+    capacity: int | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+    fingerprint: dict[str, str | int | float] = Field(default_factory=dict)
+    wall_s: float = 0.0  # the probe's wall clock, launch to last rank exit
+    setup_s: float | None = None  # the fixed cost: launch to first step
+
+    @property
+    def peak_allocated(self) -> int | None:
+        return max((r.peak_allocated for r in self.ranks), default=None)
+
+    @property
+    def peak_reserved(self) -> int | None:
+        return max((r.peak_reserved for r in self.ranks), default=None)
+
+    @property
+    def alloc_retries(self) -> int:
+        return sum(r.alloc_retries for r in self.ranks)

@@ -1,0 +1,162 @@
+"""Reads and writes of the project's own tables. One small class, one concept: what was probed and by whom."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from tuner.errors import StudyNotFound
+from tuner.storage.db import _unreachable, ensure_schema
+from tuner.storage.schema import claims, probes, search_runs, studies
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = ensure_schema(url)
+
+    # -- studies ---------------------------------------------------------------------------------------------------
+    def ensure_study(self, name: str, definition: dict[str, Any], created_by: str = "cli") -> dict[str, Any]:
+        """Returns the stored definition of ``name``, creating it from ``definition`` when new."""
+        existing = self.study_definition(name)
+        if existing is not None:
+            return existing
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    sa.insert(studies).values(name=name, created_at=now(), definition=definition, created_by=created_by)
+                )
+        except IntegrityError:  # another worker created it first
+            pass
+        return self.study_definition(name) or definition
+
+    def study_definition(self, name: str) -> dict[str, Any] | None:
+        with self._connect() as conn:
+            row = conn.execute(sa.select(studies.c.definition).where(studies.c.name == name)).first()
+        return dict(row[0]) if row else None
+
+    def study_rows(self) -> list[dict[str, Any]]:
+        """All study definitions, newest first."""
+        with self._connect() as conn:
+            rows = conn.execute(sa.select(studies).order_by(studies.c.created_at.desc(), studies.c.id.desc())).all()
+        return [dict(r._mapping) for r in rows]
+
+    def require_study(self, name: str) -> dict[str, Any]:
+        definition = self.study_definition(name)
+        if definition is None:
+            raise StudyNotFound(f"no study named {name!r} in this storage; `tuner studies` lists the known ones")
+        return definition
+
+    # -- search runs -----------------------------------------------------------------------------------------------
+    def start_run(self, study_name: str, worker: str, budget_s: float | None, deadline: dt.datetime | None) -> int:
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                sa.insert(search_runs).values(
+                    study_name=study_name,
+                    worker=worker,
+                    started_at=now(),
+                    heartbeat_at=now(),
+                    deadline_at=deadline,
+                    budget_s=budget_s,
+                    status="running",
+                )
+            )
+            return int(res.inserted_primary_key[0])
+
+    def heartbeat(self, run_id: int) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(sa.update(search_runs).where(search_runs.c.id == run_id).values(heartbeat_at=now()))
+
+    def finish_run(self, run_id: int, status: str, message: str | None = None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.update(search_runs)
+                .where(search_runs.c.id == run_id)
+                .values(status=status, message=message, finished_at=now())
+            )
+
+    def runs(self, study_name: str) -> list[dict[str, Any]]:
+        with self._connect() as conn:
+            rows = conn.execute(
+                sa.select(search_runs).where(search_runs.c.study_name == study_name).order_by(search_runs.c.id)
+            ).all()
+        return [dict(r._mapping) for r in rows]
+
+    # -- claims and probes -----------------------------------------------------------------------------------------
+    def claim(self, study_name: str, config_key: str, fidelity: str, trial_number: int | None, worker: str) -> bool:
+        """True when this worker now owns (config_key, fidelity) in the study; False when someone else already does."""
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    sa.insert(claims).values(
+                        study_name=study_name,
+                        config_key=config_key,
+                        fidelity=fidelity,
+                        trial_number=trial_number,
+                        worker=worker,
+                        claimed_at=now(),
+                    )
+                )
+        except IntegrityError:
+            return False
+        return True
+
+    def release_claim(self, study_name: str, config_key: str, fidelity: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.delete(claims).where(
+                    claims.c.study_name == study_name,
+                    claims.c.config_key == config_key,
+                    claims.c.fidelity == fidelity,
+                )
+            )
+
+    def record_probe(self, row: dict[str, Any]) -> int:
+        values = {"created_at": now(), **row}
+        with self.engine.begin() as conn:
+            res = conn.execute(sa.insert(probes).values(**values))
+            return int(res.inserted_primary_key[0])
+
+    def probes(
+        self,
+        study_name: str,
+        *,
+        fidelity: str | None = None,
+        status: str | None = None,
+        offset: int = 0,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        q = sa.select(probes).where(probes.c.study_name == study_name)
+        if fidelity is not None:
+            q = q.where(probes.c.fidelity == fidelity)
+        if status is not None:
+            q = q.where(probes.c.status == status)
+        q = q.order_by(probes.c.id).offset(offset)
+        if limit is not None:
+            q = q.limit(limit)
+        with self._connect() as conn:
+            rows = conn.execute(q).all()
+        return [dict(r._mapping) for r in rows]
+
+    def count_probes(self, study_name: str) -> dict[str, int]:
+        """Probe counts by status (ok, oom, timeout, error, inferred-oom ...)."""
+        q = (
+            sa.select(probes.c.status, sa.func.count())
+            .where(probes.c.study_name == study_name)
+            .group_by(probes.c.status)
+        )
+        with self._connect() as conn:
+            return {status: int(n) for status, n in conn.execute(q).all()}
+
+    def _connect(self) -> sa.Connection:
+        try:
+            return self.engine.connect()
+        except OperationalError as err:
+            raise _unreachable(self.url, err) from None
