@@ -1,0 +1,66 @@
+"""The typer app and the one place that turns a user mistake into one clear line and exit code 2."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+from rich.console import Console
+
+from tuner.errors import TunerError
+
+try:  # typer >= 0.20 vendors click as typer._click; older typer uses click itself
+    from typer._click.exceptions import ClickException as _VendoredClickException
+
+    _CLICK_ERRORS: tuple[type[Exception], ...] = (_VendoredClickException,)
+except ImportError:  # pragma: no cover - depends on the typer release
+    _CLICK_ERRORS = ()
+import click as _click
+
+_CLICK_ERRORS = (*_CLICK_ERRORS, _click.ClickException)
+
+app = typer.Typer(
+    name="tuner",
+    help="Finds the fastest training configuration that will not run out of memory, by short real probe trainings.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# Command modules register themselves on `app` when imported. One line per module.
+COMMAND_MODULES = [
+    "tuner.cli.db",
+]
+
+
+def _register() -> None:
+    for name in COMMAND_MODULES:
+        importlib.import_module(name)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Prints ``error: message`` on one line to stderr and returns the Exit to raise."""
+    err_console.print(f"[bold red]error:[/] {message}", markup=True)
+    return typer.Exit(code)
+
+
+def main() -> None:
+    _register()
+    try:
+        app(standalone_mode=False)
+    except TunerError as err:
+        err_console.print(f"[bold red]error:[/] {err}")
+        sys.exit(err.exit_code)
+    except typer.Exit as ex:
+        sys.exit(ex.exit_code)
+    except typer.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except _CLICK_ERRORS as err:  # usage errors: unknown option, bad value, missing argument
+        err_console.print(f"[bold red]error:[/] {err.format_message()}")
+        sys.exit(2)
