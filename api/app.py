@@ -1,0 +1,25 @@
+"""The app factory: ``create_app(settings)`` builds the FastAPI service over one storage URL. Never imports torch."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+import tuner
+from api import errors
+from api.deps import Services
+from api.routes import router
+from tuner.settings import Settings, load_settings
+
+DESCRIPTION = (
+    "Reads a tuner storage (Optuna's tables + tuner's probe rows) and serves the fastest stable training config of "
+    "each study. Writes need `Authorization: Bearer $TUNER_API_TOKEN`."
+)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or load_settings()
+    app = FastAPI(title="tuner", version=tuner.__version__, description=DESCRIPTION)
+    app.state.services = Services(settings)
+    errors.install(app)
+    app.include_router(router)
+    return app

@@ -1,0 +1,67 @@
+"""Every error leaves the API as JSON {"detail": "one line"}: user mistakes 4xx, storage down 503, bugs 500."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tuner.errors import StorageError, TunerError
+
+log = logging.getLogger("tuner.api")
+
+STORAGE_DOWN = "storage unavailable: the database did not answer; check that it runs and retry"
+
+
+def _json(status: int, detail: str, headers: dict[str, str] | None = None, **extra: object) -> JSONResponse:
+    return JSONResponse({"detail": detail, **extra}, status_code=status, headers=headers)
+
+
+def _location(err: dict) -> str:
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+    return ".".join(loc) or "request"
+
+
+async def _tuner_error(_request: Request, exc: TunerError) -> JSONResponse:
+    return _json(exc.http_status, str(exc))
+
+
+async def _storage_error(_request: Request, exc: StorageError) -> JSONResponse:
+    return _json(503, str(exc))
+
+
+async def _db_error(_request: Request, exc: Exception) -> JSONResponse:
+    log.warning("storage error: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return _json(503, STORAGE_DOWN)
+
+
+async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = jsonable_encoder(exc.errors(), exclude={"url", "ctx", "input"})
+    parts = [f"{_location(e)}: {e.get('msg', 'invalid')}" for e in errors]
+    return _json(422, "invalid request: " + "; ".join(parts), errors=errors)
+
+
+async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    return _json(exc.status_code, detail, headers=getattr(exc, "headers", None))
+
+
+async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error", exc_info=exc)
+    return _json(500, f"internal error ({type(exc).__name__}); this is a bug in tuner, please report it")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(StorageError, _storage_error)  # type: ignore[arg-type]
+    app.add_exception_handler(TunerError, _tuner_error)  # type: ignore[arg-type]
+    for db_down in (OperationalError, InterfaceError, PoolTimeout):
+        app.add_exception_handler(db_down, _db_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _unexpected)

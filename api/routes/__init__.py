@@ -1,0 +1,12 @@
+"""The API's routers, one module per resource."""
+
+from fastapi import APIRouter
+
+from api.routes import best, health, studies
+
+router = APIRouter()
+router.include_router(health.router)
+router.include_router(studies.router)
+router.include_router(best.router)
+
+__all__ = ["router"]

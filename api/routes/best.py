@@ -1,0 +1,61 @@
+"""GET /best-config: the best stable config of a study, in the format a training job consumes, with provenance."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import PlainTextResponse, Response
+
+from api import views
+from api.deps import ServicesDep
+from api.schemas import STUDY_NAME_MAX, STUDY_NAME_PATTERN, BestConfigOut, ErrorOut, Format, ValidationErrorOut
+
+router = APIRouter(tags=["best-config"])
+
+MEDIA = {"json": "application/json", "deepspeed": "application/json", "hf": "application/json"}
+
+
+def render(fmt: str, knobs: dict[str, Any], *, world_size: int, gradient_accumulation_steps: int, definition: dict) -> str:
+    try:
+        from tuner import export
+    except ModuleNotFoundError as err:
+        if err.name != "tuner.export":
+            raise
+        raise HTTPException(501, f"format {fmt!r} is not available in this build; use format=json") from None
+    baseline = definition.get("baseline") if isinstance(definition.get("baseline"), dict) else None
+    return export.render(
+        fmt, knobs, world_size=world_size, gradient_accumulation_steps=gradient_accumulation_steps, baseline=baseline
+    )
+
+
+@router.get(
+    "/best-config",
+    response_model=BestConfigOut,
+    responses={
+        200: {"content": {"text/plain": {}}, "description": "with raw=true: only the rendered config file"},
+        404: {"model": ErrorOut, "description": "unknown study, or no stable trial yet"},
+        422: {"model": ValidationErrorOut},
+        503: {"model": ErrorOut, "description": "storage down"},
+    },
+)
+def best_config(
+    svc: ServicesDep,
+    study: Annotated[
+        str | None,
+        Query(max_length=STUDY_NAME_MAX, pattern=STUDY_NAME_PATTERN, description="default: the most recent study"),
+    ] = None,
+    format: Annotated[Format, Query(description="json | deepspeed | hf | accelerate | env")] = "json",  # noqa: A002
+    raw: Annotated[bool, Query(description="answer only the config file body (for curl > ds_config.json)")] = False,
+) -> BestConfigOut | Response:
+    store = svc.store()
+    name = study or views.default_study(store)
+    out = views.best_config(store, name, format, render)
+    if not raw:
+        return out
+    if format == "json":
+        body = {"knobs": out.knobs, "world_size": out.world_size,
+                "gradient_accumulation_steps": out.gradient_accumulation_steps}
+        return Response(json.dumps(body, indent=2) + "\n", media_type="application/json")
+    return PlainTextResponse(out.content or "", media_type=MEDIA.get(format, "text/plain"))

@@ -1,0 +1,22 @@
+"""GET /health: the process is up and the storage answers."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from fastapi import APIRouter
+from sqlalchemy.engine import make_url
+
+import tuner
+from api.deps import ServicesDep
+from api.schemas import ErrorOut, HealthOut
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health", response_model=HealthOut, responses={503: {"model": ErrorOut, "description": "storage down"}})
+def health(svc: ServicesDep) -> HealthOut:
+    store = svc.store()
+    with store.engine.connect() as conn:
+        conn.execute(sa.text("SELECT 1"))
+    url = make_url(svc.settings.storage).render_as_string(hide_password=True)
+    return HealthOut(status="ok", storage=url, version=tuner.__version__)

@@ -1,0 +1,77 @@
+"""Studies: list, detail (status, budget, progress, best so far, counts), trials (paginated), create (token)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
+
+from api import views
+from api.deps import ServicesDep, require_token
+from api.schemas import (
+    STUDY_NAME_MAX,
+    STUDY_NAME_PATTERN,
+    ErrorOut,
+    StudyCreate,
+    StudyListOut,
+    StudyOut,
+    TrialPageOut,
+    ValidationErrorOut,
+)
+
+router = APIRouter(prefix="/studies", tags=["studies"])
+
+StudyName = Annotated[
+    str, Path(min_length=1, max_length=STUDY_NAME_MAX, pattern=STUDY_NAME_PATTERN, description="the study's name")
+]
+MAX_PAGE = 500
+COMMON = {422: {"model": ValidationErrorOut}, 503: {"model": ErrorOut, "description": "storage down"}}
+NOT_FOUND = {404: {"model": ErrorOut, "description": "no such study"}}
+
+
+@router.get("", response_model=StudyListOut, responses=COMMON)
+def list_studies(svc: ServicesDep) -> StudyListOut:
+    store = svc.store()
+    return StudyListOut(studies=[views.summary(row, store.runs(row["name"])) for row in store.study_rows()])
+
+
+@router.get("/{name}", response_model=StudyOut, responses={**COMMON, **NOT_FOUND})
+def get_study(name: StudyName, svc: ServicesDep) -> StudyOut:
+    store = svc.store()
+    store.require_study(name)
+    row = next(r for r in store.study_rows() if r["name"] == name)
+    return views.study_detail(store, svc.optuna(), row)
+
+
+@router.get("/{name}/trials", response_model=TrialPageOut, responses={**COMMON, **NOT_FOUND})
+def list_trials(
+    name: StudyName,
+    svc: ServicesDep,
+    offset: Annotated[int, Query(ge=0, le=10_000_000, description="trials to skip")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="trials per page")] = 50,
+) -> TrialPageOut:
+    store = svc.store()
+    store.require_study(name)
+    return views.trial_page(store, svc.optuna(), name, offset, limit)
+
+
+@router.post(
+    "",
+    response_model=StudyOut,
+    status_code=201,
+    dependencies=[Depends(require_token)],
+    responses={
+        **COMMON,
+        401: {"model": ErrorOut, "description": "missing or wrong bearer token"},
+        403: {"model": ErrorOut, "description": "writes disabled: the server has no TUNER_API_TOKEN"},
+        409: {"model": ErrorOut, "description": "a study of that name exists"},
+    },
+)
+def create_study(body: StudyCreate, svc: ServicesDep) -> StudyOut:
+    """Stores a study definition; `tuner search --study NAME` workers then join it."""
+    store = svc.store()
+    if store.study_definition(body.name) is not None:
+        raise HTTPException(409, f"study {body.name!r} already exists; pick another name or join it with a worker")
+    store.ensure_study(body.name, body.model_dump(exclude={"name"}, exclude_none=True), created_by="api")
+    row = next(r for r in store.study_rows() if r["name"] == body.name)
+    return views.study_detail(store, svc.optuna(), row)

@@ -1,0 +1,181 @@
+"""Response and request models of the HTTP API (they make the OpenAPI schema complete). No torch import."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+STUDY_NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
+STUDY_NAME_MAX = 128
+Format = Literal["json", "deepspeed", "hf", "accelerate", "env"]
+
+
+class ErrorOut(BaseModel):
+    detail: str = Field(description="what went wrong and how to fix it, in one line")
+
+
+class ValidationErrorOut(ErrorOut):
+    errors: list[dict[str, Any]] = Field(default_factory=list, description="each invalid field, as FastAPI reports it")
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+    storage: str = Field(description="the storage URL, password hidden")
+    version: str
+
+
+class RunOut(BaseModel):
+    """One `tuner search` process that worked (or works) on the study."""
+
+    id: int
+    worker: str
+    status: str
+    started_at: dt.datetime
+    deadline_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    heartbeat_at: dt.datetime | None = None
+    budget_s: float | None = None
+    message: str | None = None
+
+
+class ProgressOut(BaseModel):
+    started_at: dt.datetime | None = Field(None, description="when the first search run began")
+    deadline_at: dt.datetime | None = Field(None, description="the latest deadline of a running search")
+    elapsed_s: float | None = None
+    remaining_s: float | None = None
+    fraction: float | None = Field(None, description="elapsed / budget of the running search, 0..1")
+    trials: int = Field(0, description="Optuna trials of the study, any state")
+    probes: int = Field(0, description="probe rows recorded (run or inferred)")
+
+
+class BestSoFarOut(BaseModel):
+    trial_number: int | None
+    config_key: str
+    knobs: dict[str, Any]
+    objective: float
+    samples_per_s: float
+    peak_allocated: int
+    capacity: int | None
+    confirmed: bool
+
+
+class StudySummaryOut(BaseModel):
+    name: str
+    created_at: dt.datetime
+    created_by: str
+    status: Literal["defined", "running", "finished", "interrupted", "failed"] = Field(
+        description="defined: no search joined yet; running: a search runs now; else the last run's end state"
+    )
+
+
+class StudyOut(StudySummaryOut):
+    definition: dict[str, Any] = Field(description="what the study searches: model, space, world size, budget ...")
+    budget_s: float | None = None
+    progress: ProgressOut
+    best: BestSoFarOut | None = Field(None, description="the best stable config so far; null when none yet")
+    trial_states: dict[str, int] = Field(description="Optuna trials by state (COMPLETE, PRUNED, FAIL, RUNNING ...)")
+    probe_statuses: dict[str, int] = Field(description="probe rows by status/cause (ok, oom, timeout, error, inferred-oom)")
+    runs: list[RunOut]
+
+
+class StudyListOut(BaseModel):
+    studies: list[StudySummaryOut]
+
+
+class RankMemoryOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    rank: int
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    capacity: int | None = None
+    alloc_retries: int = 0
+
+
+class ProbeOut(BaseModel):
+    id: int
+    fidelity: str
+    status: str
+    cause: str | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    objective: float | None = None
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    capacity: int | None = None
+    stable: bool
+    probe_seconds: float | None = None
+    ranks: list[RankMemoryOut] = Field(default_factory=list, description="peak memory of each rank")
+    created_at: dt.datetime
+
+
+class TrialOut(BaseModel):
+    number: int | None = Field(description="the Optuna trial number; null for a probe recorded without a trial")
+    state: str = Field(description="Optuna state: COMPLETE, PRUNED, FAIL, RUNNING, WAITING")
+    params: dict[str, Any]
+    value: float | None = Field(None, description="the objective Optuna recorded")
+    cause: str | None = Field(None, description="why it was pruned or failed (oom, inferred-oom, timeout, error text)")
+    samples_per_s: float | None = None
+    peak_allocated: int | None = None
+    ranks: list[RankMemoryOut] = Field(default_factory=list, description="per-rank peak memory of the latest probe")
+    probes: list[ProbeOut] = Field(default_factory=list)
+
+
+class TrialPageOut(BaseModel):
+    study: str
+    total: int
+    offset: int
+    limit: int
+    trials: list[TrialOut]
+
+
+class BaselineOut(BaseModel):
+    status: str = Field(description="the baseline probe's status: ok, oom, timeout, error")
+    samples_per_s: float | None = None
+    objective: float | None = None
+    peak_allocated: int | None = None
+    stable: bool
+    speedup: float | None = Field(None, description="best objective / baseline objective; null when the baseline failed")
+
+
+class BestConfigOut(BaseModel):
+    study: str
+    format: Format
+    trial_number: int | None
+    config_key: str
+    knobs: dict[str, Any]
+    world_size: int
+    gradient_accumulation_steps: int
+    global_batch: int
+    objective: float = Field(description="conservative objective the search maximised (retained tokens/s or samples/s)")
+    samples_per_s: float
+    tokens_per_s: float | None = None
+    peak_allocated: int = Field(description="bytes, max over ranks and measurements")
+    peak_reserved: int | None = None
+    capacity: int | None = Field(None, description="bytes each rank could use")
+    headroom: float = Field(description="the study's stability threshold: peak <= headroom x capacity")
+    memory_fraction: float | None = Field(None, description="peak_allocated / capacity")
+    confirmed: bool = Field(description="re-probed longer and still stable")
+    measurements: int
+    fingerprint: dict[str, Any] = Field(default_factory=dict, description="hardware the config was measured on")
+    versions: dict[str, str] = Field(default_factory=dict, description="torch, deepspeed, transformers versions")
+    baseline: BaselineOut | None = None
+    content: str | None = Field(None, description="the config rendered in `format` (null for format=json)")
+
+
+class StudyCreate(BaseModel):
+    """A study definition that `tuner search --study NAME` workers then join. Inline data only: no paths, no commands."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=STUDY_NAME_MAX, pattern=STUDY_NAME_PATTERN)
+    model: str = Field("builtin:tiny-t5", max_length=512, description="builtin:<preset>, an HF id, or a worker path")
+    world_size: int = Field(1, ge=1, le=4096)
+    global_batch: int | None = Field(None, ge=1, le=1_000_000)
+    device_memory: int | None = Field(None, ge=1, description="bytes of device memory per rank; null = the device's")
+    headroom: float = Field(0.9, gt=0.0, le=1.0)
+    budget_s: float | None = Field(None, gt=0, description="default wall-clock budget of a worker joining, seconds")
+    space: dict[str, Any] | None = Field(None, description="inline search space (same keys as a space file)")
+    baseline: dict[str, Any] | None = Field(None, description="inline DeepSpeed config to probe first as trial 0")

@@ -1,0 +1,257 @@
+"""Builds the API's answers from storage rows: study status and progress, trial pages, the best config with its
+provenance. Reads only; the routes stay thin."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from api.schemas import (
+    BaselineOut,
+    BestConfigOut,
+    BestSoFarOut,
+    ProbeOut,
+    ProgressOut,
+    RankMemoryOut,
+    RunOut,
+    StudyOut,
+    StudySummaryOut,
+    TrialOut,
+    TrialPageOut,
+)
+from tuner.errors import NoStableConfig, StudyNotFound
+from tuner.selection import Candidate, best_stable
+from tuner.storage import Store
+
+DEFAULT_HEADROOM = 0.9
+RUN_GRACE = dt.timedelta(minutes=10)  # a "running" run this far past its deadline is a killed worker
+END_STATES = ("finished", "interrupted", "failed")
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=dt.timezone.utc)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _is_live(run: dict[str, Any], now: dt.datetime) -> bool:
+    if run["status"] != "running":
+        return False
+    deadline = _utc(run.get("deadline_at"))
+    return deadline is None or now < deadline + RUN_GRACE
+
+
+def study_status(runs: list[dict[str, Any]]) -> str:
+    if not runs:
+        return "defined"
+    now = _now()
+    if any(_is_live(r, now) for r in runs):
+        return "running"
+    last = max(runs, key=lambda r: r["id"])["status"]
+    return last if last in END_STATES else "interrupted"
+
+
+def summary(row: dict[str, Any], runs: list[dict[str, Any]]) -> StudySummaryOut:
+    return StudySummaryOut(
+        name=row["name"], created_at=_utc(row["created_at"]), created_by=row["created_by"], status=study_status(runs)
+    )
+
+
+def default_study(store: Store) -> str:
+    rows = store.study_rows()
+    if not rows:
+        raise StudyNotFound("no studies in this storage yet; start one with `tuner search` or POST /studies")
+    return str(rows[0]["name"])
+
+
+def optuna_trials(optuna_storage: Any, name: str) -> list[Any]:
+    """The study's Optuna trials by number; [] when no worker has created the Optuna study yet."""
+    try:
+        study_id = optuna_storage.get_study_id_from_name(name)
+    except KeyError:
+        return []
+    trials = optuna_storage.get_all_trials(study_id, deepcopy=False)
+    return sorted(trials, key=lambda t: t.number)
+
+
+def _progress(runs: list[dict[str, Any]], n_trials: int, n_probes: int, status: str) -> ProgressOut:
+    now = _now()
+    starts = [_utc(r["started_at"]) for r in runs]
+    live = [r for r in runs if _is_live(r, now)]
+    out = ProgressOut(started_at=min(starts) if starts else None, trials=n_trials, probes=n_probes)
+    if live:
+        begun = min(_utc(r["started_at"]) for r in live)
+        deadlines = [_utc(r["deadline_at"]) for r in live if r.get("deadline_at") is not None]
+        out.elapsed_s = (now - begun).total_seconds()
+        if deadlines:
+            out.deadline_at = max(deadlines)
+            out.remaining_s = max(0.0, (out.deadline_at - now).total_seconds())
+            total = out.elapsed_s + out.remaining_s
+            out.fraction = min(1.0, out.elapsed_s / total) if total > 0 else 1.0
+    elif status in END_STATES:
+        ends = [_utc(r["finished_at"]) for r in runs if r.get("finished_at") is not None]
+        if starts and ends:
+            out.elapsed_s = (max(ends) - min(starts)).total_seconds()
+        out.remaining_s = 0.0
+        out.fraction = 1.0
+    else:
+        out.fraction = 0.0
+    return out
+
+
+def _best_so_far(cand: Candidate | None) -> BestSoFarOut | None:
+    if cand is None:
+        return None
+    return BestSoFarOut(
+        trial_number=cand.trial_number,
+        config_key=cand.config_key,
+        knobs=cand.knobs,
+        objective=cand.objective,
+        samples_per_s=cand.samples_per_s,
+        peak_allocated=cand.peak_allocated,
+        capacity=cand.capacity,
+        confirmed=cand.confirmed,
+    )
+
+
+def study_detail(store: Store, optuna_storage: Any, row: dict[str, Any]) -> StudyOut:
+    name = row["name"]
+    definition = dict(row["definition"])
+    runs = store.runs(name)
+    trials = optuna_trials(optuna_storage, name)
+    probe_rows = store.probes(name)
+    status = study_status(runs)
+    states: dict[str, int] = {}
+    for t in trials:
+        states[t.state.name] = states.get(t.state.name, 0) + 1
+    budgets = [float(r["budget_s"]) for r in runs if r.get("budget_s")]
+    budget = definition.get("budget_s") or (max(budgets) if budgets else None)
+    return StudyOut(
+        **summary(row, runs).model_dump(),
+        definition=definition,
+        budget_s=budget,
+        progress=_progress(runs, len(trials), len(probe_rows), status),
+        best=_best_so_far(best_stable(probe_rows)),
+        trial_states=states,
+        probe_statuses=store.count_probes(name),
+        runs=[RunOut(**{k: _utc(v) if isinstance(v, dt.datetime) else v for k, v in r.items()}) for r in runs],
+    )
+
+
+def _ranks(row: dict[str, Any]) -> list[RankMemoryOut]:
+    result = row.get("result") or {}
+    return [RankMemoryOut(**r) for r in result.get("ranks") or [] if isinstance(r, dict) and "rank" in r]
+
+
+def _probe(row: dict[str, Any]) -> ProbeOut:
+    fields = {k: row.get(k) for k in ProbeOut.model_fields if k not in ("ranks", "created_at", "stable")}
+    return ProbeOut(**fields, stable=bool(row.get("stable")), ranks=_ranks(row), created_at=_utc(row["created_at"]))
+
+
+def _cause(trial: Any, latest: dict[str, Any] | None) -> str | None:
+    if latest is not None and latest.get("cause"):
+        return str(latest["cause"])
+    if latest is not None and latest.get("status") != "ok":
+        return str(latest["status"])
+    cause = trial.user_attrs.get("cause") if trial is not None else None
+    return str(cause) if cause else None
+
+
+def trial_page(store: Store, optuna_storage: Any, name: str, offset: int, limit: int) -> TrialPageOut:
+    trials = optuna_trials(optuna_storage, name)
+    page = trials[offset : offset + limit]
+    numbers = {t.number for t in page}
+    by_trial: dict[int, list[dict[str, Any]]] = {}
+    if numbers:
+        for row in store.probes(name):
+            if row.get("trial_number") in numbers:
+                by_trial.setdefault(row["trial_number"], []).append(row)
+    out: list[TrialOut] = []
+    for t in page:
+        rows = by_trial.get(t.number, [])
+        latest = rows[-1] if rows else None
+        out.append(
+            TrialOut(
+                number=t.number,
+                state=t.state.name,
+                params=dict(t.params),
+                value=t.values[0] if t.values else None,
+                cause=_cause(t, latest),
+                samples_per_s=latest.get("samples_per_s") if latest else None,
+                peak_allocated=latest.get("peak_allocated") if latest else None,
+                ranks=_ranks(latest) if latest else [],
+                probes=[_probe(r) for r in rows],
+            )
+        )
+    return TrialPageOut(study=name, total=len(trials), offset=offset, limit=limit, trials=out)
+
+
+def _baseline(rows: list[dict[str, Any]], best: Candidate) -> BaselineOut | None:
+    base = [r for r in rows if r.get("fidelity") == "baseline"]
+    if not base:
+        return None
+    row = base[-1]
+    objective = row.get("objective")
+    speedup = None
+    if row.get("status") == "ok" and objective:
+        speedup = best.objective / float(objective)
+    return BaselineOut(
+        status=str(row["status"]),
+        samples_per_s=row.get("samples_per_s"),
+        objective=objective,
+        peak_allocated=row.get("peak_allocated"),
+        stable=bool(row.get("stable")),
+        speedup=speedup,
+    )
+
+
+def best_config(store: Store, name: str, fmt: str, render: Any) -> BestConfigOut:
+    """The best stable config of ``name`` with its provenance; ``render(fmt, knobs, ...)`` fills ``content``."""
+    definition = store.require_study(name)
+    rows = store.probes(name)
+    best = best_stable(rows)
+    if best is None:
+        ran = sum(1 for r in rows if r.get("fidelity") != "inferred")
+        raise NoStableConfig(
+            f"study {name!r} has no stable trial yet ({ran} probes so far); wait for the search to finish a probe "
+            "within the memory headroom, or see GET /studies/{name}/trials for why they failed"
+        )
+    config = best.config
+    world = int(config.get("world_size") or definition.get("world_size") or 1)
+    accum = int(config.get("gradient_accumulation_steps") or 1)
+    result = next((r["result"] for r in best.rows if r.get("result")), None) or {}
+    reserved = [int(r["peak_reserved"]) for r in best.rows if r.get("peak_reserved") is not None]
+    tokens = [float(r["tokens_per_s"]) for r in best.rows if r.get("tokens_per_s") is not None]
+    headroom = float(definition.get("headroom") or DEFAULT_HEADROOM)
+    content = None
+    if fmt != "json":
+        content = render(fmt, best.knobs, world_size=world, gradient_accumulation_steps=accum, definition=definition)
+    return BestConfigOut(
+        study=name,
+        format=fmt,  # type: ignore[arg-type]
+        trial_number=best.trial_number,
+        config_key=best.config_key,
+        knobs=best.knobs,
+        world_size=world,
+        gradient_accumulation_steps=accum,
+        global_batch=int(best.knobs.get("micro_batch_size", 1)) * accum * world,
+        objective=best.objective,
+        samples_per_s=best.samples_per_s,
+        tokens_per_s=sorted(tokens)[len(tokens) // 2] if tokens else None,
+        peak_allocated=best.peak_allocated,
+        peak_reserved=max(reserved) if reserved else None,
+        capacity=best.capacity,
+        headroom=headroom,
+        memory_fraction=best.peak_allocated / best.capacity if best.capacity else None,
+        confirmed=best.confirmed,
+        measurements=best.measurements,
+        fingerprint=dict(result.get("fingerprint") or {}),
+        versions={str(k): str(v) for k, v in (result.get("versions") or {}).items()},
+        baseline=_baseline(rows, best),
+        content=content,
+    )

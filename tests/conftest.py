@@ -1,0 +1,69 @@
+"""Shared fixtures for every test package.
+
+- ``sqlite_url``: a fresh SQLite file URL in the test's tmp dir.
+- ``postgres_url``: one throwaway database ``tuner_test_<random>`` on the real PostgreSQL at 127.0.0.1:5432
+  (user postgres), created once per test session and dropped at its end. Share it only with unique study names.
+- ``new_postgres_url()`` (fixture returning a factory): one more fresh throwaway database, dropped at session end.
+- ``storage_url``: parametrized over ``sqlite`` and ``postgres``; each test gets an empty storage of that kind.
+
+PostgreSQL is part of CI (.ci/run); when it is unreachable these fixtures fail with one line saying so (they do not
+skip, so a CI without the server cannot pass silently). Set TUNER_TEST_POSTGRES=skip to skip them on a laptop.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+
+import pytest
+
+PG_ADMIN = os.environ.get("TUNER_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_HOST = PG_ADMIN.rsplit("/", 1)[0].split("://", 1)[1]  # user@host:port
+
+
+def _admin_exec(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql)
+
+
+@pytest.fixture(scope="session")
+def new_postgres_url() -> Iterator[Callable[[], str]]:
+    created: list[str] = []
+
+    def make() -> str:
+        if os.environ.get("TUNER_TEST_POSTGRES") == "skip":
+            pytest.skip("TUNER_TEST_POSTGRES=skip")
+        import psycopg
+
+        name = f"tuner_test_{secrets.token_hex(6)}"
+        try:
+            _admin_exec(f'CREATE DATABASE "{name}"')
+        except psycopg.OperationalError as err:
+            pytest.fail(f"PostgreSQL at {PG_ADMIN} unreachable ({str(err).strip().splitlines()[0]}); start it "
+                        "or set TUNER_TEST_POSTGRES=skip", pytrace=False)
+        created.append(name)
+        return f"postgresql+psycopg://{PG_HOST}/{name}"
+
+    yield make
+    for name in created:
+        _admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def postgres_url(new_postgres_url: Callable[[], str]) -> str:
+    return new_postgres_url()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:  # noqa: ANN001
+    return f"sqlite:///{tmp_path / 'tuner.db'}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def storage_url(request: pytest.FixtureRequest, tmp_path, new_postgres_url: Callable[[], str]) -> str:  # noqa: ANN001
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'tuner.db'}"
+    return new_postgres_url()
