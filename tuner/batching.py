@@ -1,0 +1,41 @@
+"""Gradient-accumulation arithmetic at a fixed global batch: global = micro x accumulation x world. Pure."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from tuner.errors import ConfigError
+
+
+def accumulation_steps(global_batch: int, micro_batch_size: int, world_size: int) -> int | None:
+    """The accumulation that reaches ``global_batch`` exactly, or None when no whole number does."""
+    if global_batch < 1 or micro_batch_size < 1 or world_size < 1:
+        return None
+    per_step = micro_batch_size * world_size
+    if global_batch % per_step:
+        return None
+    return global_batch // per_step
+
+
+def reachable_micro_batches(choices: Iterable[int], global_batch: int, world_size: int) -> list[int]:
+    """The micro batch sizes among ``choices`` that reach the global batch exactly (never silently shrunk)."""
+    return [m for m in choices if accumulation_steps(global_batch, m, world_size) is not None]
+
+
+def require_reachable(choices: Iterable[int], global_batch: int, world_size: int) -> list[int]:
+    choices = list(choices)
+    ok = reachable_micro_batches(choices, global_batch, world_size)
+    if not ok:
+        raise ConfigError(
+            f"global batch {global_batch} cannot be reached by any micro_batch_size in {choices} x world size "
+            f"{world_size}; pick a global batch that is a multiple of micro_batch_size x world size"
+        )
+    return ok
+
+
+def default_global_batch(choices: Iterable[int], world_size: int) -> int:
+    """The smallest global batch every micro batch choice reaches: lcm(choices) x world size."""
+    from math import lcm
+
+    values = list(choices)
+    return lcm(*values) * world_size if values else world_size
