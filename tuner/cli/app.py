@@ -31,7 +31,10 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # Command modules register themselves on `app` when imported. One line per module.
 COMMAND_MODULES = [
+    "tuner.cli.serve",
     "tuner.cli.db",
+    "tuner.cli.report",
+    "tuner.cli.estimate",
 ]
 
 
