@@ -1,0 +1,437 @@
+"""The search's decision logic, separate from execution: what to probe next, and what a result means.
+
+``Strategy`` works on an Optuna study (in memory or RDB) and never runs anything itself: ``propose(seconds_left)``
+returns the next ProbeConfig to run (or None when done) and ``observe(proposal, result)`` records what came back.
+tuner/search.py drives it with the real runner and the database; benchmarks/replay.py drives it with a table lookup
+and a simulated clock. The phases:
+
+1. baseline: the user's current config (``--baseline``) is probed first, as trial 0.
+2. explore: TPE proposes configs; duplicates reuse the earlier measurement; configs the feasibility frontier (or the
+   memory estimate) says must OOM are recorded as PRUNED trials with cause "inferred-oom" without running. OOM probes
+   are PRUNED with a positive constraint (``trial.set_constraint``) so TPE learns the infeasible region.
+3. confirm: the best stable configs (finalists) are re-probed with more measured steps; selection ranks them on a
+   lower confidence bound over all their measurements (tuner.selection).
+
+The state is the list of probe rows (the shape of tuner_probes rows): ``load_rows`` replaces it with the database's
+rows so several workers and resumed searches see each other's measurements.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
+from tuner.batching import accumulation_steps
+from tuner.errors import TunerError
+from tuner.frontier import Frontier, describe
+from tuner.objective import Objective
+from tuner.selection import MEASURED, best_stable, candidates, is_stable
+from tuner.space import Space, config_key
+
+Fidelity = Literal["baseline", "short", "confirm"]
+
+
+class EstimatorLike(Protocol):
+    """tuner.estimator.Estimator: predicted peak bytes per rank, recalibrated on every measured peak."""
+
+    def predict(self, knobs: Knobs) -> Any: ...  # an object with ``.calibrated`` bytes
+
+    def observe(self, knobs: Knobs, measured_peak: int) -> None: ...
+
+OOM_CONSTRAINT = 1.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Probe lengths per fidelity and the time model that keeps every probe inside the budget."""
+
+    short: tuple[int, int] = (2, 4)  # (warm-up micro-steps, measured micro-steps)
+    confirm: tuple[int, int] = (2, 12)
+    finalists: int = 2  # stable configs re-probed at the confirm fidelity
+    first_probe_s: float = 30.0  # expected seconds of a probe before any was measured
+    timeout_factor: float = 2.0  # a probe's timeout: factor x the longest probe seen so far + slack
+    timeout_slack_s: float = 15.0
+    max_timeout_s: float = 1800.0
+    estimate_margin: float = 1.5  # skip configs predicted above margin x capacity
+    stuck_asks: int = 8  # consecutive duplicate/inferred proposals before picking an unknown config directly
+
+
+@dataclass
+class Proposal:
+    config: ProbeConfig
+    fidelity: Fidelity
+    config_key: str
+    trial: optuna.trial.Trial | None
+    expected_s: float
+    estimate_bytes: int | None = None
+
+    @property
+    def trial_number(self) -> int | None:
+        return self.trial.number if self.trial is not None else None
+
+
+@dataclass
+class Outcome:
+    row: dict[str, Any]  # a tuner_probes row (without run_id/study_name)
+    state: TrialState | None  # what the Optuna trial was told (None for confirm probes)
+    objective: float | None
+    stable: bool
+
+
+@dataclass
+class Strategy:
+    study: optuna.Study
+    space: Space
+    model: ModelSpec
+    world_size: int
+    global_batch: int
+    objective: Objective
+    device_memory: int | None = None
+    headroom: float = 0.9
+    schedule: Schedule = field(default_factory=Schedule)
+    baseline: Knobs | None = None
+    n_trials: int | None = None  # explore probes this strategy may run (inferred/duplicates are free)
+    estimator: EstimatorLike | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.frontier = Frontier()
+        self._in_frontier: set[str] = set()
+        self.events: list[dict[str, Any]] = []  # inferred rows the driver should store
+        self.explored = 0
+        self.inferred = 0
+        self.reused = 0
+        self._exhausted = False
+        self._claimed_confirm: set[str] = set()
+        self._rng = random.Random(self.seed)
+        self._grid: list[Knobs] | None = None
+
+    # -- state -------------------------------------------------------------------------------------------------------
+    def load_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Replaces the known probe rows (e.g. with the database's, including other workers')."""
+        self.rows = list(rows)
+        for row in self.rows:
+            self._learn(row)
+
+    def _learn(self, row: dict[str, Any]) -> None:
+        key = row["config_key"]
+        if row.get("fidelity") not in MEASURED or key in self._in_frontier:
+            return
+        status = row.get("status")
+        if status == "oom" or (status == "ok" and not row.get("stable")):
+            self.frontier.add(row["knobs"], fits=False)
+        elif status == "ok":
+            self.frontier.add(row["knobs"], fits=True)
+        else:
+            return  # timeouts and errors say nothing about memory
+        self._in_frontier.add(key)
+        if status == "ok" and row.get("peak_allocated") and self.estimator is not None:
+            self.estimator.observe(Knobs.model_validate(row["knobs"]), int(row["peak_allocated"]))
+
+    def _measured(self, key: str) -> dict[str, Any] | None:
+        for row in self.rows:
+            if row["config_key"] == key and row.get("fidelity") in MEASURED:
+                return row
+        return None
+
+    def _known(self) -> set[str]:
+        return {r["config_key"] for r in self.rows}
+
+    def drain(self) -> list[dict[str, Any]]:
+        out, self.events = self.events, []
+        return out
+
+    def best(self) -> Any:
+        return best_stable(self.rows)
+
+    # -- time model --------------------------------------------------------------------------------------------------
+    def _walls(self, fidelity: str | None = None) -> list[float]:
+        return [
+            float(r["probe_seconds"])
+            for r in self.rows
+            if r.get("probe_seconds") and r.get("fidelity") in MEASURED and (fidelity is None or r["fidelity"] == fidelity)
+        ]
+
+    def expected_seconds(self, fidelity: Fidelity) -> float:
+        walls = self._walls()
+        if not walls:
+            return self.schedule.first_probe_s
+        short = statistics.median(walls)
+        if fidelity != "confirm":
+            return short
+        confirmed = self._walls("confirm")
+        if confirmed:
+            return statistics.median(confirmed)
+        setups = [float(r["setup_s"]) for r in self.rows if r.get("setup_s")]
+        setup = statistics.median(setups) if setups else short / 2
+        ratio = sum(self.schedule.confirm) / sum(self.schedule.short)
+        return setup + max(short - setup, 0.0) * ratio
+
+    def timeout_for(self, fidelity: Fidelity, seconds_left: float | None) -> float:
+        walls = self._walls()
+        s = self.schedule
+        if walls:
+            longest = max(walls)
+            if fidelity == "confirm":
+                longest = max(longest, self.expected_seconds("confirm"))
+            timeout = s.timeout_factor * longest + s.timeout_slack_s
+        else:
+            timeout = s.max_timeout_s
+        timeout = min(timeout, s.max_timeout_s)
+        if seconds_left is not None:
+            timeout = min(timeout, seconds_left)
+        return max(timeout, 1.0)
+
+    # -- proposing ---------------------------------------------------------------------------------------------------
+    def _probe_config(self, knobs: Knobs, fidelity: Fidelity, seconds_left: float | None) -> ProbeConfig:
+        accum = accumulation_steps(self.global_batch, knobs.micro_batch_size, self.world_size)
+        if accum is None:  # the space is restricted to reachable micro batches; a baseline may not be
+            raise ValueError(f"micro batch {knobs.micro_batch_size} cannot reach global batch {self.global_batch}")
+        warmup, measure = self.schedule.confirm if fidelity == "confirm" else self.schedule.short
+        return ProbeConfig(
+            model=self.model,
+            knobs=knobs,
+            world_size=self.world_size,
+            gradient_accumulation_steps=accum,
+            warmup_steps=warmup,
+            measure_steps=measure,
+            device_memory=self.device_memory,
+            timeout_s=self.timeout_for(fidelity, seconds_left),
+            seed=self.seed or 0,
+        )
+
+    def _fits_in(self, fidelity: Fidelity, seconds_left: float | None) -> bool:
+        return seconds_left is None or self.expected_seconds(fidelity) <= seconds_left
+
+    def _baseline_pending(self) -> bool:
+        if self.baseline is None:
+            return False
+        return not any(r.get("fidelity") == "baseline" for r in self.rows)
+
+    def _explore_done(self, seconds_left: float | None) -> bool:
+        if self._exhausted or (self.n_trials is not None and self.explored >= self.n_trials):
+            return True
+        if seconds_left is None:
+            return False
+        stable = [c for c in candidates(self.rows) if not c.confirmed][: self.schedule.finalists]
+        reserve = len(stable) * self.expected_seconds("confirm")
+        return seconds_left - reserve < self.expected_seconds("short")
+
+    def propose(self, seconds_left: float | None = None) -> Proposal | None:
+        """The next probe to run, or None when the search is done (budget, trials or space exhausted)."""
+        if self._baseline_pending() and self.baseline is not None and self._fits_in("short", seconds_left):
+            return self._ask_baseline(seconds_left)
+        if not self._explore_done(seconds_left):
+            proposal = self._explore(seconds_left)
+            if proposal is not None:
+                return proposal
+        return self._confirm(seconds_left)
+
+    def _ask_baseline(self, seconds_left: float | None) -> Proposal:
+        assert self.baseline is not None
+        trial = self.study.ask()
+        trial.set_user_attr("fidelity", "baseline")
+        config = self._probe_config(self.baseline, "baseline", seconds_left)
+        key = config_key(self.baseline, self.world_size, config.gradient_accumulation_steps)
+        return Proposal(config, "baseline", key, trial, self.expected_seconds("short"))
+
+    def _pick_unknown(self) -> Knobs | None:
+        if self._grid is None:
+            self._grid = list(self.space.configs())
+        known = self._known()
+        fresh = [
+            k
+            for k in self._grid
+            if config_key(k, self.world_size, self._accum(k)) not in known and self.frontier.infer(k) != "oom"
+        ]
+        return self._rng.choice(fresh) if fresh else None
+
+    def _accum(self, knobs: Knobs) -> int:
+        return accumulation_steps(self.global_batch, knobs.micro_batch_size, self.world_size) or 0
+
+    def _explore(self, seconds_left: float | None) -> Proposal | None:
+        stuck = 0
+        while True:
+            if stuck >= self.schedule.stuck_asks:
+                pick = self._pick_unknown()
+                if pick is None:
+                    self._exhausted = True
+                    return None
+                self.study.enqueue_trial(_params(pick), skip_if_exists=False)
+                stuck = 0
+            trial = self.study.ask()
+            knobs = self.space.sample(trial)
+            key = config_key(knobs, self.world_size, self._accum(knobs))
+            trial.set_user_attr("fidelity", "short")
+            trial.set_user_attr("knobs", knobs.model_dump(mode="json"))
+            trial.set_user_attr("config_key", key)
+            earlier = self._measured(key)
+            if earlier is not None:
+                self._tell_reused(trial, earlier)
+                stuck += 1
+                continue
+            config = self._probe_config(knobs, "short", seconds_left)
+            verdict, cause, estimate = self._infer(knobs, config)
+            if verdict == "oom":
+                self._tell_inferred(trial, config, key, cause, estimate)
+                stuck += 1
+                continue
+            return Proposal(config, "short", key, trial, self.expected_seconds("short"), estimate)
+
+    def _infer(self, knobs: Knobs, config: ProbeConfig) -> tuple[str | None, str | None, int | None]:
+        if self.frontier.infer(knobs) == "oom":
+            return "oom", self.frontier.explain(knobs), None
+        estimate = self._estimate(knobs)
+        capacity = self.device_memory
+        if estimate is not None and capacity and estimate > self.schedule.estimate_margin * capacity:
+            cause = f"inferred-oom: estimated peak {estimate / 2**20:.0f} MiB > {self.schedule.estimate_margin:g} x capacity"
+            return "oom", cause, estimate
+        return None, None, estimate
+
+    def _estimate(self, knobs: Knobs) -> int | None:
+        if self.estimator is None:
+            return None
+        try:
+            return int(self.estimator.predict(knobs).calibrated)
+        except TunerError:  # e.g. no traced point for this checkpointing/precision: no estimate, probe it
+            return None
+
+    def _confirm(self, seconds_left: float | None) -> Proposal | None:
+        if not self._fits_in("confirm", seconds_left):
+            return None
+        found = candidates(self.rows)
+        confirmed = [c for c in found if c.confirmed]
+        best_confirmed = max((c.objective for c in confirmed), default=None)
+        for rank, cand in enumerate(c for c in found if not c.confirmed):
+            if cand.config_key in self._claimed_confirm:
+                continue
+            within_top = rank < self.schedule.finalists and len(confirmed) < self.schedule.finalists
+            if not within_top and (best_confirmed is None or cand.objective <= best_confirmed):
+                return None
+            knobs = Knobs.model_validate(cand.knobs)
+            self._claimed_confirm.add(cand.config_key)
+            config = self._probe_config(knobs, "confirm", seconds_left)
+            return Proposal(config, "confirm", cand.config_key, None, self.expected_seconds("confirm"))
+        return None
+
+    # -- observing ---------------------------------------------------------------------------------------------------
+    def row_for(self, proposal: Proposal, result: ProbeResult) -> dict[str, Any]:
+        knobs = proposal.config.knobs
+        capacity = result.capacity or self.device_memory
+        stable = is_stable(result.status, result.peak_allocated, capacity, self.headroom, result.alloc_retries)
+        return {
+            "trial_number": proposal.trial_number,
+            "fidelity": proposal.fidelity,
+            "config_key": proposal.config_key,
+            "knobs": knobs.model_dump(mode="json"),
+            "config": proposal.config.model_dump(mode="json"),
+            "status": result.status,
+            "cause": result.cause,
+            "samples_per_s": result.samples_per_s,
+            "tokens_per_s": result.tokens_per_s,
+            "objective": self.objective.of(result, knobs.max_length),
+            "peak_allocated": result.peak_allocated,
+            "peak_reserved": result.peak_reserved,
+            "capacity": capacity,
+            "alloc_retries": result.alloc_retries,
+            "stable": stable,
+            "estimate_bytes": proposal.estimate_bytes,
+            "probe_seconds": result.wall_s,
+            "setup_s": result.setup_s,
+            "result": result.model_dump(mode="json"),
+        }
+
+    def observe(self, proposal: Proposal, result: ProbeResult) -> Outcome:
+        """Records a probe's result: the trial is told COMPLETE, PRUNED (OOM) or FAIL (error/timeout)."""
+        row = self.row_for(proposal, result)
+        self.rows.append(row)
+        self._learn(row)
+        if proposal.fidelity == "short":
+            self.explored += 1
+        state = self._tell(proposal.trial, row) if proposal.trial is not None else None
+        return Outcome(row=row, state=state, objective=row["objective"], stable=row["stable"])
+
+    def observe_row(self, proposal: Proposal, row: dict[str, Any]) -> TrialState | None:
+        """Another worker measured this config first: reuse its row instead of probing."""
+        if proposal.trial is None:
+            return None
+        return self._tell_reused(proposal.trial, row)
+
+    def abandon(self, proposal: Proposal, cause: str) -> None:
+        """The proposal will not be probed (e.g. another worker is probing it right now)."""
+        if proposal.trial is not None:
+            proposal.trial.set_user_attr("status", "skipped")
+            proposal.trial.set_user_attr("cause", cause)
+            self.study.tell(proposal.trial, state=TrialState.FAIL)
+
+    def _constraint(self, row: dict[str, Any]) -> float:
+        if row["status"] == "oom" or str(row["status"]).startswith("inferred"):
+            return OOM_CONSTRAINT
+        peak, capacity = row.get("peak_allocated"), row.get("capacity")
+        if peak is None or not capacity:
+            return 0.0
+        return min(peak / (self.headroom * capacity) - 1.0, OOM_CONSTRAINT)
+
+    def _tell(self, trial: optuna.trial.Trial, row: dict[str, Any]) -> TrialState:
+        for name in ("status", "cause", "objective", "samples_per_s", "peak_allocated", "capacity", "stable"):
+            trial.set_user_attr(name, row.get(name))
+        trial.set_user_attr("knobs", row["knobs"])
+        trial.set_user_attr("config_key", row["config_key"])
+        trial.set_user_attr("probe_seconds", row.get("probe_seconds"))
+        status = row["status"]
+        if status in ("oom", "inferred-oom"):
+            trial.set_constraint("memory", OOM_CONSTRAINT)
+            self.study.tell(trial, state=TrialState.PRUNED)
+            return TrialState.PRUNED
+        if status == "ok" and row.get("objective") is not None:
+            trial.set_constraint("memory", self._constraint(row))
+            self.study.tell(trial, row["objective"])
+            return TrialState.COMPLETE
+        self.study.tell(trial, state=TrialState.FAIL)
+        return TrialState.FAIL
+
+    def _tell_reused(self, trial: optuna.trial.Trial, row: dict[str, Any]) -> TrialState:
+        trial.set_user_attr("reused_from", row.get("trial_number"))
+        self.reused += 1
+        return self._tell(trial, row)
+
+    def _tell_inferred(
+        self, trial: optuna.trial.Trial, config: ProbeConfig, key: str, cause: str | None, estimate: int | None
+    ) -> None:
+        row = {
+            "trial_number": trial.number,
+            "fidelity": "inferred",
+            "config_key": key,
+            "knobs": config.knobs.model_dump(mode="json"),
+            "config": config.model_dump(mode="json"),
+            "status": "inferred-oom",
+            "cause": cause or f"inferred-oom: {describe(config.knobs.model_dump())}",
+            "stable": False,
+            "estimate_bytes": estimate,
+            "capacity": self.device_memory,
+        }
+        self._tell(trial, row)
+        self.rows.append(row)
+        self.events.append(row)
+        self.inferred += 1
+
+
+def _params(knobs: Knobs) -> dict[str, Any]:
+    return {k: v for k, v in knobs.model_dump(mode="json").items()}
+
+
+def make_sampler(seed: int | None = None, n_startup_trials: int = 6) -> optuna.samplers.BaseSampler:
+    """TPE over the conditional space; constraints from OOM-pruned trials steer it away from infeasible configs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=n_startup_trials, multivariate=True, group=True, constant_liar=True
+        )
