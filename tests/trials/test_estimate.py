@@ -1,0 +1,47 @@
+"""The fake-tensor memory trace: it matches the same step on real tensors, and moves the right way with each knob."""
+
+from __future__ import annotations
+
+import pytest
+
+from trials.contract import ModelSpec
+from trials.estimate import run, trace_point
+
+TINY = ModelSpec(source="builtin:tiny-t5")
+
+
+@pytest.mark.slow
+def test_fake_trace_matches_real_tensors() -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    fake = trace_point(TINY, 4, 64, False, "fp32", fake=True)
+    real = trace_point(TINY, 4, 64, False, "fp32", fake=False)
+    assert fake["param_count"] == real["param_count"] > 0
+    assert fake["param_bytes"] == real["param_bytes"] == 4 * real["param_count"]
+    for key in ("activation_bytes", "step_temp_bytes", "peak_bytes"):
+        assert fake["point"][key] == pytest.approx(real["point"][key], rel=0.02), key
+
+
+@pytest.mark.slow
+def test_trace_moves_with_the_knobs() -> None:
+    out = run({
+        "model": TINY.model_dump(),
+        "points": [
+            {"micro_batch_size": 2, "max_length": 64},
+            {"micro_batch_size": 4, "max_length": 64},
+            {"micro_batch_size": 4, "max_length": 128},
+            {"micro_batch_size": 4, "max_length": 64, "gradient_checkpointing": True},
+        ],
+    })
+    p2, p4, p4long, p4ckpt = (p["activation_bytes"] for p in out["points"])
+    assert 1.6 < p4 / p2 < 2.4  # activations scale with the micro batch
+    assert p4long > 1.6 * p4  # and at least linearly with the length
+    assert p4ckpt < 0.6 * p4  # checkpointing drops most saved activations
+    assert out["param_count"] > 0 and out["largest_param"] <= out["param_count"]
+    # the plain-torch step peak is params + grads + AdamW state (16 bytes/param) + activations at least
+    assert out["points"][1]["peak_bytes"] >= 16 * out["param_count"]
+
+
+def test_unknown_builtin_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown built-in model"):
+        run({"model": {"source": "builtin:no-such-model"}, "points": [{"micro_batch_size": 1, "max_length": 8}]})

@@ -1,0 +1,145 @@
+"""`tuner estimate`: the predicted peak device memory of one config, without probing (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from trials.contract import Knobs, ModelSpec
+from tuner.cli.app import app
+from tuner.errors import ConfigError, ModelSourceError
+from tuner.estimator import Estimate, Estimator, trace
+from tuner.settings import load_settings
+
+MAX_CALIBRATION_POINTS = 8
+MiB = 1 << 20
+
+
+def _parse_size(text: str | None) -> int | None:
+    """"40GiB", "512MiB", "2e8" or plain bytes."""
+    if text is None:
+        return None
+    t = text.strip()
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+    for suffix, mult in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if t.lower().endswith(suffix):
+            try:
+                return int(float(t[: -len(suffix)]) * mult)
+            except ValueError:
+                break
+    try:
+        return int(float(t))
+    except ValueError:
+        raise ConfigError(f"cannot read size {text!r}; write e.g. 80GiB, 512MiB or a byte count") from None
+
+
+def _calibration_rows(study: str, storage: str | None, model: ModelSpec, world_size: int) -> list[tuple[Knobs, int]]:
+    from tuner.storage.store import Store
+
+    store = Store(load_settings(storage=storage).storage)
+    store.require_study(study)
+    out: list[tuple[Knobs, int]] = []
+    for row in store.probes(study, status="ok"):
+        cfg = row.get("config") or {}
+        if not row.get("peak_allocated") or int(cfg.get("world_size", 1)) != world_size:
+            continue
+        if (cfg.get("model") or {}).get("source", model.source) != model.source:
+            continue
+        out.append((Knobs.model_validate(row["knobs"]), int(row["peak_allocated"])))
+    if not out:
+        raise ConfigError(
+            f"study {study!r} has no successful probe of {model.source} at world size {world_size} to calibrate from"
+        )
+    return out[-MAX_CALIBRATION_POINTS:]
+
+
+def _row(table: Table, name: str, nbytes: int, note: str = "") -> None:
+    table.add_row(name, f"{nbytes / MiB:,.1f}", note)
+
+
+@app.command("estimate")
+def estimate(
+    model: Annotated[str, typer.Option("--model", help="builtin:<preset>, an HF id or a local save_pretrained dir")],
+    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)],
+    max_length: Annotated[int, typer.Option("--max-length", min=1)] = 512,
+    zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3)] = 0,
+    world_size: Annotated[int, typer.Option("--world-size", min=1)] = 1,
+    engine: Annotated[str, typer.Option("--engine", help="deepspeed or torch")] = "deepspeed",
+    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16")] = "fp32",
+    offload_optimizer: Annotated[bool, typer.Option("--offload-optimizer/--no-offload-optimizer")] = False,
+    gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing/--no-gradient-checkpointing")] = False,
+    overlap_comm: Annotated[bool, typer.Option("--overlap-comm/--no-overlap-comm")] = False,
+    contiguous_gradients: Annotated[bool, typer.Option("--contiguous-gradients/--no-contiguous-gradients")] = True,
+    reduce_bucket_size: Annotated[Optional[str], typer.Option("--reduce-bucket-size", help="elements, e.g. 2e8")] = None,
+    allgather_bucket_size: Annotated[Optional[str], typer.Option("--allgather-bucket-size")] = None,
+    device_memory: Annotated[Optional[str], typer.Option("--device-memory", help="e.g. 80GiB: say whether it fits")] = None,
+    margin: Annotated[float, typer.Option("--margin", min=0.0, max=0.9, help="safety margin for the verdict")] = 0.10,
+    calibrate_from_study: Annotated[Optional[str], typer.Option("--calibrate-from-study", help="fit to its probes")] = None,
+    storage: Annotated[Optional[str], typer.Option("--storage", help="SQLAlchemy URL of the study")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+) -> None:
+    """Predict the peak device memory per rank of one config: a fake-tensor trace of one training step plus DeepSpeed's
+    model-state arithmetic, optionally calibrated against a study's measured probes."""
+    try:
+        knobs = Knobs(
+            micro_batch_size=micro_batch_size, max_length=max_length, engine=engine, zero_stage=zero_stage,  # type: ignore[arg-type]
+            precision=precision, offload_optimizer=offload_optimizer,  # type: ignore[arg-type]
+            gradient_checkpointing=gradient_checkpointing, overlap_comm=overlap_comm,
+            contiguous_gradients=contiguous_gradients, reduce_bucket_size=_parse_size(reduce_bucket_size),
+            allgather_bucket_size=_parse_size(allgather_bucket_size),
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "knobs"
+        raise ConfigError(f"{where}: {first['msg']}") from None
+    if not model.strip():
+        raise ModelSourceError("--model is empty; give builtin:tiny-t5, an HF id or a local directory")
+    spec = ModelSpec(source=model)
+    capacity = _parse_size(device_memory)
+    calib = _calibration_rows(calibrate_from_study, storage, spec, world_size) if calibrate_from_study else []
+    wanted = {(knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)}
+    wanted |= {(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision) for k, _ in calib}
+    tr = trace(spec, sorted(wanted))
+    est = Estimator(trace=tr, world_size=world_size)
+    for k, peak in calib:
+        est.observe(k, peak)
+    result = est.predict(knobs)
+    _print(result, tr.param_count, est, capacity, margin, as_json, tr.trace_s)
+
+
+def _print(result: Estimate, params: int, est: Estimator, capacity: int | None, margin: float, as_json: bool,
+           trace_s: float) -> None:
+    verdict = None if capacity is None else ("fits" if result.calibrated * (1 + margin) <= capacity else "over budget")
+    if as_json:
+        out: dict[str, Any] = {
+            "param_count": params,
+            "params": result.states.params, "grads": result.states.grads, "optimizer": result.states.optimizer,
+            "buffers": result.states.buffers, "activations": result.activations,
+            "raw": result.raw, "calibrated": result.calibrated, "calibration": list(result.calibration),
+            "calibration_probes": len(est.observations), "capacity": capacity, "verdict": verdict,
+        }
+        typer.echo(json.dumps(out))
+        return
+    t = Table(title=f"peak device memory per rank ({params / 1e6:,.1f}M params, traced in {trace_s:.1f} s)")
+    t.add_column("part")
+    t.add_column("MiB", justify="right")
+    t.add_column("")
+    _row(t, "params", result.states.params)
+    _row(t, "gradients", result.states.grads)
+    _row(t, "optimizer state", result.states.optimizer, "host memory" if result.states.optimizer == 0 else "")
+    _row(t, "ZeRO buffers", result.states.buffers)
+    _row(t, "activations + temporaries", result.activations, "fake-tensor trace")
+    _row(t, "estimate", result.raw, "uncalibrated")
+    if est.observations:
+        a, b, c = result.calibration
+        errs = est.errors()
+        note = f"fit to {len(errs)} probes: {a:.2f}*states + {b:.2f}*act + {c / MiB:.0f} MiB, max err {max(map(abs, errs)):.0%}"
+        _row(t, "calibrated estimate", result.calibrated, note)
+    if capacity is not None:
+        _row(t, "device memory", capacity, f"{verdict} (with {margin:.0%} margin)")
+    Console(highlight=False).print(t)
