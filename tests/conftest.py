@@ -3,8 +3,9 @@
 - ``sqlite_url``: a fresh SQLite file URL in the test's tmp dir.
 - ``postgres_url``: one throwaway database ``tuner_test_<random>`` on the real PostgreSQL at 127.0.0.1:5432
   (user postgres), created once per test session and dropped at its end. Share it only with unique study names.
-- ``new_postgres_url()`` (fixture returning a factory): one more fresh throwaway database, dropped at session end.
+- ``new_postgres_url()`` (factory fixture): one more fresh throwaway database, dropped at session end.
 - ``storage_url``: parametrized over ``sqlite`` and ``postgres``; each test gets an empty storage of that kind.
+- ``tuner_server``: factory starting a real `tuner serve` process (uvicorn) on a free port; stopped at teardown.
 
 PostgreSQL is part of CI (.ci/run); when it is unreachable these fixtures fail with one line saying so (they do not
 skip, so a CI without the server cannot pass silently). Set TUNER_TEST_POSTGRES=skip to skip them on a laptop.
@@ -67,3 +68,22 @@ def storage_url(request: pytest.FixtureRequest, tmp_path, new_postgres_url: Call
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'tuner.db'}"
     return new_postgres_url()
+
+
+
+@pytest.fixture
+def tuner_server() -> Iterator[Callable[..., str]]:
+    """Factory: ``start(storage_url, *extra_args, env={...})`` runs `tuner serve` (see tests/servers.py) on a free
+    loopback port, waits for it to answer, and returns its base URL. Every server started is stopped at teardown."""
+    from servers import start_server, stop
+
+    procs: list = []
+
+    def start(storage: str, *extra: str, env: dict[str, str] | None = None) -> str:
+        proc, base = start_server(storage, *extra, env=env)
+        procs.append(proc)
+        return base
+
+    yield start
+    for proc in procs:
+        stop(proc)

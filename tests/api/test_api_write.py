@@ -1,0 +1,74 @@
+"""POST /studies behind the bearer token, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from tuner.settings import Settings
+from tuner.storage import Store
+
+TOKEN = "s3cret-token-for-tests"  # the token of the `client` fixture in tests/api/conftest.py
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BODY = {"name": "team-a.flan_t5-large", "model": "builtin:tiny-t5", "world_size": 4, "global_batch": 32,
+        "device_memory": 80 << 30, "headroom": 0.85, "budget_s": 7200}
+
+
+@pytest.fixture
+def app_client(storage_url: str) -> TestClient:
+    return TestClient(create_app(Settings(storage=storage_url, api_token=TOKEN)))
+
+
+def test_create_study_with_token_stores_a_definition_workers_read(app_client, storage_url) -> None:
+    r = app_client.post("/studies", json=BODY, headers=AUTH)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["name"] == BODY["name"] and body["status"] == "defined" and body["created_by"] == "api"
+    stored = Store(storage_url).require_study(BODY["name"])  # what a `tuner search --study` worker reads
+    assert stored["world_size"] == 4 and stored["global_batch"] == 32 and stored["headroom"] == 0.85
+    assert "name" not in stored
+    assert app_client.get(f"/studies/{BODY['name']}").json()["definition"] == stored
+
+
+def test_duplicate_study_is_409(app_client) -> None:
+    assert app_client.post("/studies", json=BODY, headers=AUTH).status_code == 201
+    r = app_client.post("/studies", json={**BODY, "world_size": 1}, headers=AUTH)
+    assert r.status_code == 409
+    assert "already exists" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
+                {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": "Bearer "}]
+)
+def test_missing_or_wrong_token_is_401_and_writes_nothing(app_client, storage_url, headers) -> None:
+    r = app_client.post("/studies", json=BODY, headers=headers)
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert "token" in r.json()["detail"]
+    assert Store(storage_url).study_definition(BODY["name"]) is None
+
+
+def test_server_without_token_refuses_writes(storage_url) -> None:
+    client = TestClient(create_app(Settings(storage=storage_url, api_token=None)))
+    r = client.post("/studies", json=BODY, headers=AUTH)
+    assert r.status_code == 403
+    assert "TUNER_API_TOKEN" in r.json()["detail"]
+    assert Store(storage_url).study_definition(BODY["name"]) is None
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [{"name": "x" * 129}, {"name": "no spaces"}, {"name": ""}, {"world_size": 0}, {"headroom": 1.5},
+     {"command": "rm -rf /"}, {"space_file": "/etc/passwd"}, {"global_batch": "lots"}],
+)
+def test_invalid_definitions_are_422(app_client, patch) -> None:
+    r = app_client.post("/studies", json={**BODY, **patch}, headers=AUTH)
+    assert r.status_code == 422
+    assert r.json()["detail"].startswith("invalid request")
+
+
+def test_malformed_json_body_is_422(app_client) -> None:
+    r = app_client.post("/studies", content=b"{not json", headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 422
