@@ -56,8 +56,8 @@ class Schedule:
     confirm: tuple[int, int] = (2, 12)
     finalists: int = 2  # stable configs re-probed at the confirm fidelity
     first_probe_s: float = 30.0  # expected seconds of a probe before any was measured
-    timeout_factor: float = 2.0  # a probe's timeout: factor x the longest probe seen so far + slack
-    timeout_slack_s: float = 15.0
+    timeout_factor: float = 3.0  # a probe's timeout: factor x the longest probe seen so far + slack
+    timeout_slack_s: float = 30.0  # (probe times vary a lot on shared machines; a killed probe is wasted time)
     max_timeout_s: float = 1800.0
     estimate_margin: float = 1.5  # skip configs predicted above margin x capacity
     stuck_asks: int = 8  # consecutive duplicate/inferred proposals before picking an unknown config directly
@@ -111,6 +111,7 @@ class Strategy:
         self.reused = 0
         self._exhausted = False
         self._claimed_confirm: set[str] = set()
+        self._skipped: set[str] = set()  # configs another worker holds a claim on
         self._rng = random.Random(self.seed)
         self._grid: list[Knobs] | None = None
 
@@ -143,7 +144,7 @@ class Strategy:
         return None
 
     def _known(self) -> set[str]:
-        return {r["config_key"] for r in self.rows}
+        return {r["config_key"] for r in self.rows} | self._skipped
 
     def drain(self) -> list[dict[str, Any]]:
         out, self.events = self.events, []
@@ -278,6 +279,10 @@ class Strategy:
                 self._tell_reused(trial, earlier)
                 stuck += 1
                 continue
+            if key in self._skipped:
+                self._tell_skipped(trial)
+                stuck += 1
+                continue
             config = self._probe_config(knobs, "short", seconds_left)
             verdict, cause, estimate = self._infer(knobs, config)
             if verdict == "oom":
@@ -367,10 +372,14 @@ class Strategy:
 
     def abandon(self, proposal: Proposal, cause: str) -> None:
         """The proposal will not be probed (e.g. another worker is probing it right now)."""
+        self._skipped.add(proposal.config_key)
         if proposal.trial is not None:
-            proposal.trial.set_user_attr("status", "skipped")
-            proposal.trial.set_user_attr("cause", cause)
-            self.study.tell(proposal.trial, state=TrialState.FAIL)
+            self._tell_skipped(proposal.trial, cause)
+
+    def _tell_skipped(self, trial: optuna.trial.Trial, cause: str = "being probed by another worker") -> None:
+        trial.set_user_attr("status", "skipped")
+        trial.set_user_attr("cause", cause)
+        self.study.tell(trial, state=TrialState.FAIL)
 
     def _constraint(self, row: dict[str, Any]) -> float:
         if row["status"] == "oom" or str(row["status"]).startswith("inferred"):

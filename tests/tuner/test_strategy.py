@@ -171,7 +171,7 @@ def test_timeouts_follow_measured_probe_durations():
     s = make(SMALL, n_trials=3)
     drive(s)
     longest = max(r["probe_seconds"] for r in s.rows if r.get("probe_seconds"))
-    assert s.timeout_for("short", None) == pytest.approx(2 * longest + 15)
+    assert s.timeout_for("short", None) == pytest.approx(3 * longest + 30)
     assert s.timeout_for("short", 7.0) == 7.0
     assert s.expected_seconds("confirm") > s.expected_seconds("short")
 

@@ -35,6 +35,8 @@ COMMAND_MODULES = [
     "tuner.cli.db",
     "tuner.cli.report",
     "tuner.cli.estimate",
+    "tuner.cli.search",
+    "tuner.cli.results",
 ]
 
 

@@ -108,6 +108,18 @@ class Store:
             return False
         return True
 
+    def claim_owner(self, study_name: str, config_key: str, fidelity: str) -> str | None:
+        """The worker holding the claim on (config_key, fidelity), or None."""
+        with self._connect() as conn:
+            row = conn.execute(
+                sa.select(claims.c.worker).where(
+                    claims.c.study_name == study_name,
+                    claims.c.config_key == config_key,
+                    claims.c.fidelity == fidelity,
+                )
+            ).first()
+        return str(row[0]) if row else None
+
     def release_claim(self, study_name: str, config_key: str, fidelity: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(

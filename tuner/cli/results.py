@@ -1,0 +1,198 @@
+"""`tuner best`, `tuner trials`, `tuner studies`: read a storage, never probe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tuner.budget import format_size
+from tuner.cli.app import app
+from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
+from tuner.frontier import describe
+from tuner.objective import Objective
+from tuner.progress import fmt_num
+from tuner.selection import best_stable
+from tuner.settings import load_settings
+from tuner.storage import Store
+
+console = Console(highlight=False, soft_wrap=True)
+if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
+    console = Console(highlight=False, soft_wrap=True, width=200)
+
+StorageOpt = Annotated[
+    Optional[str], typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
+]
+StudyOpt = Annotated[Optional[str], typer.Option("--study", help="study name (default: the most recent study)")]
+
+
+def pick_study(store: Store, study: str | None) -> tuple[str, dict[str, Any]]:
+    if study is not None:
+        return study, store.require_study(study)
+    rows = store.study_rows()
+    if not rows:
+        raise StudyNotFound(f"no study in storage {store.url}; run `tuner search --budget 30m` first")
+    return rows[0]["name"], dict(rows[0]["definition"])
+
+
+def _formats() -> tuple[str, ...]:
+    from tuner.export import FORMATS
+
+    return FORMATS
+
+
+@app.command("best")
+def best(
+    storage: StorageOpt = None,
+    study: StudyOpt = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="json | deepspeed | hf | accelerate | env")] = "json",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to this file instead of stdout")] = None,
+) -> None:
+    """Print (or write) the best stable config of a study."""
+    from tuner.export import render
+
+    if fmt not in _formats():
+        raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(_formats())}")
+    store = Store(load_settings(storage=storage).storage)
+    name, definition = pick_study(store, study)
+    found = best_stable(store.probes(name))
+    if found is None:
+        raise NoStableConfig(
+            f"study {name!r} has no stable config yet; run `tuner search --study {name}` longer or with more device memory"
+        )
+    text = render(
+        fmt,
+        found.knobs,
+        world_size=int(found.config.get("world_size") or definition.get("world_size") or 1),
+        gradient_accumulation_steps=int(found.config.get("gradient_accumulation_steps") or 1),
+        baseline=definition.get("baseline_source"),
+    )
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text)
+    except OSError as err:
+        raise ConfigError(f"cannot write {output}: {err.strerror}; pick a writable path for -o") from None
+    console.print(f"wrote the best config of study {name!r} ({fmt}) to {output}", style="dim")
+
+
+def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
+    """One entry per Optuna trial (state from Optuna, measurements from its probe rows) plus each confirm probe."""
+    import optuna
+
+    from tuner.storage import optuna_storage
+
+    rows = store.probes(name)
+    by_trial: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("trial_number") is not None and r["fidelity"] != "confirm":
+            by_trial.setdefault(int(r["trial_number"]), []).append(r)
+    out: list[dict[str, Any]] = []
+    try:
+        trials = optuna.load_study(study_name=name, storage=optuna_storage(store.url, None, None)).trials
+    except KeyError:  # a study defined (e.g. via the API) that no worker has started yet
+        trials = []
+    for t in trials:
+        attrs = t.user_attrs
+        row = (by_trial.get(t.number) or [{}])[-1]
+        out.append(
+            {
+                "trial": t.number,
+                "state": t.state.name,
+                "fidelity": attrs.get("fidelity", row.get("fidelity", "")),
+                "status": row.get("status") or attrs.get("status") or "",
+                "cause": row.get("cause") or attrs.get("cause") or "",
+                "objective": row.get("objective", attrs.get("objective")),
+                "peak": row.get("peak_allocated", attrs.get("peak_allocated")),
+                "stable": row.get("stable", attrs.get("stable")),
+                "knobs": row.get("knobs") or attrs.get("knobs") or {},
+                "reused_from": attrs.get("reused_from"),
+                "seconds": row.get("probe_seconds"),
+            }
+        )
+    for r in rows:
+        if r["fidelity"] == "confirm":
+            out.append(
+                {
+                    "trial": r.get("trial_number"),
+                    "state": "CONFIRM",
+                    "fidelity": "confirm",
+                    "status": r["status"],
+                    "cause": r.get("cause") or "",
+                    "objective": r.get("objective"),
+                    "peak": r.get("peak_allocated"),
+                    "stable": r.get("stable"),
+                    "knobs": r["knobs"],
+                    "reused_from": None,
+                    "seconds": r.get("probe_seconds"),
+                }
+            )
+    return out
+
+
+
+
+@app.command("trials")
+def trials(
+    storage: StorageOpt = None,
+    study: StudyOpt = None,
+    show_reused: Annotated[bool, typer.Option("--reused/--no-reused", help="also list trials that reused a measurement")] = False,
+) -> None:
+    """List a study's trials: state, status and cause, throughput, peak memory, knobs."""
+    store = Store(load_settings(storage=storage).storage)
+    name, definition = pick_study(store, study)
+    objective = Objective.from_dict(definition.get("objective"))
+    table = Table(title=f"study {name}: objective {objective.unit}")
+    for col in ("trial", "state", "fidelity", "status", objective.unit, "peak", "stable", "s", "config", "cause"):
+        table.add_column(col, overflow="fold")
+    shown = 0
+    for r in trial_rows(store, name):
+        if r["reused_from"] is not None and not show_reused:
+            continue
+        shown += 1
+        table.add_row(
+            "-" if r["trial"] is None else str(r["trial"]),
+            r["state"],
+            str(r["fidelity"]),
+            str(r["status"]),
+            fmt_num(r["objective"]),
+            format_size(r["peak"]),
+            {True: "yes", False: "no"}.get(r["stable"], "-"),
+            f"{r['seconds']:.1f}" if r["seconds"] else "-",
+            describe(r["knobs"]) if r["knobs"] else "-",
+            (r["cause"] or "")[:160],
+        )
+    console.print(table)
+    if not shown:
+        console.print(f"study {name!r} has no trials yet")
+
+
+@app.command("studies")
+def studies(storage: StorageOpt = None) -> None:
+    """List the studies in a storage, newest first, with their best stable throughput."""
+    store = Store(load_settings(storage=storage).storage)
+    table = Table(title="studies")
+    for col in ("study", "created", "model", "world", "global batch", "probes", "best", "unit"):
+        table.add_column(col)
+    rows = store.study_rows()
+    for s in rows:
+        d = s["definition"]
+        probes = store.probes(s["name"])
+        found = best_stable(probes)
+        table.add_row(
+            s["name"],
+            str(s["created_at"])[:19],
+            str((d.get("model") or {}).get("source", "-")),
+            str(d.get("world_size", "-")),
+            str(d.get("global_batch", "-")),
+            str(sum(1 for p in probes if p["fidelity"] != "inferred")),
+            fmt_num(found.objective) if found else "-",
+            Objective.from_dict(d.get("objective")).unit,
+        )
+    console.print(table)
+    if not rows:
+        console.print("no studies yet; run `tuner search --budget 30m`")

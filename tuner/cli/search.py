@@ -1,0 +1,202 @@
+"""`tuner search --budget 2h ...`: the OOM-aware search with a live progress display and a final summary."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import optuna
+import typer
+from rich.console import Console
+
+from trials.contract import Knobs, ProbeConfig, ProbeResult
+from tuner.batching import default_global_batch, require_reachable
+from tuner.budget import parse_duration, parse_size
+from tuner.cli.app import app
+from tuner.errors import BaselineError, ConfigError
+from tuner.models import resolve_model
+from tuner.objective import load_lengths, objective_for
+from tuner.progress import LiveProgress, summary_table
+from tuner.search import Search, SearchRequest, check_resume, request_from_definition
+from tuner.settings import load_settings
+from tuner.space import load_space
+from tuner.storage import Store
+from tuner.strategy import Schedule
+
+console = Console(highlight=False, soft_wrap=True)
+if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
+    console = Console(highlight=False, soft_wrap=True, width=200)
+
+
+def _baseline(path: Path) -> tuple[Knobs, int | None, dict[str, Any] | None]:
+    from tuner.baseline import load_baseline  # helper C's parser of DeepSpeed / HF training-args files
+
+    base = load_baseline(path)
+    knobs = base.knobs if isinstance(base.knobs, Knobs) else Knobs.model_validate(base.knobs)
+    return knobs, getattr(base, "global_batch", None), getattr(base, "ds_config", None)
+
+
+def build_request(
+    *,
+    budget: str,
+    model: str,
+    space_file: Path | None,
+    storage: str | None,
+    study: str | None,
+    world_size: int | None,
+    device_memory: str | None,
+    headroom: float,
+    global_batch: int | None,
+    n_trials: int | None,
+    baseline: Path | None,
+    lengths: Path | None,
+    finalists: int,
+    seed: int | None,
+) -> tuple[SearchRequest, set[str]]:
+    """Validates every option (one clear line on a mistake) and returns the request plus the options set explicitly."""
+    budget_s = parse_duration(budget)
+    if not 0 < headroom <= 1:
+        raise ConfigError(f"--headroom {headroom} must be in (0, 1], e.g. 0.9 keeps 10% of device memory free")
+    if world_size is not None and world_size < 1:
+        raise ConfigError(f"--world-size {world_size} must be at least 1")
+    if n_trials is not None and n_trials < 1:
+        raise ConfigError(f"--n-trials {n_trials} must be at least 1")
+    if global_batch is not None and global_batch < 1:
+        raise ConfigError(f"--global-batch {global_batch} must be at least 1")
+    spec = resolve_model(model)
+    space = load_space(space_file)
+    memory = parse_size(device_memory) if device_memory is not None else None
+    lens = load_lengths(lengths) if lengths is not None else None
+    base_knobs, base_batch, base_source = _baseline(baseline) if baseline is not None else (None, None, None)
+    world = world_size or 1
+    batch = global_batch or base_batch or default_global_batch(space.micro_batch_size, world)
+    space = space.restrict(micro_batch_size=require_reachable(space.micro_batch_size, batch, world))
+    if base_knobs is not None and batch % (base_knobs.micro_batch_size * world):
+        raise BaselineError(
+            f"baseline micro batch {base_knobs.micro_batch_size} x world size {world} cannot reach global batch "
+            f"{batch}; pass --global-batch as a multiple of it"
+        )
+    name = study or "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    request = SearchRequest(
+        study_name=name,
+        storage=load_settings(storage=storage).storage,
+        model=spec,
+        space=space,
+        world_size=world,
+        global_batch=batch,
+        objective=objective_for(space.max_length, lens),
+        budget_s=budget_s,
+        device_memory=memory,
+        headroom=headroom,
+        n_trials=n_trials,
+        baseline=base_knobs,
+        baseline_source=base_source,
+        schedule=Schedule(finalists=finalists),
+        seed=seed,
+    )
+    explicit = {
+        key
+        for key, given in {
+            "model": model != DEFAULT_MODEL,
+            "space": space_file is not None,
+            "world_size": world_size is not None,
+            "global_batch": global_batch is not None or baseline is not None,
+            "device_memory": device_memory is not None,
+            "objective": lengths is not None,
+        }.items()
+        if given
+    }
+    return request, explicit
+
+
+DEFAULT_MODEL = "builtin:tiny-t5"
+
+
+def resolve(request: SearchRequest, explicit: set[str], store: Store) -> tuple[SearchRequest, bool]:
+    """Creates the study definition, or resumes an existing one with its stored definition."""
+    wanted = request.definition()
+    stored = store.study_definition(request.study_name)
+    if stored is None:
+        store.ensure_study(request.study_name, wanted)
+        return request, False
+    check_resume(request.study_name, stored, wanted, explicit)
+    return request_from_definition(request, stored), True
+
+
+def real_probe(config: ProbeConfig) -> ProbeResult:
+    from tuner.runner import run_probe
+
+    return run_probe(config)
+
+
+@app.command("search")
+def search(
+    budget: Annotated[str, typer.Option("--budget", help="wall-clock budget for the whole search: 90s, 30m, 2h, 1h30m")],
+    model: Annotated[str, typer.Option("--model", help="builtin:tiny-t5, an HF model id, or a local model directory")] = DEFAULT_MODEL,
+    space: Annotated[Optional[Path], typer.Option("--space", help="search space YAML/TOML (default: built-in)")] = None,
+    storage: Annotated[Optional[str], typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")] = None,
+    study: Annotated[Optional[str], typer.Option("--study", help="study name; an existing one is resumed")] = None,
+    world_size: Annotated[Optional[int], typer.Option("--world-size", help="ranks per probe (data-parallel GPUs)")] = None,
+    device_memory: Annotated[Optional[str], typer.Option("--device-memory", help="memory per rank, e.g. 80GiB (default: the device's)")] = None,
+    headroom: Annotated[float, typer.Option("--headroom", help="stable = peak <= headroom x device memory")] = 0.9,
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="samples per optimizer step, held fixed")] = None,
+    n_trials: Annotated[Optional[int], typer.Option("--n-trials", help="stop exploring after this many probes")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", help="your current DeepSpeed / HF training-args JSON; probed first")] = None,
+    lengths: Annotated[Optional[Path], typer.Option("--lengths", help="file of your samples' token lengths (retained-token objective)")] = None,
+    finalists: Annotated[int, typer.Option("--finalists", help="best stable configs re-probed longer before the pick")] = 2,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="sampler seed")] = None,
+) -> None:
+    """Find the fastest config that does not run out of memory, by short real probe trainings."""
+    request, explicit = build_request(
+        budget=budget,
+        model=model,
+        space_file=space,
+        storage=storage,
+        study=study,
+        world_size=world_size,
+        device_memory=device_memory,
+        headroom=headroom,
+        global_batch=global_batch,
+        n_trials=n_trials,
+        baseline=baseline,
+        lengths=lengths,
+        finalists=max(finalists, 0),
+        seed=seed,
+    )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    store = Store(request.storage)
+    request, resumed = resolve(request, explicit, store)
+    runner = Search(request, real_probe)
+    console.print(
+        f"{'resuming' if resumed else 'new'} study [bold]{request.study_name}[/] on {_safe(request.storage)}: "
+        f"{request.model.source}, world size {request.world_size}, global batch {request.global_batch}, "
+        f"{request.space.size()} configs in the space, objective {request.objective.unit}"
+    )
+    progress = LiveProgress(console, runner.deadline, request.objective, request.study_name)
+    runner.listener = progress
+    with progress:
+        summary = runner.run()
+    console.print(summary_table(summary, request.objective))
+    if summary.best is None:
+        console.print("no stable config found: give a larger --device-memory or --budget, or a smaller space")
+        return
+    from tuner.export import render
+
+    best = summary.best
+    console.print("best config:")
+    typer.echo(
+        render(
+            "json",
+            best.knobs,
+            world_size=int(best.config.get("world_size", request.world_size)),
+            gradient_accumulation_steps=int(best.config.get("gradient_accumulation_steps", 1)),
+            baseline=request.baseline_source,
+        ).rstrip()
+    )
+
+
+def _safe(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

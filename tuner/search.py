@@ -1,0 +1,326 @@
+"""The search driver: runs the strategy's proposals as real probes inside a wall-clock budget, on the database.
+
+Everything with a side effect lives here: the Optuna RDB study, the project's tables (study definition, search run,
+claims, probe rows), the probe runner and the trial heartbeat. The decisions are tuner.strategy's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import threading
+import warnings
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
+from tuner.budget import Deadline
+from tuner.errors import ConfigError
+from tuner.objective import Objective
+from tuner.selection import Candidate, best_stable
+from tuner.space import Space, space_from_definition
+from tuner.storage import Store, optuna_storage
+from tuner.strategy import EstimatorLike, Outcome, Proposal, Schedule, Strategy, make_sampler
+
+Probe = Callable[[ProbeConfig], ProbeResult]
+HEARTBEAT_S = 10.0
+STALE_CLAIM_S = 120.0  # a claim whose worker sent no heartbeat for this long is taken over
+
+
+class Listener(Protocol):
+    """What the driver tells the progress display."""
+
+    def started(self, proposal: Proposal) -> None: ...
+
+    def finished(self, proposal: Proposal, outcome: Outcome) -> None: ...
+
+    def inferred(self, row: dict[str, Any]) -> None: ...
+
+    def note(self, message: str) -> None: ...
+
+
+@dataclass
+class SearchRequest:
+    study_name: str
+    storage: str
+    model: ModelSpec
+    space: Space
+    world_size: int
+    global_batch: int
+    objective: Objective
+    budget_s: float
+    device_memory: int | None = None
+    headroom: float = 0.9
+    n_trials: int | None = None
+    baseline: Knobs | None = None
+    baseline_source: dict[str, Any] | None = None  # what the user's baseline file said (for reports)
+    schedule: Schedule = field(default_factory=Schedule)
+    seed: int | None = None
+
+    def definition(self) -> dict[str, Any]:
+        return {
+            "model": self.model.model_dump(mode="json"),
+            "space": self.space.model_dump(mode="json"),
+            "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "device_memory": self.device_memory,
+            "headroom": self.headroom,
+            "objective": self.objective.to_dict(),
+            "budget_s": self.budget_s,
+            "baseline": self.baseline.model_dump(mode="json") if self.baseline is not None else None,
+            "baseline_source": self.baseline_source,
+            "finalists": self.schedule.finalists,
+        }
+
+
+#: definition keys a resumed study must agree on: they decide which configs exist and what they measure
+ESSENTIAL = ("model", "space", "world_size", "global_batch", "device_memory", "objective")
+
+
+def check_resume(name: str, stored: dict[str, Any], wanted: dict[str, Any], explicit: set[str]) -> None:
+    """A re-run of an existing study keeps its definition; an option the user set that contradicts it is an error."""
+    for key in ESSENTIAL:
+        if key in explicit and stored.get(key) != wanted.get(key):
+            raise ConfigError(
+                f"study {name!r} was created with a different {key} ({_short(stored.get(key))}); drop the option to "
+                f"resume it, or pick a new --study name"
+            )
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def request_from_definition(base: SearchRequest, stored: dict[str, Any]) -> SearchRequest:
+    """The request to resume a study with: its stored definition, this run's budget, trials and seed."""
+    return SearchRequest(
+        study_name=base.study_name,
+        storage=base.storage,
+        model=ModelSpec.model_validate(stored["model"]),
+        space=space_from_definition(stored["space"]),
+        world_size=int(stored["world_size"]),
+        global_batch=int(stored["global_batch"]),
+        objective=Objective.from_dict(stored.get("objective")),
+        budget_s=base.budget_s,
+        device_memory=stored.get("device_memory"),
+        headroom=float(stored.get("headroom") or base.headroom),
+        n_trials=base.n_trials,
+        baseline=Knobs.model_validate(stored["baseline"]) if stored.get("baseline") else None,
+        baseline_source=stored.get("baseline_source"),
+        schedule=base.schedule,
+        seed=base.seed,
+    )
+
+
+@dataclass
+class SearchSummary:
+    study_name: str
+    run_id: int
+    elapsed_s: float
+    stop_reason: str
+    counts: dict[str, int]
+    best: Candidate | None
+    baseline: dict[str, Any] | None  # the baseline's probe row, if one was probed
+    probes_run: int
+    probe_seconds: float
+    trials: int
+
+
+class _Heartbeat:
+    """Keeps the running Optuna trial and our search run alive in the database while a probe runs."""
+
+    def __init__(self, storage: Any, trial_id: int | None, store: Store, run_id: int) -> None:
+        self.storage, self.trial_id, self.store, self.run_id = storage, trial_id, store, run_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tuner-heartbeat", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            if self.trial_id is not None:
+                self.storage.record_heartbeat(self.trial_id)
+            self.store.heartbeat(self.run_id)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def open_study(name: str, url: str, seed: int | None) -> optuna.Study:
+    with warnings.catch_warnings():  # heartbeats and fail_stale_trials are "experimental" in optuna 5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna_storage(url)
+        study = optuna.create_study(
+            study_name=name, storage=storage, direction="maximize", sampler=make_sampler(seed), load_if_exists=True
+        )
+        optuna.storages.fail_stale_trials(study)  # RUNNING trials of a killed worker become FAIL
+    return study
+
+
+class Search:
+    def __init__(
+        self,
+        request: SearchRequest,
+        probe: Probe,
+        *,
+        listener: Listener | None = None,
+        estimator: EstimatorLike | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.request = request
+        self.probe = probe
+        self.listener = listener
+        self.deadline = Deadline(request.budget_s, clock=clock)
+        self.store = Store(request.storage)
+        self.study = open_study(request.study_name, request.storage, request.seed)
+        self.worker = worker_name()
+        self.strategy = Strategy(
+            study=self.study,
+            space=request.space,
+            model=request.model,
+            world_size=request.world_size,
+            global_batch=request.global_batch,
+            objective=request.objective,
+            device_memory=request.device_memory,
+            headroom=request.headroom,
+            schedule=request.schedule,
+            baseline=request.baseline,
+            n_trials=request.n_trials,
+            estimator=estimator,
+            seed=request.seed,
+        )
+        self.probes_run = 0
+        self.probe_seconds = 0.0
+
+    def _sync(self) -> None:
+        self.strategy.load_rows(self.store.probes(self.request.study_name))
+
+    def _record(self, row: dict[str, Any], run_id: int) -> None:
+        self.store.record_probe({**row, "study_name": self.request.study_name, "run_id": run_id})
+
+    def run(self) -> SearchSummary:
+        name = self.request.study_name
+        run_id = self.store.start_run(name, self.worker, self.request.budget_s, None)
+        reason, status = "budget", "finished"
+        try:
+            reason = self._loop(run_id)
+        except KeyboardInterrupt:
+            status, reason = "interrupted", "interrupted"
+            raise
+        except Exception as err:
+            status, reason = "failed", f"{type(err).__name__}: {err}"
+            raise
+        finally:
+            self.store.finish_run(run_id, status, reason)
+        return self.summary(run_id, reason)
+
+    def _loop(self, run_id: int) -> str:
+        name = self.request.study_name
+        while True:
+            self._sync()
+            left = self.deadline.left
+            proposal = self.strategy.propose(left)
+            for row in self.strategy.drain():
+                self._record(row, run_id)
+                if self.listener:
+                    self.listener.inferred(row)
+            if proposal is None:
+                return self._why_stopped()
+            if not self._claim(proposal):
+                self._lost_claim(proposal)
+                continue
+            self._run_one(proposal, run_id)
+
+    def _claim(self, proposal: Proposal) -> bool:
+        name = self.request.study_name
+        args = (name, proposal.config_key, proposal.fidelity, proposal.trial_number, self.worker)
+        if self.store.claim(*args):
+            return True
+        owner = self.store.claim_owner(name, proposal.config_key, proposal.fidelity)
+        done = any(
+            r["config_key"] == proposal.config_key and r["fidelity"] == proposal.fidelity for r in self.strategy.rows
+        )
+        if owner is not None and not done and self._stale(owner):
+            # the claim of a worker that died mid-probe: take it over
+            self.store.release_claim(name, proposal.config_key, proposal.fidelity)
+            return self.store.claim(*args)
+        return False
+
+    def _stale(self, owner: str) -> bool:
+        runs = [r for r in self.store.runs(self.request.study_name) if r["worker"] == owner]
+        if not runs or runs[-1]["status"] != "running":
+            return True
+        beat = runs[-1]["heartbeat_at"]
+        if beat is None:
+            return True
+        if beat.tzinfo is None:  # SQLite hands back naive UTC
+            beat = beat.replace(tzinfo=dt.timezone.utc)
+        return (dt.datetime.now(dt.timezone.utc) - beat).total_seconds() > STALE_CLAIM_S
+
+    def _why_stopped(self) -> str:
+        s = self.strategy
+        if s._exhausted:
+            return "space exhausted"
+        if self.request.n_trials is not None and s.explored >= self.request.n_trials:
+            return f"{self.request.n_trials} trials done"
+        return "budget"
+
+    def _lost_claim(self, proposal: Proposal) -> None:
+        rows = self.store.probes(self.request.study_name)
+        done = [r for r in rows if r["config_key"] == proposal.config_key and r["fidelity"] == proposal.fidelity]
+        if done:
+            self.strategy.observe_row(proposal, done[-1])
+        else:
+            self.strategy.abandon(proposal, "being probed by another worker")
+
+    def _run_one(self, proposal: Proposal, run_id: int) -> None:
+        if self.listener:
+            self.listener.started(proposal)
+        trial_id = proposal.trial._trial_id if proposal.trial is not None else None
+        try:
+            with _Heartbeat(self.study._storage, trial_id, self.store, run_id):
+                result = self.probe(proposal.config)
+        except BaseException:
+            # interrupted or the runner itself broke: leave no RUNNING trial and no claim behind
+            if proposal.trial is not None:
+                proposal.trial.set_user_attr("status", "interrupted")
+                self.study.tell(proposal.trial, state=TrialState.FAIL)
+            self.store.release_claim(self.request.study_name, proposal.config_key, proposal.fidelity)
+            raise
+        self.probes_run += 1
+        self.probe_seconds += result.wall_s
+        outcome = self.strategy.observe(proposal, result)
+        self._record(outcome.row, run_id)
+        self.store.heartbeat(run_id)
+        if self.listener:
+            self.listener.finished(proposal, outcome)
+
+    def summary(self, run_id: int, reason: str) -> SearchSummary:
+        rows = self.store.probes(self.request.study_name)
+        counts = self.store.count_probes(self.request.study_name)
+        base = [r for r in rows if r["fidelity"] == "baseline"]
+        return SearchSummary(
+            study_name=self.request.study_name,
+            run_id=run_id,
+            elapsed_s=self.deadline.elapsed,
+            stop_reason=reason,
+            counts=counts,
+            best=best_stable(rows),
+            baseline=base[0] if base else None,
+            probes_run=self.probes_run,
+            probe_seconds=self.probe_seconds,
+            trials=len(self.study.get_trials(deepcopy=False, states=None)),
+        )
