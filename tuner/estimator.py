@@ -128,6 +128,19 @@ def model_state_bytes(
     return StateBytes(params=params, grads=grads, optimizer=optimizer, buffers=buffers)
 
 
+def zero_order_sound(param_count: int, world_size: int, space_knobs: list[Knobs]) -> bool:
+    """True when, by the model-state arithmetic, every higher ZeRO stage needs no more than a lower one for every
+    config of ``space_knobs`` (same knobs otherwise) — the condition for ``Frontier(zero_order=True)``."""
+    for k in space_knobs:
+        if k.engine != "deepspeed":
+            continue
+        for hi in range(k.zero_stage + 1, 4):
+            other = k.model_copy(update={"zero_stage": hi})
+            if model_state_bytes(other, param_count, world_size).total > model_state_bytes(k, param_count, world_size).total:
+                return False
+    return True
+
+
 # -- the estimate ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Estimate:

@@ -11,7 +11,7 @@ import pytest
 
 from trials.contract import Knobs
 from tuner.errors import ConfigError
-from tuner.estimator import Estimator, Trace, TracePoint, model_state_bytes
+from tuner.estimator import Estimator, Trace, TracePoint, model_state_bytes, zero_order_sound
 
 P = 1_000_000
 MiB = 1 << 20
@@ -122,3 +122,10 @@ def test_cli_estimate_through_the_entry_point(tmp_path: Path) -> None:
     assert len(bad.stderr.strip().splitlines()) == 1
     missing = subprocess.run(args[:3] + ["builtin:nope", "--micro-batch-size", "1"], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "unknown built-in model" in missing.stderr
+
+
+def test_zero_order_sound_only_with_many_ranks_and_a_big_model() -> None:
+    space = [kn(zero_stage=z, reduce_bucket_size=2 * 10**6, allgather_bucket_size=2 * 10**6) for z in (0, 1, 2)]
+    assert not zero_order_sound(263_168, 1, space)  # tiny T5 on one rank: ZeRO only adds buffers
+    assert not zero_order_sound(263_168, 2, space)
+    assert zero_order_sound(780_000_000, 4, space)  # flan-t5-large on 4 ranks: partitioning pays

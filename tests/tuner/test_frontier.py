@@ -10,6 +10,8 @@ from pydantic import ValidationError
 
 from tuner.frontier import DEFAULT_ORDER, Frontier, needs_at_least, normalize, split
 
+ZERO = {**DEFAULT_ORDER, "zero_stage": "down"}
+
 
 def k(**kw: object) -> dict[str, object]:
     base: dict[str, object] = {"micro_batch_size": 4, "max_length": 128, "zero_stage": 1}
@@ -34,8 +36,17 @@ def k(**kw: object) -> dict[str, object]:
     ],
 )
 def test_order_per_knob(bigger: dict, smaller: dict) -> None:
-    assert needs_at_least(bigger, smaller)
-    assert not needs_at_least(smaller, bigger)
+    assert needs_at_least(bigger, smaller, ZERO)
+    assert not needs_at_least(smaller, bigger, ZERO)
+
+
+def test_zero_stage_unordered_by_default() -> None:
+    assert not needs_at_least(k(zero_stage=0), k(zero_stage=2))
+    assert not needs_at_least(k(zero_stage=2), k(zero_stage=0))
+    f = Frontier()
+    f.add(k(micro_batch_size=4, zero_stage=1), fits=False)
+    assert f.infer(k(micro_batch_size=4, zero_stage=0)) is None
+    assert Frontier(zero_order=True).order["zero_stage"] == "down"
 
 
 @pytest.mark.parametrize(
@@ -57,10 +68,10 @@ def test_unordered_pairs(a: dict, b: dict) -> None:
 def test_buckets_only_compared_under_zero() -> None:
     # stage 0 has no buckets: different bucket values are the same stage-0 config as far as memory goes
     assert needs_at_least(k(zero_stage=0, reduce_bucket_size=10), k(zero_stage=0, reduce_bucket_size=10**9))
-    # stage 0 vs stage 2: ordered by stage whatever stage 2's buckets are
-    assert needs_at_least(k(zero_stage=0), k(zero_stage=2, reduce_bucket_size=10**9))
+    # stage 0 vs stage 2 (with the stage order): ordered by stage whatever stage 2's buckets are
+    assert needs_at_least(k(zero_stage=0), k(zero_stage=2, reduce_bucket_size=10**9), ZERO)
     # both ZeRO: buckets matter
-    assert not needs_at_least(k(zero_stage=1, reduce_bucket_size=10), k(zero_stage=2, reduce_bucket_size=10**9))
+    assert not needs_at_least(k(zero_stage=1, reduce_bucket_size=10), k(zero_stage=2, reduce_bucket_size=10**9), ZERO)
 
 
 def test_preorder_on_a_grid() -> None:
@@ -71,14 +82,15 @@ def test_preorder_on_a_grid() -> None:
     for a in grid:
         assert needs_at_least(a, a)
     rng = random.Random(0)
-    for _ in range(2000):
-        a, b, c = rng.choice(grid), rng.choice(grid), rng.choice(grid)
-        if needs_at_least(a, b) and needs_at_least(b, c):
-            assert needs_at_least(a, c)
+    for order in (DEFAULT_ORDER, ZERO):
+        for _ in range(2000):
+            a, b, c = rng.choice(grid), rng.choice(grid), rng.choice(grid)
+            if needs_at_least(a, b, order) and needs_at_least(b, c, order):
+                assert needs_at_least(a, c, order)
 
 
 def test_oom_propagates_up_and_fits_down() -> None:
-    f = Frontier()
+    f = Frontier(zero_order=True)
     f.add(k(micro_batch_size=8), fits=False)
     f.add(k(micro_batch_size=2), fits=True)
     assert f.infer(k(micro_batch_size=16)) == "oom"
@@ -105,13 +117,13 @@ def test_split_partitions_candidates() -> None:
 
 
 def test_contradiction_demotes_the_rule_and_withholds_answers() -> None:
-    f = Frontier()
+    f = Frontier(zero_order=True)
     # on one rank, ZeRO-1 can need MORE than stage 0 (fp32 partition copy, nothing partitioned)
     f.add(k(micro_batch_size=4, zero_stage=1), fits=False)
     assert f.infer(k(micro_batch_size=4, zero_stage=0)) == "oom"  # what the documented rule says
     f.add(k(micro_batch_size=4, zero_stage=0), fits=True)  # ...and the measurement says otherwise
     assert len(f.conflicts) == 1 and f.conflicts[0].demoted == ("zero_stage",)
-    assert f.order["zero_stage"] == "equal" and DEFAULT_ORDER["zero_stage"] == "down"
+    assert f.order["zero_stage"] == "equal" and Frontier(zero_order=True).order["zero_stage"] == "down"
     # the stage order is no longer used; the micro-batch order still is
     assert f.infer(k(micro_batch_size=8, zero_stage=0)) is None
     assert f.infer(k(micro_batch_size=8, zero_stage=1)) == "oom"
