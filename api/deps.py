@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from api.cache import BestConfigCache
 from tuner.settings import Settings
 from tuner.storage import Store, optuna_storage
 
@@ -22,6 +23,7 @@ class Services:
         self._lock = threading.Lock()
         self._store: Store | None = None
         self._optuna: Any = None
+        self.best_cache = BestConfigCache()
 
     def store(self) -> Store:
         if self._store is None:

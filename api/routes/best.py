@@ -51,7 +51,7 @@ def best_config(
 ) -> BestConfigOut | Response:
     store = svc.store()
     name = study or views.default_study(store)
-    out = views.best_config(store, name, format, render)
+    out = svc.best_cache.get(store, name, format, lambda: views.best_config(store, name, format, render))
     if not raw:
         return out
     if format == "json":

@@ -72,3 +72,21 @@ def test_invalid_definitions_are_422(app_client, patch) -> None:
 def test_malformed_json_body_is_422(app_client) -> None:
     r = app_client.post("/studies", content=b"{not json", headers={**AUTH, "Content-Type": "application/json"})
     assert r.status_code == 422
+
+
+def test_best_config_follows_new_probes_at_once(app_client, storage_url) -> None:
+    """A search writing a better confirmed config changes the answer on the next request (no stale cache)."""
+    from sample_storage import populate
+
+    populate(storage_url, "live")
+    first = app_client.get("/best-config", params={"study": "live"}).json()
+    assert first["trial_number"] == 2
+    store = Store(storage_url)
+    row = dict(store.probes("live", fidelity="confirm")[0])
+    for fidelity in ("short", "confirm"):
+        store.record_probe({**{k: v for k, v in row.items() if k not in ("id", "created_at")}, "trial_number": 9,
+                            "config_key": "better", "fidelity": fidelity, "objective": 10 * row["objective"],
+                            "samples_per_s": 10 * row["samples_per_s"]})
+    second = app_client.get("/best-config", params={"study": "live"}).json()
+    assert second["trial_number"] == 9 and second["config_key"] == "better"
+    assert app_client.get("/best-config", params={"study": "live", "format": "json"}).json()["trial_number"] == 9

@@ -1,0 +1,46 @@
+"""Caches the best config of each study until its probe rows change.
+
+Probe rows are insert-only (Store.record_probe), so (row count, highest id) of a study identifies its content: one
+indexed aggregate per request instead of loading and ranking every row. A new probe invalidates the entry at once, so
+a client never sees a stale best config."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import sqlalchemy as sa
+
+from api.schemas import BestConfigOut
+from tuner.storage import Store
+from tuner.storage.schema import probes
+
+Version = tuple[int, int | None]
+
+
+def probe_version(store: Store, study: str) -> Version:
+    q = sa.select(sa.func.count(), sa.func.max(probes.c.id)).where(probes.c.study_name == study)
+    with store.engine.connect() as conn:
+        count, top = conn.execute(q).one()
+    return int(count), top
+
+
+class BestConfigCache:
+    def __init__(self, max_entries: int = 256) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str], tuple[Version, BestConfigOut]] = {}
+        self._max = max_entries
+
+    def get(self, store: Store, study: str, fmt: str, compute: Callable[[], BestConfigOut]) -> BestConfigOut:
+        version = probe_version(store, study)
+        key = (study, fmt)
+        with self._lock:
+            hit = self._entries.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        out = compute()  # raises (404, 503 ...) without caching anything
+        with self._lock:
+            if len(self._entries) >= self._max:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[key] = (version, out)
+        return out

@@ -1,0 +1,181 @@
+"""Latency of GET /best-config under load: starts a real `tuner serve` (uvicorn) on a populated storage and hits it
+with N concurrent clients (httpx, asyncio) on loopback; prints p50/p90/p99/max and throughput per storage backend.
+
+    .venv/bin/python benchmarks/api_latency.py                         # SQLite and PostgreSQL, 100 clients
+    .venv/bin/python benchmarks/api_latency.py --backend sqlite --clients 100 --requests 5000 --probes 300
+
+The storage is populated through the same writers `tuner search` uses (Store.record_probe, Optuna trials) with
+--probes probe rows in one study. PostgreSQL: a throwaway database on --pg-admin, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+TUNER = str(Path(sys.executable).parent / "tuner")
+STUDY = "bench"
+MiB = 1 << 20
+
+
+def populate(url: str, n_probes: int, seed: int = 0) -> None:
+    """One study of ``n_probes`` probe rows (ok, oom, unstable, inferred) and as many Optuna trials."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+    from optuna.trial import TrialState
+
+    from trials.contract import Knobs, ProbeConfig
+    from tuner.storage import Store, optuna_storage
+
+    rng = random.Random(seed)
+    store = Store(url)
+    store.ensure_study(STUDY, {"model": "builtin:tiny-t5", "world_size": 4, "global_batch": 64, "headroom": 0.9})
+    run = store.start_run(STUDY, "bench:1", 7200.0, None)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=STUDY, storage=optuna_storage(url, None, None), direction="maximize")
+    dist = {"micro_batch_size": IntDistribution(1, 16), "zero_stage": CategoricalDistribution([0, 1, 2, 3])}
+    capacity = 80 * 1024 * MiB
+    for number in range(n_probes):
+        micro, zero = rng.choice([1, 2, 4, 8, 16]), rng.randint(0, 3)
+        knobs = Knobs(micro_batch_size=micro, max_length=512, zero_stage=zero, gradient_checkpointing=rng.random() < .5)
+        accum = max(1, 64 // (micro * 4))
+        peak = int(capacity * rng.uniform(0.3, 1.2))
+        status = "oom" if peak > capacity else "ok"
+        samples = rng.uniform(5, 50) if status == "ok" else None
+        key = hashlib.sha256(json.dumps([knobs.model_dump(), number]).encode()).hexdigest()[:32]
+        store.record_probe({
+            "study_name": STUDY, "trial_number": number, "run_id": run, "fidelity": "short", "config_key": key,
+            "knobs": knobs.model_dump(), "status": status,
+            "config": ProbeConfig(knobs=knobs, world_size=4, gradient_accumulation_steps=accum).model_dump(mode="json"),
+            "cause": "torch.OutOfMemoryError: CUDA out of memory" if status == "oom" else None,
+            "samples_per_s": samples, "tokens_per_s": samples * 512 if samples else None,
+            "objective": samples * 512 if samples else None, "peak_allocated": min(peak, capacity),
+            "peak_reserved": min(peak, capacity), "capacity": capacity, "alloc_retries": 0,
+            "stable": status == "ok" and peak <= 0.9 * capacity, "probe_seconds": 40.0, "setup_s": 12.0,
+            "result": {"status": status, "ranks": [{"rank": r, "peak_allocated": min(peak, capacity)} for r in range(4)],
+                       "versions": {"torch": "2.13.0"}, "fingerprint": {"gpu": "A100-SXM4-80GB", "count": 4}},
+        })
+        state = TrialState.COMPLETE if status == "ok" else TrialState.PRUNED
+        study.add_trial(optuna.trial.create_trial(
+            state=state, value=samples * 512 if samples else None,
+            params={"micro_batch_size": micro, "zero_stage": zero}, distributions=dist))
+    store.finish_run(run, "finished")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(url: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNER_")}
+    proc = subprocess.Popen([TUNER, "serve", "--storage", url, "--port", str(port), "--log-level", "warning"],
+                            env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"tuner serve exited with {proc.returncode}")
+        try:
+            httpx.get(base + "/health", timeout=2).raise_for_status()
+            return proc, base
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit("tuner serve did not come up in 60 s")
+
+
+async def load(base: str, clients: int, total: int, fmt: str) -> tuple[list[float], float, int]:
+    """``clients`` concurrent clients, each with its own connection, until ``total`` requests are done."""
+    latencies: list[float] = []
+    errors = 0
+    remaining = total
+    params = {"study": STUDY, "format": fmt}
+
+    async def client() -> None:
+        nonlocal remaining, errors
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            await http.get("/best-config", params=params)  # connect + warm this connection
+            while remaining > 0:
+                remaining -= 1
+                t0 = time.perf_counter()
+                r = await http.get("/best-config", params=params)
+                latencies.append(time.perf_counter() - t0)
+                errors += r.status_code != 200
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return latencies, time.perf_counter() - t0, errors
+
+
+def bench(url: str, backend: str, args: argparse.Namespace) -> dict[str, object]:
+    t0 = time.perf_counter()
+    populate(url, args.probes)
+    fill_s = time.perf_counter() - t0
+    proc, base = start_server(url)
+    try:
+        lat, wall, errors = asyncio.run(load(base, args.clients, args.requests, args.format))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    q = statistics.quantiles(lat, n=100)
+    return {"backend": backend, "probes": args.probes, "clients": args.clients, "requests": len(lat),
+            "errors": errors, "p50_ms": q[49] * 1e3, "p90_ms": q[89] * 1e3, "p99_ms": q[98] * 1e3,
+            "max_ms": max(lat) * 1e3, "req_per_s": len(lat) / wall, "populate_s": fill_s}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--requests", type=int, default=3000, help="total requests, after one warm-up each")
+    p.add_argument("--probes", type=int, default=200, help="probe rows in the benchmarked study")
+    p.add_argument("--format", default="json", choices=["json", "deepspeed", "hf", "accelerate", "env"])
+    p.add_argument("--pg-admin", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    p.add_argument("--json", type=Path, help="also write the rows here")
+    args = p.parse_args()
+    sys.path.insert(0, str(ROOT))
+    rows = []
+    if args.backend in ("sqlite", "both"):
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append(bench(f"sqlite:///{tmp}/bench.db", "sqlite", args))
+    if args.backend in ("postgres", "both"):
+        import psycopg
+
+        name = f"tuner_bench_{secrets.token_hex(4)}"
+        with psycopg.connect(args.pg_admin, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        try:
+            host = args.pg_admin.split("://", 1)[1].rsplit("/", 1)[0]
+            rows.append(bench(f"postgresql+psycopg://{host}/{name}", "postgres", args))
+        finally:
+            with psycopg.connect(args.pg_admin, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    cols = ["backend", "probes", "clients", "requests", "errors", "p50_ms", "p90_ms", "p99_ms", "max_ms", "req_per_s"]
+    print(f"GET /best-config?format={args.format}, {os.cpu_count()} CPUs, loopback")
+    print(" | ".join(f"{c:>9}" for c in cols))
+    for row in rows:
+        print(" | ".join(f"{row[c]:>9.1f}" if isinstance(row[c], float) else f"{row[c]:>9}" for c in cols))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
