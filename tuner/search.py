@@ -29,6 +29,8 @@ from tuner.strategy import EstimatorLike, Outcome, Proposal, Schedule, Strategy,
 
 Probe = Callable[[ProbeConfig], ProbeResult]
 HEARTBEAT_S = 10.0
+# we keep trials alive with our own heartbeat thread (ask/tell has none): optuna's reminder does not apply
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 STALE_CLAIM_S = 120.0  # a claim whose worker sent no heartbeat for this long is taken over
 
 

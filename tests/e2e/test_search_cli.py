@@ -1,0 +1,133 @@
+"""`tuner search` / `best` / `trials` / `studies` through the real entry point (.venv/bin/tuner), real probes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+TUNER = str(Path(sys.executable).with_name("tuner"))
+SPACE = "micro_batch_size: [2, 32]\nzero_stage: [0]\ngradient_checkpointing: [false]\n"
+
+
+def tuner(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([TUNER, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    d = tmp_path_factory.mktemp("search")
+    space = d / "space.yaml"
+    space.write_text(SPACE)
+    url = f"sqlite:///{d}/tuner.db"
+    # 160 MiB of emulated device memory: micro batch 2 fits (~25 MiB), micro batch 32 runs out (~155 MiB live)
+    done = tuner(
+        "search", "--budget", "3m", "--space", str(space), "--device-memory", "160MiB", "--storage", url,
+        "--study", "e2e", "--finalists", "1", "--seed", "0",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return url, d, done
+
+
+@pytest.mark.slow
+def test_search_prunes_oom_and_completes_the_rest(searched):
+    url, _, done = searched
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name="e2e", storage=url)
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert complete and all(t.user_attrs["knobs"]["micro_batch_size"] == 2 for t in complete)
+    assert any(t.user_attrs["status"] == "oom" and t.constraints["memory"] > 0 for t in pruned)
+    assert all(t.user_attrs["knobs"]["micro_batch_size"] * 16 == 32 for t in complete)  # accum 16 keeps batch 32
+    assert "best config" in done.stdout and '"micro_batch_size": 2' in done.stdout
+    trials = tuner("trials", "--storage", url, "--study", "e2e")
+    assert trials.returncode == 0
+    assert "PRUNED" in trials.stdout and "oom" in trials.stdout and "COMPLETE" in trials.stdout
+
+
+@pytest.mark.slow
+def test_best_deepspeed_export_is_accepted_by_deepspeed(searched):
+    url, d, _ = searched
+    out = d / "ds.json"
+    done = tuner("best", "--storage", url, "--format", "deepspeed", "-o", str(out))  # latest study
+    assert done.returncode == 0, done.stderr
+    config = json.loads(out.read_text())
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    ds = DeepSpeedConfig(config)
+    assert ds.train_micro_batch_size_per_gpu == 2
+    assert ds.gradient_accumulation_steps == 16
+    assert ds.train_batch_size == 32
+    printed = tuner("best", "--storage", url, "--study", "e2e")
+    assert json.loads(printed.stdout)["knobs"]["micro_batch_size"] == 2
+
+
+@pytest.mark.slow
+def test_rerun_resumes_the_study(searched):
+    url, _, _ = searched
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    before = optuna.load_study(study_name="e2e", storage=url).trials
+    again = tuner("search", "--budget", "90s", "--storage", url, "--study", "e2e", "--finalists", "1")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming study e2e" in again.stdout
+    after = optuna.load_study(study_name="e2e", storage=url).trials
+    kept = {t.number: t.state for t in after}
+    assert all(kept[t.number] == t.state for t in before if t.state.is_finished())
+    from tuner.storage import Store
+
+    store = Store(url)
+    assert len(store.runs("e2e")) == 2
+    keys = [r["config_key"] for r in store.probes("e2e", fidelity="short")]
+    assert len(keys) == len(set(keys)), "a config was probed twice"
+    studies = tuner("studies", "--storage", url)
+    assert studies.returncode == 0 and "e2e" in studies.stdout
+
+
+@pytest.mark.slow
+def test_resume_with_a_contradicting_option_is_one_line(searched):
+    url, _, _ = searched
+    done = tuner("search", "--budget", "90s", "--storage", url, "--study", "e2e", "--world-size", "2")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "world_size" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--budget", "2 hours"], "not a duration"),
+        (["--budget", "1m", "--model", "./no/such/model"], "does not exist"),
+        (["--budget", "1m", "--model", "builtin:nope"], "unknown built-in model"),
+        (["--budget", "1m", "--device-memory", "2GB?"], "memory size"),
+        (["--budget", "1m", "--headroom", "1.5"], "--headroom"),
+        (["--budget", "1m", "--global-batch", "7", "--world-size", "2"], "global batch 7"),
+        (["--budget", "1m", "--storage", "postgresql+psycopg://nobody@127.0.0.1:1/none"], "cannot reach storage"),
+        (["--budget", "1m", "--storage", "nonsense"], "not a SQLAlchemy URL"),
+    ],
+)
+def test_search_mistakes_are_one_line_exit_2(tmp_path, args, needle):
+    done = tuner("search", "--storage", f"sqlite:///{tmp_path}/t.db", *args, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], done.stderr
+
+
+def test_invalid_space_file_is_one_line(tmp_path):
+    bad = tmp_path / "space.yaml"
+    bad.write_text("micro_batch_size: [0, 4]\nturbo: true\n")
+    done = tuner("search", "--budget", "1m", "--space", str(bad), "--storage", f"sqlite:///{tmp_path}/t.db", timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "turbo" in done.stderr
+
+
+def test_best_without_any_study_is_one_line(tmp_path):
+    done = tuner("best", "--storage", f"sqlite:///{tmp_path}/empty.db", timeout=120)
+    assert done.returncode == 2 and "no study" in done.stderr
+    done = tuner("best", "--storage", f"sqlite:///{tmp_path}/empty.db", "--format", "yaml", timeout=120)
+    assert done.returncode == 2 and "--format" in done.stderr
