@@ -15,6 +15,14 @@ Precision = Literal["fp32", "bf16", "fp16"]
 Engine = Literal["torch", "deepspeed"]
 
 BUILTIN_PREFIX = "builtin:"
+# Built-in model presets (random init from a T5Config, no download); trials/models.py holds their shapes.
+BUILTIN_PRESETS: tuple[str, ...] = ("tiny-t5", "t5-small", "flan-t5-large")
+
+# Exit codes of one probe rank (`python -m trials`); the result file holds the detail.
+EXIT_OK = 0
+EXIT_OOM = 3
+EXIT_ERROR = 4
+EXIT_TIMEOUT = 5
 
 
 class _Strict(BaseModel):
@@ -104,6 +112,8 @@ class RankResult(_Strict):
     memory: RankMemory | None = None
     steps: StepStats | None = None
     setup_s: float | None = None  # process start to first step (imports, model build, engine init)
+    versions: dict[str, str] = Field(default_factory=dict)
+    fingerprint: dict[str, str | int | float] = Field(default_factory=dict)
 
 
 class ProbeResult(_Strict):

@@ -1,0 +1,144 @@
+"""Real probes through tuner.runner.run_probe on CPU: real torch, a real DeepSpeed engine, real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
+from tuner.runner import run_probe
+
+pytestmark = pytest.mark.slow
+
+TINY = ModelSpec(source="builtin:tiny-t5")
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    """Live processes whose command line mentions ``text`` (a probe's work dir): a /proc scan, no psutil."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def _assert_ok(result: ProbeResult) -> None:
+    assert result.status == "ok", result.cause
+    assert result.samples_per_s is not None and result.samples_per_s > 0
+    assert result.steps is not None and result.steps.cycle_s > 0
+    assert result.peak_allocated is not None and result.peak_allocated > 0
+
+
+def test_one_rank_plain_torch_probe(tmp_path: Path) -> None:
+    cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=4, max_length=32, engine="torch"),
+                      gradient_accumulation_steps=4, measure_steps=4, timeout_s=240)
+    result = run_probe(cfg, tmp_path)
+    _assert_ok(result)
+    steps = result.steps
+    assert steps is not None
+    # the real cycle of 4 micro-steps is composed from timed plain micro-steps and a timed optimizer step
+    assert steps.cycle_s == pytest.approx(3 * steps.micro_mean_s + steps.optimizer_step_s)
+    assert result.samples_per_s == pytest.approx(16 / steps.cycle_s)
+    assert result.tokens_per_s == pytest.approx(result.samples_per_s * 32)
+    # peak includes fp32 params + grads + AdamW's two moments: at least 4x the parameter bytes
+    params = 263_168 * 4
+    assert result.peak_allocated is not None and result.peak_allocated >= 4 * params
+    assert [r.rank for r in result.ranks] == [0]
+    assert result.versions["torch"] and result.versions["transformers"]
+    assert result.fingerprint["cpu_cores"] == os.cpu_count()
+    assert result.setup_s is not None and 0 < result.setup_s < result.wall_s
+    assert (tmp_path / "result.json").exists()
+
+
+def test_two_rank_deepspeed_zero2_overlap_comm_custom_buckets(tmp_path: Path) -> None:
+    knobs = Knobs(micro_batch_size=2, max_length=32, zero_stage=2, overlap_comm=True, contiguous_gradients=True,
+                  allgather_bucket_size=50_000, reduce_bucket_size=50_000)
+    cfg = ProbeConfig(model=TINY, knobs=knobs, world_size=2, gradient_accumulation_steps=2, measure_steps=2,
+                      timeout_s=300)
+    result = run_probe(cfg, tmp_path)
+    _assert_ok(result)
+    assert sorted(r.rank for r in result.ranks) == [0, 1]
+    assert all(r.peak_allocated > 0 for r in result.ranks)
+    assert result.samples_per_s == pytest.approx(8 / result.steps.cycle_s)  # type: ignore[union-attr]
+    assert result.versions["deepspeed"]
+    assert not _pids_mentioning(str(tmp_path))
+
+
+def test_local_save_pretrained_dir_with_eval_and_generate(tmp_path: Path) -> None:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model_dir = tmp_path / "tiny-model"
+    config = T5Config(vocab_size=300, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4,
+                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    T5ForConditionalGeneration(config).save_pretrained(model_dir)
+    knobs = Knobs(micro_batch_size=2, max_length=16, engine="torch", eval_batch_size=4, generate=True)
+    cfg = ProbeConfig(model=ModelSpec(source=str(model_dir)), knobs=knobs, timeout_s=240)
+    _assert_ok(run_probe(cfg, tmp_path / "work"))
+
+
+def test_too_small_device_memory_is_oom(tmp_path: Path) -> None:
+    cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=8, max_length=128, engine="torch"),
+                      device_memory=8_000_000, timeout_s=240)
+    result = run_probe(cfg, tmp_path)
+    assert result.status == "oom", result.cause
+    assert "out of memory" in (result.cause or "")
+    assert result.capacity == 8_000_000
+    assert result.samples_per_s is None
+
+
+def test_two_rank_oom_ends_the_whole_group(tmp_path: Path) -> None:
+    cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=8, max_length=128, engine="torch"), world_size=2,
+                      device_memory=8_000_000, timeout_s=240)
+    result = run_probe(cfg, tmp_path)
+    assert result.status == "oom", result.cause
+    assert not _pids_mentioning(str(tmp_path))
+
+
+def test_error_probe_reports_its_message(tmp_path: Path) -> None:
+    cfg = ProbeConfig(model=ModelSpec(source="builtin:no-such-preset"), knobs=Knobs(micro_batch_size=1, max_length=8),
+                      timeout_s=120)
+    result = run_probe(cfg, tmp_path)
+    assert result.status == "error"
+    assert result.cause is not None and "unknown built-in model 'builtin:no-such-preset'" in result.cause
+
+
+def test_timeout_kills_every_process_of_the_probe(tmp_path: Path) -> None:
+    cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"),
+                      measure_steps=10**7, timeout_s=4)
+    result = run_probe(cfg, tmp_path)
+    assert result.status == "timeout"
+    assert "timeout" in (result.cause or "")
+    assert result.wall_s < 60
+    assert not _pids_mentioning(str(tmp_path))
+
+
+def test_rank_killed_by_sigkill_is_oom(tmp_path: Path) -> None:
+    cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"),
+                      measure_steps=10**7, timeout_s=120)
+    box: dict[str, ProbeResult] = {}
+    worker = threading.Thread(target=lambda: box.setdefault("r", run_probe(cfg, tmp_path)))
+    worker.start()
+    deadline = time.monotonic() + 60
+    pids: list[int] = []
+    while not pids and time.monotonic() < deadline:
+        pids = _pids_mentioning(str(tmp_path / "probe.json"))
+        time.sleep(0.1)
+    assert pids, "the probe process never started"
+    os.kill(pids[0], signal.SIGKILL)  # what the kernel's OOM killer does
+    worker.join(60)
+    assert box["r"].status == "oom"
+    assert "SIGKILL" in (box["r"].cause or "")

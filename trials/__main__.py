@@ -1,0 +1,39 @@
+"""``python -m trials --config probe.json --out result.json``: one probe rank.
+
+Rank and world size come from RANK / LOCAL_RANK / WORLD_SIZE (set by the runner or a launcher); without them this is
+rank 0 of the config's world size. Each rank writes its own RankResult (``result.json`` for one rank,
+``result.rank<r>.json`` for several). Exit code: 0 ok, 3 oom, 4 error, 5 timeout (trials.contract.EXIT_*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+_START = time.time()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trials", description="Runs one probe rank.")
+    parser.add_argument("--config", type=Path, required=True, help="ProbeConfig JSON")
+    parser.add_argument("--out", type=Path, required=True, help="where this rank writes its RankResult JSON")
+    args = parser.parse_args(argv)
+
+    from trials.contract import ProbeConfig
+    from trials.probe import LAUNCH_ENV, run_probe_rank
+
+    config = ProbeConfig.model_validate_json(args.config.read_text())
+    launch = os.environ.get(LAUNCH_ENV)
+    return run_probe_rank(config, args.out, float(launch) if launch else _START)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: process-group / DeepSpeed finalisers can block after a peer died. The result file is
+    # already written atomically.
+    os._exit(code)

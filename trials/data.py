@@ -1,0 +1,25 @@
+"""Worst-case batches: encoder inputs and labels both padded to max_length (random ids from a fixed seed)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def worst_case_batch(
+    batch_size: int, max_length: int, vocab_size: int, *, seed: int = 0, encoder_decoder: bool = True,
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.Tensor]:
+    """One batch whose every row is max_length long on both sides: no padding to skip, the largest activations.
+
+    Ids avoid the special ids 0-2 (pad, eos, unk in T5 vocabularies) so no position is masked out of the loss.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    low = 3 if vocab_size > 3 else 0
+    input_ids = torch.randint(low, vocab_size, (batch_size, max_length), generator=gen)
+    attention_mask = torch.ones_like(input_ids)
+    if encoder_decoder:
+        labels = torch.randint(low, vocab_size, (batch_size, max_length), generator=gen)
+    else:
+        labels = input_ids.clone()
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    return {k: v.to(device) for k, v in batch.items()}

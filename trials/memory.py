@@ -1,0 +1,223 @@
+"""Device memory: an exact live-tensor tracker (the emulated device on CPU, also usable under FakeTensorMode), the CUDA
+budget and peaks, and the OOM predicate.
+
+On CPU the probe emulates a device of ``capacity`` bytes: every new tensor storage adds its ``nbytes`` to the live
+total, a ``weakref.finalize`` on the storage subtracts it when freed, and a storage that would take the live total past
+the capacity raises ``torch.OutOfMemoryError`` — the analogue of CUDA's ``memory_allocated`` and of its allocator
+failing, deterministic to the byte. Views share their base's storage and are counted once. RLIMIT_DATA above the
+post-import baseline stays as the real backstop (torch's "can't allocate memory" error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import threading
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+MiB = 1 << 20
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Counts the bytes of live tensor storages created while it is active (or registered with :meth:`track`).
+
+    ``peak`` is the high-water mark of ``live``; with ``capacity`` set, a storage that would pass it raises
+    ``torch.OutOfMemoryError`` (the new storage is dropped with the exception). Works with real and fake tensors: only
+    ``untyped_storage().nbytes()`` is read, never data. Storages are keyed by the identity of their (preserved) Python
+    object and forgotten through a weakref finalizer when torch frees them.
+    """
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.live = 0
+        self.peak = 0
+        self._sizes: dict[int, int] = {}  # id(storage) -> counted bytes
+        self._host: set[int] = set()  # storages moved off the emulated device (offloaded optimizer state)
+        self._paused = 0
+        self._lock = threading.Lock()
+
+    # -- accounting -------------------------------------------------------------------------------------------------
+    def track(self, tensors: Iterable[Any]) -> None:
+        """Counts tensors created outside the mode (e.g. a model built before the tracker started)."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._add(t, check=False)
+
+    def _add(self, t: torch.Tensor, check: bool = True, inputs: frozenset[int] = frozenset()) -> None:
+        if t.layout is not torch.strided or t.device.type not in ("cpu", "meta", "cuda"):
+            return
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # tensor subclasses without a storage
+            return
+        key = id(storage)
+        nbytes = storage.nbytes()
+        with self._lock:
+            if key in self._host:
+                return
+            old = self._sizes.get(key)
+            if old is None and key in inputs:
+                return  # a view of (or in-place op on) a storage created before tracking: not a new storage
+            if old is None:
+                self._sizes[key] = nbytes
+                weakref.finalize(storage, self._free, key)
+                delta = nbytes
+            else:  # a storage resized in place (resize_, ZeRO-3 partitioning)
+                self._sizes[key] = nbytes
+                delta = nbytes - old
+            self.live += delta
+            over = check and self.capacity is not None and delta > 0 and self.live > self.capacity
+            if over:
+                self.live -= delta
+                self._sizes[key] = nbytes - delta
+            elif self.live > self.peak:
+                self.peak = self.live
+        if over:
+            raise torch.OutOfMemoryError(
+                f"emulated device out of memory: tried to allocate {delta / MiB:.2f} MiB with "
+                f"{self.live / MiB:.2f} MiB live of {self.capacity / MiB:.2f} MiB capacity"  # type: ignore[operator]
+            )
+
+    def _free(self, key: int) -> None:
+        with self._lock:
+            self._host.discard(key)
+            self.live -= self._sizes.pop(key, 0)
+
+    def mark_host(self, tensors: Iterable[Any]) -> int:
+        """Takes tensors off the device (host memory, e.g. an offloaded optimizer's state); returns the bytes freed."""
+        freed = 0
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            key = id(storage)
+            with self._lock:
+                if key in self._host:
+                    continue
+                size = self._sizes.get(key)
+                if size is None:
+                    self._sizes[key] = 0
+                    weakref.finalize(storage, self._free, key)
+                    size = 0
+                self._sizes[key] = 0
+                self._host.add(key)
+                self.live -= size
+                freed += size
+        return freed
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """New storages are not counted inside (host-side work such as a CPU-offloaded optimizer step)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not self._paused:
+            # torch.tensor(data) builds its storage outside dispatch and then lifts it: that storage is new
+            fresh = func in _LIFT_FRESH
+            inputs = frozenset() if fresh else frozenset(_storage_ids(tree_leaves((args, kwargs))))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self._add(t, inputs=inputs)
+        return out
+
+
+_LIFT_FRESH = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
+
+
+def _storage_ids(leaves: Iterable[Any]) -> Iterator[int]:
+    for t in leaves:
+        if isinstance(t, torch.Tensor) and t.layout is torch.strided:
+            try:
+                yield id(t.untyped_storage())
+            except (RuntimeError, NotImplementedError):
+                continue
+
+
+def module_tensors(module: torch.nn.Module) -> Iterator[torch.Tensor]:
+    yield from module.parameters()
+    yield from module.buffers()
+
+
+def optimizer_tensors(optimizer: Any) -> Iterator[torch.Tensor]:
+    """The params (and their grads) and the state tensors of a torch optimizer."""
+    for group in getattr(optimizer, "param_groups", []):
+        for p in group.get("params", []):
+            if isinstance(p, torch.Tensor):
+                yield p
+                if p.grad is not None:
+                    yield p.grad
+    for state in getattr(optimizer, "state", {}).values():
+        if isinstance(state, dict):
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    yield v
+
+
+# -- the OOM predicate ----------------------------------------------------------------------------------------------
+_OOM_TEXTS = (
+    "can't allocate memory",  # torch's CPU allocator under RLIMIT_DATA
+    "cuda out of memory",
+    "out of memory",
+    "cudnn_status_not_supported",  # cuDNN failing for lack of workspace
+    "cublas_status_alloc_failed",
+    "cuda error: out of memory",
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True when ``exc`` means "not enough memory" (after accelerate's utils/memory.py ``should_reduce_batch_size``)."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    if isinstance(exc, RuntimeError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        text = exc.args[0].lower()
+        return any(t in text for t in _OOM_TEXTS)
+    return False
+
+
+# -- host memory ---------------------------------------------------------------------------------------------------
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def current_rss() -> int:
+    return _status_kib("VmRSS") * 1024
+
+
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def set_data_limit(budget: int, slack: int = 1 << 30) -> int:
+    """RLIMIT_DATA = what the process maps now + ``budget`` + ``slack``: the real backstop under the emulated device.
+
+    The slack covers what is not a tensor on the device (allocator fragmentation, gloo buffers, thread stacks).
+    Returns the limit set, in bytes; never raises the hard limit.
+    """
+    limit = _status_kib("VmData") * 1024 + 2 * budget + slack
+    _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    return limit

@@ -1,0 +1,73 @@
+"""Model sources: built-in T5 presets (random init from a T5Config, no download), HF hub ids, local directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, PretrainedConfig, T5Config
+
+from trials.contract import BUILTIN_PREFIX, BUILTIN_PRESETS, ModelSpec
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # a 1-rank CPU probe of this takes seconds
+    "tiny-t5": dict(
+        vocab_size=512, d_model=64, d_kv=16, d_ff=256, num_layers=2, num_decoder_layers=2, num_heads=4,
+        feed_forward_proj="relu", tie_word_embeddings=True,
+    ),
+    # the shape of google-t5/t5-small
+    "t5-small": dict(
+        vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8,
+        feed_forward_proj="relu", tie_word_embeddings=True,
+    ),
+    # the shape of google/flan-t5-large (for GPUs)
+    "flan-t5-large": dict(
+        vocab_size=32128, d_model=1024, d_kv=64, d_ff=2816, num_layers=24, num_decoder_layers=24, num_heads=16,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+    ),
+}
+assert tuple(PRESETS) == BUILTIN_PRESETS, "trials.contract.BUILTIN_PRESETS must list the presets"
+
+_COMMON = dict(dropout_rate=0.1, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, use_cache=False)
+
+
+def load_config(spec: ModelSpec) -> PretrainedConfig:
+    """The model's config with ``spec.overrides`` applied. Raises ValueError for an unknown source."""
+    source = spec.source
+    if source.startswith(BUILTIN_PREFIX):
+        name = source[len(BUILTIN_PREFIX):]
+        if name not in PRESETS:
+            raise ValueError(f"unknown built-in model {source!r}; choose one of "
+                             + ", ".join(BUILTIN_PREFIX + p for p in BUILTIN_PRESETS))
+        config: PretrainedConfig = T5Config(**{**_COMMON, **PRESETS[name]})
+    else:
+        config = AutoConfig.from_pretrained(source)
+    for key, value in spec.overrides.items():
+        if not hasattr(config, key):
+            raise ValueError(f"model config of {source!r} has no field {key!r} to override")
+        setattr(config, key, value)
+    if getattr(config, "use_cache", None) is not None:
+        config.use_cache = False  # training: no KV cache
+    return config
+
+
+def build_model(spec: ModelSpec) -> torch.nn.Module:
+    """A seq2seq LM (or a causal LM for decoder-only configs) in fp32, in train mode.
+
+    Built-in presets and hub ids are randomly initialised from their config (weights do not change memory or speed);
+    a local ``save_pretrained`` directory without overrides loads its weights.
+    """
+    config = load_config(spec)
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    local = not spec.source.startswith(BUILTIN_PREFIX) and Path(spec.source).is_dir()
+    if local and not spec.overrides:
+        model = auto.from_pretrained(spec.source, config=config, dtype=torch.float32)
+    else:
+        model = auto.from_config(config, dtype=torch.float32)
+    model.train()
+    return model
+
+
+def is_encoder_decoder(model: torch.nn.Module) -> bool:
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))

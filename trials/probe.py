@@ -1,0 +1,251 @@
+"""One probe rank: build the model and engine, train on worst-case batches, measure, classify, write the RankResult.
+
+Phases (the same on CPU and CUDA):
+
+1. memory window: at least two full accumulation cycles, so the window holds an optimizer step *after* AdamW's
+   state exists (the first step creates it), then one eval forward / generate when the knobs ask for it. On CPU this
+   window runs under the live-tensor tracker (the emulated device: exact peak, OOM at the budget).
+2. timed window: whole accumulation cycles, untracked (no dispatch overhead in the figures), synchronised per step.
+
+The probe engine accumulates over ``min(real accum, 2)`` micro-steps, so it times both plain micro-steps and boundary
+(optimizer) steps; the runner composes the real cycle: ``(accum - 1) * micro + boundary``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trials import memory
+from trials.contract import EXIT_ERROR, EXIT_OK, EXIT_OOM, EXIT_TIMEOUT, ProbeConfig, RankMemory, RankResult, StepStats
+from trials.data import worst_case_batch
+from trials.engine import Engine, build_engine
+from trials.fingerprint import fingerprint, versions
+from trials.models import build_model, is_encoder_decoder
+
+LAUNCH_ENV = "TUNER_PROBE_LAUNCH_T"  # wall-clock time.time() at which the runner launched this probe
+
+
+def probe_accum(config: ProbeConfig) -> int:
+    return min(config.gradient_accumulation_steps, 2)
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((line.strip() for line in text if line.strip()), "")
+    return f"{type(exc).__name__}: {first}"[:500] if first else type(exc).__name__
+
+
+def classify(exc: BaseException) -> tuple[str, int]:
+    if memory.is_oom(exc):
+        return "oom", EXIT_OOM
+    dist_error = getattr(torch.distributed, "DistError", ())
+    if (isinstance(exc, dist_error) and "timed out" in str(exc).lower()) or isinstance(exc, TimeoutError):
+        return "timeout", EXIT_TIMEOUT
+    return "error", EXIT_ERROR
+
+
+class Probe:
+    def __init__(self, config: ProbeConfig, launch_t: float | None = None) -> None:
+        self.config = config
+        self.launch_t = launch_t if launch_t is not None else time.time()
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", str(config.world_size)))
+        cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda", self.local_rank) if cuda else torch.device("cpu")
+        self.tracker: memory.LiveTensorTracker | None = None
+        self.capacity: int | None = None
+        self.baseline_rss = 0
+        self.first_step_t: float | None = None
+        self.micro_times: list[float] = []
+        self.boundary_times: list[float] = []
+
+    # -- setup ------------------------------------------------------------------------------------------------------
+    def _setup_memory(self) -> None:
+        budget = self.config.device_memory
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            if budget:
+                torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.capacity = min(budget, total) if budget else total
+        else:
+            self.baseline_rss = memory.current_rss()
+            self.tracker = memory.LiveTensorTracker(capacity=budget)
+            if budget:
+                memory.set_data_limit(budget)
+            self.capacity = budget
+
+    def _setup_dist(self) -> None:
+        needs = self.world_size > 1 or self.config.knobs.engine == "deepspeed"
+        if not needs or torch.distributed.is_initialized():
+            return
+        os.environ.setdefault("RANK", str(self.rank))
+        os.environ.setdefault("LOCAL_RANK", str(self.local_rank))
+        os.environ.setdefault("WORLD_SIZE", str(self.world_size))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=max(30.0, self.config.timeout_s))
+        torch.distributed.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size,
+                                             timeout=timeout)
+
+    def _tracking(self) -> contextlib.AbstractContextManager[Any]:
+        return self.tracker if self.tracker is not None else contextlib.nullcontext()
+
+    # -- steps ------------------------------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _step(self, engine: Engine, batch: dict[str, torch.Tensor], timed: bool) -> bool:
+        if self.first_step_t is None:
+            self.first_step_t = time.time()
+        if timed:
+            self._sync()
+            t0 = time.perf_counter()
+        boundary = engine.micro_step(batch)
+        if timed:
+            self._sync()
+            (self.boundary_times if boundary else self.micro_times).append(time.perf_counter() - t0)
+        return boundary
+
+    def _host_offload(self, engine: Engine) -> None:
+        """Offloaded optimizer state lives in host memory: take it off the emulated device, pause its step."""
+        host = engine.host_optimizer()
+        if host is None or self.tracker is None:
+            return
+        self.tracker.mark_host(memory.optimizer_tensors(host))
+        if not getattr(host, "_tuner_paused", False):
+            step = host.step
+            tracker = self.tracker
+
+            def paused_step(*args: Any, **kwargs: Any) -> Any:
+                with tracker.paused():
+                    return step(*args, **kwargs)
+
+            host.step = paused_step
+            host._tuner_paused = True
+
+    def _eval(self, engine: Engine, vocab: int, encdec: bool) -> None:
+        knobs = self.config.knobs
+        if knobs.eval_batch_size is None and not knobs.generate:
+            return
+        size = knobs.eval_batch_size or knobs.micro_batch_size
+        batch = worst_case_batch(size, knobs.max_length, vocab, seed=self.config.seed + 1, encoder_decoder=encdec,
+                                 device=self.device)
+        model = engine.module
+        model.eval()
+        try:
+            with torch.no_grad():
+                model(**batch)
+                if knobs.generate:
+                    zero3 = knobs.engine == "deepspeed" and knobs.zero_stage == 3 and self.world_size > 1
+                    model.generate(
+                        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        max_new_tokens=knobs.max_length, min_new_tokens=knobs.max_length, do_sample=False,
+                        num_beams=1, use_cache=True, synced_gpus=zero3,
+                    )
+        finally:
+            model.train()
+
+    # -- the run ----------------------------------------------------------------------------------------------------
+    def run(self) -> RankResult:
+        cfg = self.config
+        knobs = cfg.knobs
+        self._setup_memory()
+        if knobs.engine == "deepspeed":
+            import deepspeed  # noqa: F401  (imported before the tracker: its import is not device memory)
+        self._setup_dist()
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model)
+        vocab = int(model.config.vocab_size)
+        encdec = is_encoder_decoder(model)
+        accum = probe_accum(cfg)
+        if self.tracker is not None:
+            self.tracker.track(memory.module_tensors(model))
+        with self._tracking():
+            batch = worst_case_batch(knobs.micro_batch_size, knobs.max_length, vocab, seed=cfg.seed + self.rank,
+                                     encoder_decoder=encdec, device=self.device)
+            engine = build_engine(model, knobs, accum, self.device, cfg.learning_rate, self.world_size)
+            self._host_offload(engine)
+            memory_steps = max(cfg.warmup_steps, 2 * accum)
+            memory_steps = math.ceil(memory_steps / accum) * accum
+            for _ in range(memory_steps):
+                if self._step(engine, batch, timed=False):
+                    self._host_offload(engine)
+            self._eval(engine, vocab, encdec)
+        timed_steps = math.ceil(max(cfg.measure_steps, accum) / accum) * accum
+        for _ in range(timed_steps):
+            self._step(engine, batch, timed=True)
+        return RankResult(rank=self.rank, status="ok", memory=self._memory(), steps=self._stats(),
+                          setup_s=self._setup_s(), versions=versions(), fingerprint=fingerprint(self.device))
+
+    def _setup_s(self) -> float | None:
+        return None if self.first_step_t is None else max(0.0, self.first_step_t - self.launch_t)
+
+    def _memory(self) -> RankMemory:
+        if self.device.type == "cuda":
+            stats = torch.cuda.memory_stats(self.device)
+            return RankMemory(rank=self.rank, peak_allocated=torch.cuda.max_memory_allocated(self.device),
+                              peak_reserved=torch.cuda.max_memory_reserved(self.device), capacity=self.capacity,
+                              alloc_retries=int(stats.get("num_alloc_retries", 0)))
+        peak = self.tracker.peak if self.tracker is not None else 0
+        return RankMemory(rank=self.rank, peak_allocated=peak, peak_reserved=peak, capacity=self.capacity,
+                          peak_rss=max(0, memory.peak_rss() - self.baseline_rss))
+
+    def _stats(self) -> StepStats:
+        accum = self.config.gradient_accumulation_steps
+        boundary = statistics.fmean(self.boundary_times)
+        micro = self.micro_times or self.boundary_times  # accum == 1: every step is a boundary step
+        return StepStats(micro_mean_s=statistics.fmean(micro), micro_p50_s=statistics.median(micro),
+                         micro_max_s=max(micro), optimizer_step_s=boundary,
+                         cycle_s=(accum - 1) * statistics.fmean(micro) + boundary)
+
+    def failure(self, exc: BaseException) -> tuple[RankResult, int]:
+        status, code = classify(exc)
+        mem = None
+        with contextlib.suppress(Exception):
+            mem = self._memory()
+        return RankResult(rank=self.rank, status=status, cause=one_line(exc), memory=mem, setup_s=self._setup_s(),
+                          versions=versions(), fingerprint=fingerprint(self.device)), code
+
+
+def rank_out_path(out: Path, rank: int, world_size: int) -> Path:
+    """World size 1 writes ``out`` itself; rank r of N writes ``<stem>.rank<r><suffix>`` next to it."""
+    if world_size == 1:
+        return out
+    return out.with_name(f"{out.stem}.rank{rank}{out.suffix or '.json'}")
+
+
+def write_result(result: RankResult, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(result.model_dump_json(indent=1))
+    os.replace(tmp, path)  # atomic: the runner never reads half a file
+
+
+def run_probe_rank(config: ProbeConfig, out: Path, launch_t: float | None = None) -> int:
+    """Runs this rank's probe, writes its RankResult, returns the exit code (EXIT_OK / EXIT_OOM / EXIT_ERROR ...)."""
+    probe = Probe(config, launch_t)
+    path = rank_out_path(out, probe.rank, probe.world_size)
+    try:
+        result, code = probe.run(), EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - every failure is classified and reported, never swallowed
+        result, code = probe.failure(exc)
+    write_result(result, path)
+    return code
