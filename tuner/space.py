@@ -207,8 +207,13 @@ def config_key(knobs: Knobs, world_size: int, gradient_accumulation_steps: int) 
 
 def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise SpaceError(f"space file {path} does not exist; give a YAML or TOML file (see tuner/default_space.yaml)")
-    text = path.read_text()
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise SpaceError(f"space file {path} {what}; give a YAML or TOML file (see tuner/default_space.yaml)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as err:
+        reason = "is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else f"cannot be read ({err.strerror})"
+        raise SpaceError(f"space file {path} {reason}; give a YAML or TOML file") from None
     try:
         if path.suffix.lower() == ".toml":
             data = tomllib.loads(text)

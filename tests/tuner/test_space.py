@@ -90,9 +90,15 @@ def test_invalid_space_is_one_line_naming_the_key(tmp_path, body, needle):
     assert "\n" not in msg
 
 
-def test_missing_file():
+def test_missing_binary_or_directory_file(tmp_path):
     with pytest.raises(SpaceError, match="does not exist"):
         load_space("/no/such/space.yaml")
+    with pytest.raises(SpaceError, match="is a directory"):
+        load_space(tmp_path)
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SpaceError, match="not UTF-8"):
+        load_space(binary)
 
 
 def test_torch_engine_without_zero(tmp_path):
