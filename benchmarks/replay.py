@@ -1,0 +1,185 @@
+"""Replays search strategies against recorded probe tables: one command, deterministic for given seeds.
+
+    .venv/bin/python -m benchmarks.replay benchmarks/tables/*.json --seeds 20
+
+A probe is a table lookup (a recorded repeat drawn by the seed, charged its recorded seconds). Per strategy and table,
+medians over the seeds of:
+
+- ``to 1%``: probe-seconds until the strategy's pick is within 1% of the table's best stable objective (and as a
+  percentage of the full grid's probe-seconds); "never" when the median run never gets there;
+- ``@10% @20% @50%``: the fraction of the best its pick reaches after 10/20/50% of the grid's probe-seconds;
+- ``final``: the fraction its final pick reaches; ``unstable``: runs whose final pick is unstable in the table (OOMs
+  or peaks above the headroom on some repeat: a config that would crash the user's training);
+- ``probes``, ``seconds``: probes run and probe-seconds spent until the strategy stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from benchmarks.table import Env, Table
+
+CHECKPOINTS = (0.10, 0.20, 0.50)
+BUDGET_FACTOR = 1.5  # every run may spend 1.5x the grid's probe-seconds (the grid itself draws noisy repeats)
+
+
+@dataclass
+class RunStats:
+    seconds_to_1pct: float | None
+    at: dict[float, float]
+    final: float
+    unstable: bool
+    probes: int
+    seconds: float
+
+
+def run_one(table: Table, strategy: Callable[[Env], None], seed: int) -> RunStats:
+    env = Env(table=table, seed=seed, budget_s=BUDGET_FACTOR * table.grid_seconds)
+    strategy(env)
+    final_key = env.final_pick()
+    grid_s = table.grid_seconds
+    return RunStats(
+        seconds_to_1pct=env.seconds_to(0.99),
+        at={c: env.value_at(c * grid_s) for c in CHECKPOINTS},
+        final=env.value_at(math.inf),
+        unstable=final_key is not None and not table.entries[final_key].stable,
+        probes=len(env.probes),
+        seconds=env.clock,
+    )
+
+
+def summarize(table: Table, runs: list[RunStats]) -> dict[str, Any]:
+    reached = [r.seconds_to_1pct if r.seconds_to_1pct is not None else math.inf for r in runs]
+    med = statistics.median(reached)
+    return {
+        "to_1pct_s": None if math.isinf(med) else med,
+        "to_1pct_frac": None if math.isinf(med) else med / table.grid_seconds,
+        "reached_1pct_runs": sum(1 for r in runs if r.seconds_to_1pct is not None),
+        "at": {f"{int(c * 100)}%": statistics.median(r.at[c] for r in runs) for c in CHECKPOINTS},
+        "final": statistics.median(r.final for r in runs),
+        "unstable_picks": sum(1 for r in runs if r.unstable),
+        "no_pick": sum(1 for r in runs if r.final == 0.0 and not r.unstable),
+        "probes": statistics.median(r.probes for r in runs),
+        "seconds": statistics.median(r.seconds for r in runs),
+        "runs": len(runs),
+    }
+
+
+def replay(table: Table, strategies: dict[str, Callable[[Env], None]], seeds: list[int]) -> dict[str, Any]:
+    return {name: summarize(table, [run_one(table, fn, s) for s in seeds]) for name, fn in strategies.items()}
+
+
+def describe_table(table: Table) -> dict[str, Any]:
+    entries = list(table.entries.values())
+    statuses: dict[str, int] = {}
+    for e in entries:
+        s = "stable" if e.stable else ("oom" if any(r["status"] == "oom" for r in e.repeats) else "unstable/failed")
+        statuses[s] = statuses.get(s, 0) + 1
+    spread = [
+        (max(r["samples_per_s"] for r in e.repeats) / min(r["samples_per_s"] for r in e.repeats) - 1)
+        for e in entries
+        if len(e.repeats) > 1 and all(r["status"] == "ok" and r["samples_per_s"] for r in e.repeats)
+    ]
+    best_key = max((k for k, e in table.entries.items() if e.stable), key=lambda k: table.entries[k].value, default=None)
+    return {
+        "configs": len(entries),
+        "repeats": sum(len(e.repeats) for e in entries),
+        "statuses": statuses,
+        "grid_seconds": table.grid_seconds,
+        "objective": table.objective.unit,
+        "best": table.best,
+        "best_config": table.entries[best_key].knobs.model_dump() if best_key else None,
+        "repeat_spread_median": statistics.median(spread) if spread else None,
+        "repeat_spread_max": max(spread) if spread else None,
+        "device_memory": table.device_memory,
+        "world_size": table.world_size,
+        "model": table.raw["model"],
+    }
+
+
+def estimator_error(table: Table) -> dict[str, Any] | None:
+    """The uncalibrated estimate vs every measured peak of the table (ok repeats)."""
+    est = table.estimator()
+    if est is None:
+        return None
+    errs = []
+    for e in table.entries.values():
+        for r in e.repeats:
+            if r["status"] == "ok" and r["peak_allocated"]:
+                errs.append(est.predict(e.knobs).raw / r["peak_allocated"] - 1.0)
+    if not errs:
+        return None
+    absolute = sorted(abs(x) for x in errs)
+    return {"n": len(errs), "median_abs": statistics.median(absolute), "max_abs": absolute[-1],
+            "within_10pct": sum(1 for x in absolute if x <= 0.10) / len(absolute)}
+
+
+def frontier_soundness(table: Table) -> dict[str, int]:
+    """Feeds every config's table verdict to a Frontier in grid order; counts inferences the table contradicts."""
+    from tuner.frontier import Frontier
+
+    out = {}
+    for label, zero in (("default", False), ("zero_order", True)):
+        f = Frontier(zero_order=zero)
+        wrong = inferred = 0
+        for key in table.order:
+            e = table.entries[key]
+            verdict = f.infer(e.knobs)
+            if verdict is not None:
+                inferred += 1
+                wrong += (verdict == "fits") != e.stable
+            f.add(e.knobs, fits=e.stable)
+        out[f"{label}_inferred"] = inferred
+        out[f"{label}_wrong"] = wrong
+        out[f"{label}_conflicts"] = len(f.conflicts)
+    return out
+
+
+def markdown(name: str, info: dict[str, Any], results: dict[str, Any]) -> str:
+    lines = [f"### {name}", "",
+             f"{info['configs']} configs x {info['repeats'] // max(info['configs'], 1)} repeats; {info['statuses']}; "
+             f"full grid = {info['grid_seconds']:.0f} probe-s; best {info['best']:.1f} {info['objective']}", "",
+             "| strategy | to 1% (probe-s) | to 1% (% of grid) | @10% | @20% | @50% | final | unstable picks | probes |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for strat, r in results.items():
+        to_s = "never" if r["to_1pct_s"] is None else f"{r['to_1pct_s']:.0f}"
+        to_f = "never" if r["to_1pct_frac"] is None else f"{100 * r['to_1pct_frac']:.0f}%"
+        lines.append(f"| {strat} | {to_s} | {to_f} | {r['at']['10%']:.2f} | {r['at']['20%']:.2f} | "
+                     f"{r['at']['50%']:.2f} | {r['final']:.2f} | {r['unstable_picks']}/{r['runs']} | {r['probes']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.strategies import STRATEGIES
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.splitlines()[0])
+    ap.add_argument("tables", nargs="+", type=Path)
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset")
+    ap.add_argument("--json", type=Path, help="write all numbers here")
+    args = ap.parse_args(argv)
+    chosen = {n: STRATEGIES[n] for n in args.strategies.split(",")}
+    everything: dict[str, Any] = {}
+    for path in args.tables:
+        table = Table.load(path)
+        info = describe_table(table)
+        results = replay(table, chosen, list(range(args.seeds)))
+        everything[table.name] = {"table": info, "results": results, "estimator": estimator_error(table),
+                                  "frontier": frontier_soundness(table)}
+        print(markdown(table.name, info, results))
+        print(f"\nestimator (uncalibrated) vs measured peaks: {everything[table.name]['estimator']}")
+        print(f"frontier soundness on the table: {everything[table.name]['frontier']}\n", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(everything, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

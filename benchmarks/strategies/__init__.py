@@ -1,0 +1,26 @@
+"""Search strategies replayed against a recorded table. Each is ``run(env: Env) -> None``: it probes through
+``env.probe`` (which raises OutOfBudget when the budget is spent) and declares its pick through ``env.pick``."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from benchmarks.strategies.baselines import grid, random_search
+from benchmarks.strategies.ds_autotune import ds_autotune
+from benchmarks.strategies.hf_halving import hf_halving, hf_x09
+from benchmarks.strategies.lightning import lightning_binsearch, lightning_power
+from benchmarks.strategies.ours import ours
+from benchmarks.strategies.tpe import plain_tpe
+from benchmarks.table import Env
+
+STRATEGIES: dict[str, Callable[[Env], None]] = {
+    "ours": ours,
+    "grid": grid,
+    "random": random_search,
+    "tpe": plain_tpe,
+    "hf-x0.5": hf_halving,
+    "hf-x0.9": hf_x09,
+    "lightning-power": lightning_power,
+    "lightning-binsearch": lightning_binsearch,
+    "ds-autotune": ds_autotune,
+}
