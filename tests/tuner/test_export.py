@@ -200,6 +200,6 @@ def test_bad_batch_arithmetic(world: int, accum: int) -> None:
 
 
 def test_export_package_imports_no_torch() -> None:
-    code = "import sys, tuner.export; print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))"
+    code = "import sys, tuner.export, tuner.baseline; print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
