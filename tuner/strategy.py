@@ -295,7 +295,7 @@ class Strategy:
         if self.frontier.infer(knobs) == "oom":
             return "oom", self.frontier.explain(knobs), None
         estimate = self._estimate(knobs)
-        capacity = self.device_memory
+        capacity = self.device_memory or max((int(r.get("capacity") or 0) for r in self.rows), default=0)
         if estimate is not None and capacity and estimate > self.schedule.estimate_margin * capacity:
             cause = f"inferred-oom: estimated peak {estimate / 2**20:.0f} MiB > {self.schedule.estimate_margin:g} x capacity"
             return "oom", cause, estimate

@@ -18,7 +18,14 @@ from tuner.errors import BaselineError, ConfigError
 from tuner.models import resolve_model
 from tuner.objective import load_lengths, objective_for
 from tuner.progress import LiveProgress, summary_table
-from tuner.search import Search, SearchRequest, check_resume, request_from_definition
+from tuner.search import (
+    ESTIMATE_AUTO_MIN_BUDGET_S,
+    Search,
+    SearchRequest,
+    build_estimator,
+    check_resume,
+    request_from_definition,
+)
 from tuner.settings import load_settings
 from tuner.space import load_space
 from tuner.storage import Store
@@ -146,6 +153,11 @@ def search(
     lengths: Annotated[Optional[Path], typer.Option("--lengths", help="file of your samples' token lengths (retained-token objective)")] = None,
     finalists: Annotated[int, typer.Option("--finalists", help="best stable configs re-probed longer before the pick")] = 2,
     seed: Annotated[Optional[int], typer.Option("--seed", help="sampler seed")] = None,
+    estimate: Annotated[
+        Optional[bool],
+        typer.Option("--estimate/--no-estimate", help="skip configs a memory trace predicts far over budget "
+                     "(default: on for budgets of 10 minutes or more)"),
+    ] = None,
 ) -> None:
     """Find the fastest config that does not run out of memory, by short real probe trainings."""
     request, explicit = build_request(
@@ -173,6 +185,12 @@ def search(
         f"{request.model.source}, world size {request.world_size}, global batch {request.global_batch}, "
         f"{request.space.size()} configs in the space, objective {request.objective.unit}"
     )
+    use_estimate = estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S
+    if use_estimate:
+        with console.status("tracing one training step for the memory estimate ..."):
+            estimator, note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))
+        runner.attach_estimator(estimator)
+        console.print(note, style="dim")
     progress = LiveProgress(console, runner.deadline, request.objective, request.study_name)
     runner.listener = progress
     with progress:
