@@ -29,7 +29,7 @@ class ReportData:
     rows: list[dict[str, Any]]
     optuna_study: Any | None  # optuna.Study when Optuna has the study
     best: Candidate | None
-    exports: dict[str, str] = field(default_factory=dict)  # format -> text
+    exports: dict[str, str] = field(default_factory=dict)  # format -> text (tuner.export.render)
 
     @property
     def headroom(self) -> float:
@@ -58,17 +58,21 @@ def _load_optuna_study(url: str, name: str) -> Any | None:
 
 
 def _exports(best: Candidate, definition: Mapping[str, Any]) -> dict[str, str]:
-    """The chosen config in each export format, via tuner.export when it is installed; JSON of the knobs otherwise."""
-    out = {"knobs": json.dumps(best.knobs, indent=2, sort_keys=True)}
-    try:
-        from tuner.export import render  # helper module; optional at report time
-    except ImportError:
-        return out
-    for fmt in ("deepspeed", "hf", "accelerate", "env"):
+    """The chosen config in each export format (tuner.export), exactly as `GET /best-config` hands it out."""
+    from tuner.export import render
+
+    source = definition.get("baseline_source")
+    args = {
+        "world_size": int(best.config.get("world_size") or 1),
+        "gradient_accumulation_steps": int(best.config.get("gradient_accumulation_steps") or 1),
+        "baseline": source if isinstance(source, dict) else None,
+    }
+    out: dict[str, str] = {}
+    for fmt in ("deepspeed", "hf", "accelerate", "env", "json"):
         try:
-            out[fmt] = render(best, fmt, definition)
-        except (TypeError, ValueError, KeyError, ConfigError) as err:
-            out[fmt] = f"(could not render {fmt}: {err})"
+            out[fmt] = render(fmt, best.knobs, **args)
+        except (TypeError, ValueError, KeyError, ConfigError) as err:  # a stored config the export cannot map
+            out[fmt] = f"(cannot render {fmt}: {err})"
     return out
 
 

@@ -121,6 +121,14 @@ def test_report_shows_plots_best_config_and_flags(url: str, tmp_path: Path) -> N
     assert {k: data.best.knobs[k] for k in best_params} == best_params
     assert data.best.objective == pytest.approx(best_value)
     assert data.capacity == CAPACITY and data.headroom == HEADROOM
+    # the export is tuner.export's: DeepSpeed JSON with consistent batch fields, and every other format
+    assert set(data.exports) == {"deepspeed", "hf", "accelerate", "env", "json"}
+    ds = json.loads(data.exports["deepspeed"])
+    accum = data.best.config["gradient_accumulation_steps"]
+    assert ds["train_micro_batch_size_per_gpu"] == best_params["micro_batch_size"]
+    assert ds["train_batch_size"] == best_params["micro_batch_size"] * accum * 1
+    assert ds["zero_optimization"]["stage"] == best_params["zero_stage"]
+    assert not any(text.startswith("(cannot render") for text in data.exports.values())
 
     out = write_report(url, "rep", tmp_path / "report.html")
     page = out.read_text()
@@ -137,6 +145,7 @@ def test_report_shows_plots_best_config_and_flags(url: str, tmp_path: Path) -> N
     # chosen config and its export
     assert "Chosen config" in page and "No stable config yet" not in page
     assert f"{best_value:,.2f}" in page
+    assert "train_micro_batch_size_per_gpu" in page and "<summary>deepspeed</summary>" in page
     # the imbalanced 2-rank probe is flagged with its likely causes
     assert 'class="flag">IMBALANCE: rank 0 peaks 67% above rank 1' in page
     assert "rank-0 gathering" in page and "DataParallel" in page and "uneven data" in page
