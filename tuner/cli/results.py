@@ -112,6 +112,7 @@ def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
                 "knobs": row.get("knobs") or attrs.get("knobs") or {},
                 "reused_from": attrs.get("reused_from"),
                 "seconds": row.get("probe_seconds"),
+                "ranks": rank_note(row),
             }
         )
     for r in rows:
@@ -129,11 +130,23 @@ def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
                     "knobs": r["knobs"],
                     "reused_from": None,
                     "seconds": r.get("probe_seconds"),
+                    "ranks": rank_note(r),
                 }
             )
     return out
 
 
+
+
+def rank_note(row: dict[str, Any]) -> str:
+    """Per-rank peaks of a multi-rank probe, with the imbalance flag (> 20% spread) and its likely causes."""
+    from tuner.imbalance import probe_imbalance
+
+    imb = probe_imbalance(row)
+    if imb is None:
+        return ""
+    peaks = " ".join(f"r{rank}={format_size(peak)}" for rank, peak in imb.peaks.items())
+    return f"{peaks}: {imb.summary()}"
 
 
 @app.command("trials")
@@ -147,7 +160,7 @@ def trials(
     name, definition = pick_study(store, study)
     objective = Objective.from_dict(definition.get("objective"))
     table = Table(title=f"study {name}: objective {objective.unit}")
-    for col in ("trial", "state", "fidelity", "status", objective.unit, "peak", "stable", "s", "config", "cause"):
+    for col in ("trial", "state", "fidelity", "status", objective.unit, "peak", "stable", "s", "config", "cause / ranks"):
         table.add_column(col, overflow="fold")
     shown = 0
     for r in trial_rows(store, name):
@@ -164,7 +177,7 @@ def trials(
             {True: "yes", False: "no"}.get(r["stable"], "-"),
             f"{r['seconds']:.1f}" if r["seconds"] else "-",
             describe(r["knobs"]) if r["knobs"] else "-",
-            (r["cause"] or "")[:160],
+            "; ".join(x for x in ((r["cause"] or "")[:160], r.get("ranks") or "") if x),
         )
     console.print(table)
     if not shown:
