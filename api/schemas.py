@@ -174,8 +174,10 @@ class StudyCreate(BaseModel):
     model: str = Field("builtin:tiny-t5", max_length=512, description="builtin:<preset>, an HF id, or a worker path")
     world_size: int = Field(1, ge=1, le=4096)
     global_batch: int | None = Field(None, ge=1, le=1_000_000)
-    device_memory: int | None = Field(None, ge=1, description="bytes of device memory per rank; null = the device's")
+    device_memory: int | str | None = Field(
+        None, description="memory per rank: bytes or a size like 80GiB; null = the device's"
+    )
     headroom: float = Field(0.9, gt=0.0, le=1.0)
-    budget_s: float | None = Field(None, gt=0, description="default wall-clock budget of a worker joining, seconds")
-    space: dict[str, Any] | None = Field(None, description="inline search space (same keys as a space file)")
+    budget_s: float = Field(7200.0, gt=0, le=30 * 86400, description="the study's nominal budget, seconds")
+    space: dict[str, Any] | None = Field(None, description="inline search space over the default (knob -> choices)")
     baseline: dict[str, Any] | None = Field(None, description="inline DeepSpeed config to probe first as trial 0")

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
-from api import views
+from api import definitions, views
 from api.deps import ServicesDep, require_token
 from api.schemas import (
     STUDY_NAME_MAX,
@@ -62,6 +62,7 @@ def list_trials(
     dependencies=[Depends(require_token)],
     responses={
         **COMMON,
+        400: {"model": ErrorOut, "description": "a definition tuner search would reject (space, model, batch)"},
         401: {"model": ErrorOut, "description": "missing or wrong bearer token"},
         403: {"model": ErrorOut, "description": "writes disabled: the server has no TUNER_API_TOKEN"},
         409: {"model": ErrorOut, "description": "a study of that name exists"},
@@ -72,6 +73,6 @@ def create_study(body: StudyCreate, svc: ServicesDep) -> StudyOut:
     store = svc.store()
     if store.study_definition(body.name) is not None:
         raise HTTPException(409, f"study {body.name!r} already exists; pick another name or join it with a worker")
-    store.ensure_study(body.name, body.model_dump(exclude={"name"}, exclude_none=True), created_by="api")
+    store.ensure_study(body.name, definitions.definition(body, svc.settings.storage), created_by="api")
     row = next(r for r in store.study_rows() if r["name"] == body.name)
     return views.study_detail(store, svc.optuna(), row)

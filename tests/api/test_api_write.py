@@ -6,18 +6,36 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from trials.contract import ModelSpec
+from tuner.search import SearchRequest, request_from_definition
 from tuner.settings import Settings
 from tuner.storage import Store
 
 TOKEN = "s3cret-token-for-tests"  # the token of the `client` fixture in tests/api/conftest.py
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-BODY = {"name": "team-a.flan_t5-large", "model": "builtin:tiny-t5", "world_size": 4, "global_batch": 32,
-        "device_memory": 80 << 30, "headroom": 0.85, "budget_s": 7200}
+BODY = {"name": "team-a.flan_t5-large", "model": "google/flan-t5-large", "world_size": 4, "global_batch": 32,
+        "device_memory": "80GiB", "headroom": 0.85, "budget_s": 7200, "space": {"zero_stage": [1, 2]}}
+
+
+def _any_request(url: str) -> SearchRequest:
+    from tuner.objective import objective_for
+    from tuner.space import default_space
+
+    space = default_space()
+    return SearchRequest(study_name="x", storage=url, model=ModelSpec(), space=space, world_size=1, global_batch=8,
+                         objective=objective_for(space.max_length), budget_s=60.0)
 
 
 @pytest.fixture
 def app_client(storage_url: str) -> TestClient:
+    """On SQLite and on PostgreSQL: for what depends on the storage."""
     return TestClient(create_app(Settings(storage=storage_url, api_token=TOKEN)))
+
+
+@pytest.fixture
+def quick_client(sqlite_url: str) -> tuple[TestClient, str]:
+    """SQLite only: request validation and auth happen before any storage access."""
+    return TestClient(create_app(Settings(storage=sqlite_url, api_token=TOKEN))), sqlite_url
 
 
 def test_create_study_with_token_stores_a_definition_workers_read(app_client, storage_url) -> None:
@@ -27,8 +45,13 @@ def test_create_study_with_token_stores_a_definition_workers_read(app_client, st
     assert body["name"] == BODY["name"] and body["status"] == "defined" and body["created_by"] == "api"
     stored = Store(storage_url).require_study(BODY["name"])  # what a `tuner search --study` worker reads
     assert stored["world_size"] == 4 and stored["global_batch"] == 32 and stored["headroom"] == 0.85
-    assert "name" not in stored
+    assert stored["device_memory"] == 80 << 30 and stored["model"]["source"] == "google/flan-t5-large"
+    assert stored["space"]["zero_stage"] == [1, 2]
     assert app_client.get(f"/studies/{BODY['name']}").json()["definition"] == stored
+    # the worker side resumes from it exactly as from a study `tuner search` created itself
+    request = request_from_definition(_any_request(storage_url), stored)
+    assert request.world_size == 4 and request.global_batch == 32 and request.model.source == "google/flan-t5-large"
+    assert request.definition()["space"] == stored["space"]
 
 
 def test_duplicate_study_is_409(app_client) -> None:
@@ -42,7 +65,8 @@ def test_duplicate_study_is_409(app_client) -> None:
     "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
                 {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": "Bearer "}]
 )
-def test_missing_or_wrong_token_is_401_and_writes_nothing(app_client, storage_url, headers) -> None:
+def test_missing_or_wrong_token_is_401_and_writes_nothing(quick_client, headers) -> None:
+    app_client, storage_url = quick_client
     r = app_client.post("/studies", json=BODY, headers=headers)
     assert r.status_code == 401
     assert r.headers["www-authenticate"] == "Bearer"
@@ -63,13 +87,29 @@ def test_server_without_token_refuses_writes(storage_url) -> None:
     [{"name": "x" * 129}, {"name": "no spaces"}, {"name": ""}, {"world_size": 0}, {"headroom": 1.5},
      {"command": "rm -rf /"}, {"space_file": "/etc/passwd"}, {"global_batch": "lots"}],
 )
-def test_invalid_definitions_are_422(app_client, patch) -> None:
+def test_invalid_definitions_are_422(quick_client, patch) -> None:
+    app_client, _ = quick_client
     r = app_client.post("/studies", json={**BODY, **patch}, headers=AUTH)
     assert r.status_code == 422
     assert r.json()["detail"].startswith("invalid request")
 
 
-def test_malformed_json_body_is_422(app_client) -> None:
+@pytest.mark.parametrize(
+    "patch, words",
+    [({"model": "/etc/passwd"}, "hub id"), ({"model": "../models/t5"}, "hub id"), ({"model": "builtin:nope"}, "nope"),
+     ({"space": {"warp_drive": [1]}}, "warp_drive"), ({"space": {"micro_batch_size": []}}, "micro_batch_size"),
+     ({"global_batch": 7}, "7"), ({"device_memory": "lots"}, "lots")],
+)
+def test_definitions_tuner_search_would_reject_are_400_and_store_nothing(quick_client, patch, words) -> None:
+    app_client, storage_url = quick_client
+    r = app_client.post("/studies", json={**BODY, **patch}, headers=AUTH)
+    assert r.status_code == 400, r.text
+    assert words in r.json()["detail"]
+    assert Store(storage_url).study_definition(BODY["name"]) is None
+
+
+def test_malformed_json_body_is_422(quick_client) -> None:
+    app_client, _ = quick_client
     r = app_client.post("/studies", content=b"{not json", headers={**AUTH, "Content-Type": "application/json"})
     assert r.status_code == 422
 

@@ -1,0 +1,92 @@
+"""Turns a POST /studies body into the exact study definition `tuner search --study NAME` writes and resumes from
+(tuner.search.SearchRequest.definition), so workers joining an API-created study read what they expect.
+
+Only inline data is accepted: a local model directory names a path on the worker hosts, which this server neither
+reads nor checks (it would be a path of the caller's choosing), so the API takes built-in presets and hub ids only."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from api.schemas import StudyCreate
+from trials.contract import BUILTIN_PREFIX, ModelSpec
+from tuner.batching import default_global_batch, require_reachable
+from tuner.budget import parse_size
+from tuner.errors import BaselineError, ModelSourceError, SpaceError
+from tuner.models import resolve_model
+from tuner.objective import objective_for
+from tuner.search import SearchRequest
+from tuner.space import Space, default_space, space_from_dict
+from tuner.strategy import Schedule
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+
+
+def _model(source: str) -> ModelSpec:
+    source = source.strip()
+    if source.startswith(BUILTIN_PREFIX):
+        return resolve_model(source)  # preset names only: no filesystem access
+    if not HUB_ID.match(source) or ".." in source:
+        raise ModelSourceError(
+            f"model {source!r}: the API takes builtin:<preset> or a hub id like google/flan-t5-large; for a local "
+            "model directory run `tuner search --model DIR --study NAME` on the worker host"
+        )
+    return ModelSpec(source=source)
+
+
+def _space(inline: dict[str, Any] | None) -> Space:
+    base = default_space().model_dump(mode="json")
+    if not inline:
+        return space_from_dict(base, "default space")
+    unknown = sorted(set(inline) - set(Space.model_fields))
+    if unknown:
+        raise SpaceError(f"space: unknown knob {unknown[0]!r}; known knobs: {', '.join(Space.model_fields)}")
+    return space_from_dict({**base, **inline}, "space")
+
+
+def _baseline(ds_config: dict[str, Any] | None) -> tuple[Any, int | None, dict[str, Any] | None]:
+    if not ds_config:
+        return None, None, None
+    try:
+        from tuner.baseline import parse_baseline
+    except ModuleNotFoundError as err:
+        if err.name != "tuner.baseline":
+            raise
+        raise BaselineError("baseline import is not available in this build; create the study without it") from None
+    from trials.contract import Knobs
+
+    base = parse_baseline(ds_config, None)
+    knobs = base.knobs if isinstance(base.knobs, Knobs) else Knobs.model_validate(base.knobs)
+    return knobs, base.global_batch, ds_config
+
+
+def definition(body: StudyCreate, storage: str) -> dict[str, Any]:
+    model = _model(body.model)
+    space = _space(body.space)
+    memory = parse_size(body.device_memory) if body.device_memory is not None else None
+    base_knobs, base_batch, base_source = _baseline(body.baseline)
+    world = body.world_size
+    batch = body.global_batch or base_batch or default_global_batch(space.micro_batch_size, world)
+    space = space.restrict(micro_batch_size=require_reachable(space.micro_batch_size, batch, world))
+    if base_knobs is not None and batch % (base_knobs.micro_batch_size * world):
+        raise BaselineError(
+            f"baseline micro batch {base_knobs.micro_batch_size} x world size {world} cannot reach global batch "
+            f"{batch}; set global_batch to a multiple of it"
+        )
+    request = SearchRequest(
+        study_name=body.name,
+        storage=storage,
+        model=model,
+        space=space,
+        world_size=world,
+        global_batch=batch,
+        objective=objective_for(space.max_length),
+        budget_s=float(body.budget_s),
+        device_memory=memory,
+        headroom=body.headroom,
+        baseline=base_knobs,
+        baseline_source=base_source,
+        schedule=Schedule(),
+    )
+    return request.definition()
