@@ -24,7 +24,8 @@ def render(fmt: str, knobs: dict[str, Any], *, world_size: int, gradient_accumul
         if err.name != "tuner.export":
             raise
         raise HTTPException(501, f"format {fmt!r} is not available in this build; use format=json") from None
-    baseline = definition.get("baseline") if isinstance(definition.get("baseline"), dict) else None
+    source = definition.get("baseline_source")  # the user's DeepSpeed JSON: its optimizer/scheduler are kept
+    baseline = source if isinstance(source, dict) else None
     return export.render(
         fmt, knobs, world_size=world_size, gradient_accumulation_steps=gradient_accumulation_steps, baseline=baseline
     )

@@ -149,3 +149,36 @@ def test_unknown_format_is_422(client) -> None:
     r = client.get("/best-config", params={"study": "t5-demo", "format": "yaml"})
     assert r.status_code == 422
     assert "format" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("fmt", ["deepspeed", "hf", "accelerate", "env"])
+def test_every_export_format_is_served(client, fmt) -> None:
+    pytest.importorskip("tuner.export", reason="helper C's exports not in this tree yet")
+    body = client.get("/best-config", params={"study": "t5-demo", "format": fmt}).json()
+    assert body["format"] == fmt and body["trial_number"] == BEST_TRIAL
+    assert body["content"].strip()
+    raw = client.get("/best-config", params={"study": "t5-demo", "format": fmt, "raw": "true"})
+    assert raw.status_code == 200 and raw.text == body["content"]
+
+
+def test_deepspeed_export_has_consistent_batch_fields(client) -> None:
+    pytest.importorskip("tuner.export", reason="helper C's exports not in this tree yet")
+    ds = json.loads(client.get("/best-config", params={"study": "t5-demo", "format": "deepspeed", "raw": "1"}).text)
+    assert ds["train_micro_batch_size_per_gpu"] == 4
+    assert ds["gradient_accumulation_steps"] == 2
+    assert ds["train_batch_size"] == 4 * 2 * WORLD == GLOBAL_BATCH
+    assert ds["zero_optimization"]["stage"] == 2
+
+
+def test_api_and_cli_hand_out_the_same_config(client, populated_url) -> None:
+    """`tuner best --format deepspeed` and GET /best-config?format=deepspeed agree byte for byte."""
+    import subprocess
+
+    from servers import TUNER_BIN, clean_env
+
+    pytest.importorskip("tuner.export", reason="helper C's exports not in this tree yet")
+    out = subprocess.run([TUNER_BIN, "best", "--storage", populated_url, "--study", "t5-demo", "--format", "deepspeed"],
+                         capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    api = client.get("/best-config", params={"study": "t5-demo", "format": "deepspeed", "raw": "1"}).text
+    assert json.loads(out.stdout) == json.loads(api)
