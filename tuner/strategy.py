@@ -61,6 +61,7 @@ class Schedule:
     max_timeout_s: float = 1800.0
     estimate_margin: float = 1.5  # skip configs predicted above margin x capacity
     stuck_asks: int = 8  # consecutive duplicate/inferred proposals before picking an unknown config directly
+    seed_bisection: bool = True  # start with a micro-batch bisection at the plainest config (see _next_seed)
 
 
 @dataclass
@@ -112,6 +113,7 @@ class Strategy:
         self._exhausted = False
         self._claimed_confirm: set[str] = set()
         self._skipped: set[str] = set()  # configs another worker holds a claim on
+        self._seeded = False
         self._rng = random.Random(self.seed)
         self._grid: list[Knobs] | None = None
 
@@ -176,11 +178,29 @@ class Strategy:
         ratio = sum(self.schedule.confirm) / sum(self.schedule.short)
         return setup + max(short - setup, 0.0) * ratio
 
-    def timeout_for(self, fidelity: Fidelity, seconds_left: float | None) -> float:
+    def _scaled_seconds(self, knobs: Knobs | None, fidelity: Fidelity) -> float:
+        """The slowest measured seconds per (sample x token x step), scaled to ``knobs`` (bigger configs run longer)."""
+        if knobs is None:
+            return 0.0
+        worst, setups = 0.0, []
+        for r in self.rows:
+            if not r.get("probe_seconds") or r.get("fidelity") not in MEASURED or not r.get("config"):
+                continue
+            cfg, k = r["config"], r["knobs"]
+            setup = float(r.get("setup_s") or 0.0)
+            setups.append(setup)
+            work = k["micro_batch_size"] * k["max_length"] * (cfg["warmup_steps"] + cfg["measure_steps"])
+            worst = max(worst, (float(r["probe_seconds"]) - setup) / max(work, 1))
+        steps = sum(self.schedule.confirm if fidelity == "confirm" else self.schedule.short)
+        return max(setups, default=0.0) + worst * knobs.micro_batch_size * knobs.max_length * steps
+
+    def timeout_for(self, fidelity: Fidelity, seconds_left: float | None, knobs: Knobs | None = None) -> float:
+        """factor x the longer of the longest probe so far and this config's size-scaled time, plus slack; never past
+        ``seconds_left`` (the runner kills the probe at its timeout, so no probe outlives the budget)."""
         walls = self._walls()
         s = self.schedule
         if walls:
-            longest = max(walls)
+            longest = max(max(walls), self._scaled_seconds(knobs, fidelity))
             if fidelity == "confirm":
                 longest = max(longest, self.expected_seconds("confirm"))
             timeout = s.timeout_factor * longest + s.timeout_slack_s
@@ -205,7 +225,7 @@ class Strategy:
             warmup_steps=warmup,
             measure_steps=measure,
             device_memory=self.device_memory,
-            timeout_s=self.timeout_for(fidelity, seconds_left),
+            timeout_s=self.timeout_for(fidelity, seconds_left, knobs),
             seed=self.seed or 0,
         )
 
@@ -258,10 +278,33 @@ class Strategy:
     def _accum(self, knobs: Knobs) -> int:
         return accumulation_steps(self.global_batch, knobs.micro_batch_size, self.world_size) or 0
 
+    def _plain(self, micro: int) -> Knobs:
+        return self.space.sample(_Plain(micro))
+
+    def _next_seed(self) -> Knobs | None:
+        """Bisection over the micro batch at the plainest config (lowest overhead: lowest ZeRO stage, no
+        checkpointing, no offload): the largest micro batch that fits there is usually the fastest config, and each
+        probe settles half of the remaining micro batches through the frontier. TPE takes over from there."""
+        if not self.schedule.seed_bisection or self._seeded:
+            return None
+        known = self._known()
+        unknown = [
+            k
+            for k in map(self._plain, sorted(self.space.micro_batch_size))
+            if config_key(k, self.world_size, self._accum(k)) not in known and self.frontier.infer(k) is None
+        ]
+        if not unknown:
+            self._seeded = True
+            return None
+        return unknown[len(unknown) // 2]
+
     def _explore(self, seconds_left: float | None) -> Proposal | None:
         stuck = 0
         while True:
-            if stuck >= self.schedule.stuck_asks:
+            seed = self._next_seed() if stuck == 0 else None
+            if seed is not None:
+                self.study.enqueue_trial(_params(seed), skip_if_exists=False)
+            elif stuck >= self.schedule.stuck_asks:
                 pick = self._pick_unknown()
                 if pick is None:
                     self._exhausted = True
@@ -431,6 +474,30 @@ class Strategy:
         self.rows.append(row)
         self.events.append(row)
         self.inferred += 1
+
+
+class _Plain:
+    """A Suggester choosing the lowest-overhead value of every knob, at a given micro batch and the longest length."""
+
+    def __init__(self, micro: int) -> None:
+        self.micro = micro
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        values = list(choices)
+        if name == "micro_batch_size":
+            return self.micro
+        if name == "max_length":
+            return max(values)
+        if name == "zero_stage":
+            return min(values)
+        if name == "engine":
+            return "deepspeed" if "deepspeed" in values else values[0]
+        if name in ("gradient_checkpointing", "offload_optimizer", "overlap_comm", "generate"):
+            return False if False in values else values[0]
+        if name in ("allgather_bucket_size", "reduce_bucket_size"):
+            sized = [v for v in values if v is not None]
+            return min(sized) if sized else None
+        return values[0]
 
 
 def _params(knobs: Knobs) -> dict[str, Any]:

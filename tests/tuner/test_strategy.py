@@ -174,6 +174,8 @@ def test_timeouts_follow_measured_probe_durations():
     assert s.timeout_for("short", None) == pytest.approx(3 * longest + 30)
     assert s.timeout_for("short", 7.0) == 7.0
     assert s.expected_seconds("confirm") > s.expected_seconds("short")
+    small, big = Knobs(micro_batch_size=1, max_length=128), Knobs(micro_batch_size=64, max_length=128)
+    assert s.timeout_for("short", None, big) > s.timeout_for("short", None, small) >= 3 * longest + 30
 
 
 def test_retained_tokens_objective_in_rows():
@@ -195,8 +197,23 @@ def test_estimator_skips_configs_far_over_budget():
         def observe(self, knobs, peak):
             self.seen.append(peak)
 
-    s = make(SMALL)
+    s = make(SMALL, schedule=Schedule(seed_bisection=False))  # no bisection: the estimate alone must skip them
     s.estimator = Est()
     probed, _ = drive(s)
     assert all(p.config.knobs.micro_batch_size * 12 <= 150 for p in probed)  # 1.5 x 100 MiB
     assert s.estimator.seen and any("estimated peak" in (r.get("cause") or "") for r in s.rows)
+
+
+def test_search_opens_with_a_micro_batch_bisection_at_the_plainest_config():
+    space = {"micro_batch_size": [1, 2, 4, 8, 16, 32, 64], "max_length": [128], "zero_stage": [0, 1, 2],
+             "gradient_checkpointing": [False, True], "offload_optimizer": [False, True]}
+    s = make(space)
+    first = []
+    for _ in range(3):
+        p = s.propose(None)
+        first.append(p.config.knobs)
+        s.observe(p, table_probe(p.config))
+    assert all(k.zero_stage == 0 and not k.gradient_checkpointing and not k.offload_optimizer for k in first)
+    # 8 first (the middle); 8 peaks above 90% of capacity (unstable), so 2 or 4 next: a binary search
+    assert first[0].micro_batch_size == 8
+    assert first[1].micro_batch_size in (2, 4) and first[2].micro_batch_size in (1, 2, 4)
