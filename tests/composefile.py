@@ -91,3 +91,25 @@ def with_option(argv: list[str], option: str, value: str) -> list[str]:
     else:
         out += [option, value]
     return out
+
+
+def local_process(service: str, storage: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) to run ``service`` of the compose file as a local process: the compose command and
+    environment after interpolation from ``env``, with TUNER_STORAGE pointed at ``storage`` (the test's database
+    instead of the `postgres` container), the image's /cache replaced by this machine's cache, and `tuner` resolved
+    to this environment's entry point (its bin/ first on PATH, as on the image)."""
+    import os
+
+    from servers import TUNER_BIN, clean_env
+
+    spec = load(env)["services"][service]
+    service_env = {k: str(v) for k, v in (spec.get("environment") or {}).items()}
+    service_env["TUNER_STORAGE"] = storage
+    for key in ("TUNER_CACHE_DIR", "HF_HOME"):
+        service_env.pop(key, None)
+    if os.environ.get("TUNER_CACHE_DIR"):
+        service_env["TUNER_CACHE_DIR"] = os.environ["TUNER_CACHE_DIR"]
+    argv = command(spec)
+    bindir = os.path.dirname(TUNER_BIN)
+    path = bindir + os.pathsep + os.environ.get("PATH", "")
+    return [TUNER_BIN, *argv[1:]], clean_env({**service_env, "COLUMNS": "200", "PATH": path})
