@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 
 from tuner.export import render, to_deepspeed, to_hf
 from tuner.export.mapping import ZERO_KEYS
+from tuner.settings import load_settings
 
 KNOB_GRID = [
     {"micro_batch_size": 2, "max_length": 64, "zero_stage": stage, "offload_optimizer": offload, "precision": prec,
@@ -65,8 +67,12 @@ def ds_comm() -> Iterator[None]:
     import deepspeed.comm as dist
 
     created = not dist.is_initialized()
-    saved = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_EXTENSIONS_DIR", "PATH")
+    saved = {k: os.environ.get(k) for k in names}
     if created:
+        # the shm comm op loads from the probes' cache, built with the venv's ninja (another one forces a rebuild)
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(load_settings().torch_extensions_dir)
+        os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]

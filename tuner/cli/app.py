@@ -37,6 +37,7 @@ COMMAND_MODULES = [
     "tuner.cli.estimate",
     "tuner.cli.search",
     "tuner.cli.results",
+    "tuner.cli.export",
 ]
 
 
@@ -54,7 +55,9 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 def main() -> None:
     _register()
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a `raise typer.Exit(n)` comes back as n here, not as an exception
+        if isinstance(code, int) and not isinstance(code, bool) and code:
+            sys.exit(code)
     except TunerError as err:
         err_console.print(f"[bold red]error:[/] {err}")
         sys.exit(err.exit_code)

@@ -1,0 +1,124 @@
+"""`tuner export` (a study's best stable config in a tool's format) and `tuner doctor` (known traps of a setup)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from tuner.cli.app import app
+from tuner.errors import BaselineError, ConfigError, NoStableConfig
+
+out_console = Console(highlight=False, soft_wrap=True)
+note_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+StorageOpt = Annotated[
+    Optional[str], typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
+]
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as err:
+        raise ConfigError(f"cannot write {path}: {err.strerror or err}; pick a writable path for -o") from None
+
+
+@app.command("export")
+def export(
+    study: Annotated[str, typer.Option("--study", help="the study whose best stable config to export")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="json | deepspeed | hf | accelerate | env")] = "deepspeed",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to FILE instead of stdout")] = None,
+    storage: StorageOpt = None,
+) -> None:
+    """Export the best stable config of a study. With --format accelerate -o FILE the DeepSpeed JSON it points at is
+    written next to FILE as FILE-stem.deepspeed.json."""
+    from tuner.export import FORMATS, render, to_deepspeed
+    from tuner.export.accelerate import render_yaml, to_accelerate
+    from tuner.selection import best_stable
+    from tuner.settings import load_settings
+    from tuner.storage import Store
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    store = Store(load_settings(storage=storage).storage)
+    definition = store.require_study(study)
+    best = best_stable(store.probes(study))
+    if best is None:
+        raise NoStableConfig(f"study {study!r} has no stable config yet; let `tuner search --study {study}` run longer "
+                             "or give it more device memory")  # fmt: skip
+    baseline = definition.get("baseline_source")
+    args: dict[str, Any] = {
+        "world_size": int(best.config.get("world_size") or definition.get("world_size") or 1),
+        "gradient_accumulation_steps": int(best.config.get("gradient_accumulation_steps") or 1),
+        "baseline": baseline if isinstance(baseline, dict) else None,
+    }
+    if output is None:
+        typer.echo(render(fmt, best.knobs, **args), nl=False)
+        return
+    written = [output]
+    if fmt == "accelerate" and best.knobs.get("engine", "deepspeed") == "deepspeed":
+        ds_path = output.with_name(f"{output.stem}.deepspeed.json").resolve()
+        _write(ds_path, json.dumps(to_deepspeed(best.knobs, **args), indent=2) + "\n")
+        _write(output, render_yaml(to_accelerate(best.knobs, deepspeed_config_file=str(ds_path), **args), str(ds_path)))
+        written.append(ds_path)
+    else:
+        _write(output, render(fmt, best.knobs, **args))
+    trial = f"trial {best.trial_number}" if best.trial_number is not None else "a confirmed probe"
+    note_console.print(f"wrote {', '.join(map(str, written))} ({fmt}, study {study!r}, {trial}, "
+                       f"{best.samples_per_s:.3g} samples/s)", style="dim")  # fmt: skip
+
+
+@app.command("doctor")
+def doctor(
+    ds_config: Annotated[Optional[Path], typer.Option("--ds-config", help="your DeepSpeed JSON")] = None,
+    training_args: Annotated[
+        Optional[Path], typer.Option("--training-args", help="your TrainingArguments as JSON (args.to_json_string())")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the findings as JSON")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="exit 1 when there is any warning (for CI)")] = False,
+) -> None:
+    """Check an existing setup for the known OOM traps; say what to try and how `tuner search` would test it."""
+    import os
+
+    from tuner.baseline import file_kind, read_json
+    from tuner.doctor import diagnose, visible_gpus
+
+    if ds_config is None and training_args is None:
+        raise ConfigError("give --ds-config FILE and/or --training-args FILE")
+    ds = read_json(ds_config, "DeepSpeed config") if ds_config is not None else None
+    hf = read_json(training_args, "training-args file") if training_args is not None else None
+    if ds is not None and file_kind(ds) != "deepspeed":
+        raise BaselineError(f"{ds_config} looks like training args, not a DeepSpeed config; pass it as --training-args")
+    if hf is not None and isinstance(hf.get("deepspeed"), str) and ds is None:
+        ds_path = Path(hf["deepspeed"])
+        ds = read_json(ds_path if ds_path.is_absolute() else training_args.parent / ds_path, "DeepSpeed config")  # type: ignore[union-attr]
+    env = dict(os.environ)
+    baseline, findings = diagnose(ds, hf, env=env, gpus=visible_gpus(env))
+    warnings = sum(f.severity == "warn" for f in findings)
+    if as_json:
+        typer.echo(json.dumps({"knobs": baseline.knobs if baseline else None,
+                               "findings": [f.to_dict() for f in findings]}, indent=2))  # fmt: skip
+    else:
+        if baseline is not None:
+            k = baseline.knobs
+            engine = f"ZeRO-{k['zero_stage']}" if k["engine"] == "deepspeed" else "plain torch (DDP)"
+            out_console.print(f"setup: {engine}, micro batch {k['micro_batch_size']} x accumulation "
+                              f"{baseline.gradient_accumulation_steps}, {k['precision']}"
+                              f"{', optimizer offload' if k['offload_optimizer'] else ''}"
+                              f"{', overlap_comm' if k['overlap_comm'] and k['zero_stage'] else ''}")  # fmt: skip
+        for f in findings:
+            style = "bold yellow" if f.severity == "warn" else "cyan"
+            out_console.print(f"[{style}]{f.severity}[/] {f.title}  [dim]({f.code})[/]")
+            out_console.print(f"  why: {f.why}", markup=False)
+            out_console.print(f"  try: {f.fix}", markup=False)
+            if f.search:
+                search = f.search.replace("\n", "; ")
+                out_console.print(f"  tuner search: {search}", markup=False)
+        out_console.print(f"{warnings} warning(s), {len(findings) - warnings} note(s). `tuner search --baseline "
+                          "FILE` probes this setup as trial 0 and the space knobs above against it.")  # fmt: skip
+    if strict and warnings:
+        raise typer.Exit(1)
