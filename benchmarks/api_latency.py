@@ -84,6 +84,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), to split the load between server and clients."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_server(url: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNER_")}
@@ -131,14 +140,18 @@ def bench(url: str, backend: str, args: argparse.Namespace) -> dict[str, object]
     fill_s = time.perf_counter() - t0
     proc, base = start_server(url)
     try:
+        cpu0, client0 = cpu_seconds(proc.pid), time.process_time()
         lat, wall, errors = asyncio.run(load(base, args.clients, args.requests, args.format))
+        cpu1, client1 = cpu_seconds(proc.pid), time.process_time()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     q = statistics.quantiles(lat, n=100)
     return {"backend": backend, "probes": args.probes, "clients": args.clients, "requests": len(lat),
             "errors": errors, "p50_ms": q[49] * 1e3, "p90_ms": q[89] * 1e3, "p99_ms": q[98] * 1e3,
-            "max_ms": max(lat) * 1e3, "req_per_s": len(lat) / wall, "populate_s": fill_s}
+            "max_ms": max(lat) * 1e3, "req_per_s": len(lat) / wall, "populate_s": fill_s,
+            "srv_cpu_ms": (cpu1 - cpu0) * 1e3 / len(lat) if cpu0 is not None and cpu1 is not None else float("nan"),
+            "cli_cpu_ms": (client1 - client0) * 1e3 / len(lat)}
 
 
 def main() -> None:
@@ -168,8 +181,11 @@ def main() -> None:
         finally:
             with psycopg.connect(args.pg_admin, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    cols = ["backend", "probes", "clients", "requests", "errors", "p50_ms", "p90_ms", "p99_ms", "max_ms", "req_per_s"]
-    print(f"GET /best-config?format={args.format}, {os.cpu_count()} CPUs, loopback")
+    cols = ["backend", "probes", "clients", "requests", "errors", "p50_ms", "p90_ms", "p99_ms", "max_ms", "req_per_s",
+            "srv_cpu_ms", "cli_cpu_ms"]
+    load1 = os.getloadavg()[0]
+    print(f"GET /best-config?format={args.format}, {os.cpu_count()} CPUs, loopback, load average {load1:.1f}")
+    print("(srv_cpu_ms / cli_cpu_ms: CPU milliseconds per request spent by the server / by the 100 clients)")
     print(" | ".join(f"{c:>9}" for c in cols))
     for row in rows:
         print(" | ".join(f"{row[c]:>9.1f}" if isinstance(row[c], float) else f"{row[c]:>9}" for c in cols))
