@@ -131,3 +131,46 @@ def test_best_without_any_study_is_one_line(tmp_path):
     assert done.returncode == 2 and "no study" in done.stderr
     done = tuner("best", "--storage", f"sqlite:///{tmp_path}/empty.db", "--format", "yaml", timeout=120)
     assert done.returncode == 2 and "--format" in done.stderr
+
+
+BASELINE = {
+    "train_batch_size": 32,
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 8,
+    "zero_optimization": {
+        "stage": 2,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 200000000,
+        "allgather_bucket_size": 200000000,
+    },
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+}
+
+
+@pytest.mark.slow
+def test_baseline_is_probed_first_and_reported(tmp_path):
+    """The FLAN team's setup in miniature: ZeRO-2 with overlap_comm and 2e8 buckets on a small device OOMs."""
+    base = tmp_path / "ds_config.json"
+    base.write_text(json.dumps(BASELINE))
+    space = tmp_path / "space.yaml"
+    space.write_text("micro_batch_size: [2]\nzero_stage: [0]\ngradient_checkpointing: [false]\n")
+    url = f"sqlite:///{tmp_path}/tuner.db"
+    done = tuner(
+        "search", "--budget", "3m", "--space", str(space), "--device-memory", "160MiB", "--storage", url,
+        "--study", "flan", "--baseline", str(base), "--finalists", "0",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    from tuner.storage import Store
+
+    rows = Store(url).probes("flan")
+    first = rows[0]
+    assert first["fidelity"] == "baseline" and first["trial_number"] == 0
+    assert first["knobs"]["zero_stage"] == 2 and first["knobs"]["overlap_comm"]
+    assert first["config"]["gradient_accumulation_steps"] == 8
+    assert first["status"] == "oom"
+    assert "baseline" in done.stdout and "oom" in done.stdout
+    best = tuner("best", "--storage", url, "--study", "flan", "--format", "deepspeed")
+    exported = json.loads(best.stdout)
+    assert exported["optimizer"]["type"] == "AdamW"  # kept from the user's config
+    assert exported["train_micro_batch_size_per_gpu"] == 2 and exported["train_batch_size"] == 32

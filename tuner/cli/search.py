@@ -36,12 +36,14 @@ if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns f
     console = Console(highlight=False, soft_wrap=True, width=200)
 
 
-def _baseline(path: Path) -> tuple[Knobs, int | None, dict[str, Any] | None]:
-    from tuner.baseline import load_baseline  # helper C's parser of DeepSpeed / HF training-args files
+def _baseline(path: Path, world_size: int | None, max_length: int) -> tuple[Knobs, int | None, int | None, dict[str, Any]]:
+    """The user's current config (DeepSpeed JSON or HF training-args JSON, parsed by tuner.baseline): its knobs, global
+    batch, world size and the DeepSpeed source the exports keep optimizer/scheduler from."""
+    from tuner.baseline import load_baseline
 
-    base = load_baseline(path)
-    knobs = base.knobs if isinstance(base.knobs, Knobs) else Knobs.model_validate(base.knobs)
-    return knobs, getattr(base, "global_batch", None), getattr(base, "ds_config", None)
+    base = load_baseline(path, world_size=world_size, max_length=max_length)
+    knobs = Knobs.model_validate(base.knobs)
+    return knobs, base.global_batch, base.world_size, base.ds_config
 
 
 def build_request(
@@ -75,8 +77,10 @@ def build_request(
     space = load_space(space_file)
     memory = parse_size(device_memory) if device_memory is not None else None
     lens = load_lengths(lengths) if lengths is not None else None
-    base_knobs, base_batch, base_source = _baseline(baseline) if baseline is not None else (None, None, None)
-    world = world_size or 1
+    base_knobs, base_batch, base_world, base_source = (
+        _baseline(baseline, world_size, max(space.max_length)) if baseline is not None else (None, None, None, None)
+    )
+    world = world_size or base_world or 1
     batch = global_batch or base_batch or default_global_batch(space.micro_batch_size, world)
     space = space.restrict(micro_batch_size=require_reachable(space.micro_batch_size, batch, world))
     if base_knobs is not None and batch % (base_knobs.micro_batch_size * world):
@@ -107,7 +111,7 @@ def build_request(
         for key, given in {
             "model": model != DEFAULT_MODEL,
             "space": space_file is not None,
-            "world_size": world_size is not None,
+            "world_size": world_size is not None or base_world is not None,
             "global_batch": global_batch is not None or baseline is not None,
             "device_memory": device_memory is not None,
             "objective": lengths is not None,
