@@ -188,7 +188,8 @@ def _batch(ds: Mapping[str, Any], world_size: int | None) -> tuple[int, int, int
             raise BaselineError(f"train_batch_size={tbs} does not split into micro batch x accumulation x "
                                 f"{world_size} ranks; fix train_batch_size")  # fmt: skip
     accum = accum or 1
-    assert micro is not None  # noqa: S101 - established above
+    if micro is None:  # unreachable: no micro batch and no train_batch_size was refused above
+        raise BaselineError("the baseline gives no micro batch size; set train_micro_batch_size_per_gpu")
     if tbs is not None and world_size is not None and tbs != micro * accum * world_size:
         raise BaselineError(f"train_batch_size={tbs} contradicts train_micro_batch_size_per_gpu x "
                             f"gradient_accumulation_steps x world size = {micro} x {accum} x {world_size} = "

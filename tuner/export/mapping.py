@@ -47,6 +47,8 @@ DS_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient
 HF_ARGS: dict[str, str] = {
     "micro_batch_size": "per_device_train_batch_size",
     "eval_batch_size": "per_device_eval_batch_size",
+    # transformers 5 prefers activation_checkpointing and keeps this name as an alias until v6 (a FutureWarning);
+    # this spelling works on 4.x and 5.x alike. The baseline import reads both.
     "gradient_checkpointing": "gradient_checkpointing",
     "generate": "predict_with_generate",
 }
