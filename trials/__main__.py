@@ -16,11 +16,26 @@ from pathlib import Path
 _START = time.time()
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel SIGKILLs this rank when the process that launched it dies (``kill -9`` of ``tuner search``),
+    so no orphan rank keeps running (or hangs in a collective) after its search is gone."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(4)  # trials.contract.EXIT_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trials", description="Runs one probe rank.")
     parser.add_argument("--config", type=Path, required=True, help="ProbeConfig JSON")
     parser.add_argument("--out", type=Path, required=True, help="where this rank writes its RankResult JSON")
     args = parser.parse_args(argv)
+    _die_with_parent()
 
     from trials.contract import ProbeConfig
     from trials.probe import LAUNCH_ENV, run_probe_rank

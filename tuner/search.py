@@ -202,6 +202,42 @@ def open_study(name: str, url: str, seed: int | None) -> optuna.Study:
     return study
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_dead_local_workers(store: Store, study: optuna.Study, me: str) -> list[str]:
+    """Closes the runs of workers on this host whose process is gone (kill -9, the OOM killer) now, instead of after
+    the heartbeat grace period: each RUNNING trial they claimed fails with the cause, their claims are released.
+    Returns the causes recorded."""
+    host = socket.gethostname()
+    name = study.study_name
+    causes: list[str] = []
+    for run in store.runs(name):
+        worker = str(run["worker"])
+        w_host, _, pid = worker.rpartition(":")
+        if run["status"] != "running" or w_host != host or not pid.isdigit() or worker == me or _pid_alive(int(pid)):
+            continue
+        cause = f"interrupted: worker {worker} died during the probe (killed); failed on resume by {me}"
+        running = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        for claim in store.worker_claims(name, worker):
+            trial = running.get(claim["trial_number"]) if claim["trial_number"] is not None else None
+            if trial is not None:
+                study._storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
+                study._storage.set_trial_user_attr(trial._trial_id, "cause", cause)
+                study.tell(trial.number, state=TrialState.FAIL)
+                causes.append(f"trial {trial.number}: {cause}")
+            store.release_claim(name, claim["config_key"], claim["fidelity"])
+        store.finish_run(int(run["id"]), "interrupted", cause)
+    return causes
+
+
 class Search:
     def __init__(
         self,
@@ -219,6 +255,7 @@ class Search:
         self.store = Store(request.storage)
         self.study = open_study(request.study_name, request.storage, request.seed)
         self.worker = worker_name()
+        self.reaped = reap_dead_local_workers(self.store, self.study, self.worker)
         self.strategy = Strategy(
             study=self.study,
             space=request.space,

@@ -120,6 +120,14 @@ class Store:
             ).first()
         return str(row[0]) if row else None
 
+    def worker_claims(self, study_name: str, worker: str) -> list[dict[str, Any]]:
+        """The claims ``worker`` holds in the study (config_key, fidelity, trial_number ...)."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                sa.select(claims).where(claims.c.study_name == study_name, claims.c.worker == worker)
+            ).all()
+        return [dict(r._mapping) for r in rows]
+
     def release_claim(self, study_name: str, config_key: str, fidelity: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(
