@@ -34,6 +34,7 @@ SETTINGS = settings(
     max_examples=60,
     deadline=None,
     derandomize=True,  # the same cases on every run: a CI failure reproduces locally
+    database=None,  # no .hypothesis/ folder in the work tree
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
 )
 
