@@ -101,10 +101,10 @@ class Strategy:
     n_trials: int | None = None  # explore probes this strategy may run (inferred/duplicates are free)
     estimator: EstimatorLike | None = None
     seed: int | None = None
+    frontier: Frontier = field(default_factory=Frontier)  # e.g. Frontier(stage_need=...) to order ZeRO stages
 
     def __post_init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
-        self.frontier = Frontier()
         self._in_frontier: set[str] = set()
         self.events: list[dict[str, Any]] = []  # inferred rows the driver should store
         self.explored = 0
