@@ -223,7 +223,8 @@ def parse_baseline(
 ) -> Baseline:
     """Maps a DeepSpeed config and/or training args onto the knobs. ``world_size`` (the study's) checks
     train_batch_size; ``hidden_size`` resolves the model-sized "auto" buckets as the Trainer would; ``max_length``
-    is used when the training args name no length (max_source_length, max_seq_length, max_length)."""
+    is used when the training args name no length (max_source_length, max_seq_length, max_length); with neither, the
+    default search space's max_length (noted in ``notes``)."""
     if ds_config is None and hf_args is None:
         raise BaselineError("a baseline needs a DeepSpeed config and/or a training-args JSON")
     for name, value in (("DeepSpeed config", ds_config), ("training args", hf_args)):
@@ -268,8 +269,13 @@ def parse_baseline(
         length = _int("max_length", max_length)
         notes.append(f"max_length: {length} (none in the training args)")
     else:
-        raise BaselineError("the baseline names no max_length: add max_source_length (or max_seq_length) to the "
-                            "training-args JSON, or pass the length you truncate to")  # fmt: skip
+        # A DeepSpeed JSON says nothing about lengths: probe at the length the default search space uses, so trial 0
+        # and the trials compare at the same shapes. max_source_length in the training args overrides it.
+        from tuner.space import default_space
+
+        length = max(default_space().max_length)
+        notes.append(f"max_length: {length} (the default space's; give training args with max_source_length or "
+                     "max_seq_length to probe your own)")  # fmt: skip
 
     stage = zero.get("stage", 0)
     if ds_config is None:

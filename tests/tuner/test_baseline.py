@@ -15,6 +15,7 @@ from tuner.baseline import Baseline, load_baseline, parse_baseline
 from tuner.errors import BaselineError, ConfigError
 from tuner.export import render
 from tuner.export.mapping import HF_DEFAULTS, auto_paths
+from tuner.space import default_space
 
 # The team's setup from DESIGN.md: HF-style "auto" everywhere, ZeRO-2 with CPU offload, overlap_comm, 2e8 buckets.
 HF_ZERO2 = {
@@ -110,6 +111,8 @@ def test_baseline_round_trips_and_exports_keep_its_optimizer() -> None:
          {"reduce_bucket_size": 1024 * 1024}),
         # ... and without it: DeepSpeed's default (knob unset), noted
         (with_(HF_ZERO2, "zero_optimization.reduce_bucket_size", "auto"), HF_ARGS, {}, {"reduce_bucket_size": None}),
+        # no length anywhere: the default space's max_length, so trial 0 and the trials share shapes
+        (EXPLICIT, None, {}, {"max_length": max(default_space().max_length)}),
         # the length the training args name wins over the default given
         (EXPLICIT, {**HF_ARGS, "deepspeed": "ignored.json", "bf16": True, "per_device_train_batch_size": 4},
          {"max_length": 64}, {"max_length": 512}),
@@ -153,7 +156,6 @@ def test_parse_table(ds: dict | None, hf: dict | None, kw: dict, expect: dict) -
         (with_(EXPLICIT, "train_micro_batch_size_per_gpu", 0), None, {"max_length": 8}, "integer >= 1"),
         (with_(EXPLICIT, "fp16", True), None, {"max_length": 8}, "fp16 must be an object"),
         ({"gradient_clipping": 1.0}, None, {"max_length": 8}, "no batch size"),
-        (EXPLICIT, None, {}, "names no max_length"),
         (EXPLICIT, {"per_device_train_batch_size": 8, "max_length": 8}, {}, r"contradicts training args "
          r"per_device_train_batch_size=8"),
         (EXPLICIT, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_length": 8}, {},
