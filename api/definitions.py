@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from api.schemas import StudyCreate
-from trials.contract import BUILTIN_PREFIX, ModelSpec
+from trials.contract import BUILTIN_PREFIX, Knobs, ModelSpec
 from tuner.batching import default_global_batch, require_reachable
 from tuner.budget import parse_size
 from tuner.errors import BaselineError, ModelSourceError, SpaceError
@@ -45,27 +45,25 @@ def _space(inline: dict[str, Any] | None) -> Space:
     return space_from_dict({**base, **inline}, "space")
 
 
-def _baseline(ds_config: dict[str, Any] | None) -> tuple[Any, int | None, dict[str, Any] | None]:
-    if not ds_config:
+def _baseline(
+    ds_config: dict[str, Any] | None, hf_args: dict[str, Any] | None, world_size: int, max_length: int
+) -> tuple[Any, int | None, dict[str, Any] | None]:
+    """The user's current config, parsed exactly as `tuner search --baseline FILE` parses the file's content."""
+    if not ds_config and not hf_args:
         return None, None, None
-    try:
-        from tuner.baseline import parse_baseline
-    except ModuleNotFoundError as err:
-        if err.name != "tuner.baseline":
-            raise
-        raise BaselineError("baseline import is not available in this build; create the study without it") from None
-    from trials.contract import Knobs
+    from tuner.baseline import parse_baseline
 
-    base = parse_baseline(ds_config, None)
-    knobs = base.knobs if isinstance(base.knobs, Knobs) else Knobs.model_validate(base.knobs)
-    return knobs, base.global_batch, ds_config
+    base = parse_baseline(ds_config, hf_args, world_size=world_size, max_length=max_length)
+    return Knobs.model_validate(base.knobs), base.global_batch, base.ds_config
 
 
 def definition(body: StudyCreate, storage: str) -> dict[str, Any]:
     model = _model(body.model)
     space = _space(body.space)
     memory = parse_size(body.device_memory) if body.device_memory is not None else None
-    base_knobs, base_batch, base_source = _baseline(body.baseline)
+    base_knobs, base_batch, base_source = _baseline(
+        body.baseline, body.training_args, body.world_size, max(space.max_length)
+    )
     world = body.world_size
     batch = body.global_batch or base_batch or default_global_batch(space.micro_batch_size, world)
     space = space.restrict(micro_batch_size=require_reachable(space.micro_batch_size, batch, world))

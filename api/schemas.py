@@ -180,4 +180,9 @@ class StudyCreate(BaseModel):
     headroom: float = Field(0.9, gt=0.0, le=1.0)
     budget_s: float = Field(7200.0, gt=0, le=30 * 86400, description="the study's nominal budget, seconds")
     space: dict[str, Any] | None = Field(None, description="inline search space over the default (knob -> choices)")
-    baseline: dict[str, Any] | None = Field(None, description="inline DeepSpeed config to probe first as trial 0")
+    baseline: dict[str, Any] | None = Field(
+        None, description="your current DeepSpeed config (HF 'auto' values allowed), probed first as trial 0"
+    )
+    training_args: dict[str, Any] | None = Field(
+        None, description="your current HF TrainingArguments as JSON (alone or with `baseline`)"
+    )

@@ -130,3 +130,36 @@ def test_best_config_follows_new_probes_at_once(app_client, storage_url) -> None
     second = app_client.get("/best-config", params={"study": "live"}).json()
     assert second["trial_number"] == 9 and second["config_key"] == "better"
     assert app_client.get("/best-config", params={"study": "live", "format": "json"}).json()["trial_number"] == 9
+
+
+DS_BASELINE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "train_batch_size": "auto",
+               "zero_optimization": {"stage": 2, "overlap_comm": True, "allgather_bucket_size": 2e8,
+                                     "reduce_bucket_size": 2e8, "offload_optimizer": {"device": "cpu"}},
+               "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}
+DS_PLAIN = {**DS_BASELINE, "train_batch_size": 32, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+HF_ARGS = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "learning_rate": 1e-4}
+
+
+def test_study_with_an_inline_baseline_probes_it_first(quick_client) -> None:
+    app_client, storage_url = quick_client
+    body = {"name": "with-baseline", "world_size": 4, "baseline": DS_BASELINE, "training_args": HF_ARGS}
+    r = app_client.post("/studies", json=body, headers=AUTH)
+    assert r.status_code == 201, r.text
+    stored = Store(storage_url).require_study("with-baseline")
+    assert stored["global_batch"] == 2 * 4 * 4  # from the baseline: micro x accum x world
+    assert stored["baseline"]["zero_stage"] == 2 and stored["baseline"]["offload_optimizer"] is True
+    assert stored["baseline_source"]["optimizer"]["type"] == "AdamW"  # kept for the deepspeed export
+
+
+@pytest.mark.parametrize(
+    "baseline, words",
+    [({**DS_PLAIN, "train_batch_size": 7}, "train_batch_size"),
+     ({**DS_PLAIN, "zero_optimization": {"stage": 2, "warp": 1}}, "zero_optimization.warp"),
+     (DS_BASELINE, "auto")],  # "auto" values with no training args to resolve them
+)
+def test_bad_baselines_are_400_naming_the_field(quick_client, baseline, words) -> None:
+    app_client, storage_url = quick_client
+    r = app_client.post("/studies", json={"name": "b", "world_size": 4, "baseline": baseline}, headers=AUTH)
+    assert r.status_code == 400, r.text
+    assert words in r.json()["detail"]
+    assert Store(storage_url).study_definition("b") is None
