@@ -99,6 +99,9 @@ def test_baseline_offload_options_kept_when_offload_stays_on() -> None:
     ds = to_deepspeed(knobs(zero_stage=2, offload_optimizer=True), world_size=1, gradient_accumulation_steps=1,
                       baseline={"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})
     assert ds["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "ratio": 0.5, "pin_memory": True}
+    ds = to_deepspeed(knobs(zero_stage=1, offload_optimizer=True), world_size=1, gradient_accumulation_steps=1,
+                      baseline=USER_DS)
+    assert ds["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}  # the user's pin
 
 
 def test_precision_switch_drops_the_other_blocks_options() -> None:

@@ -81,7 +81,7 @@ def to_deepspeed(
         if field.knob in _BUCKET_KNOBS and value is None:
             value = DS_DEFAULT_BUCKET  # DeepSpeed's default, and what the probe ran with
         if field.knob == "offload_optimizer":  # the baseline's own offload options (pin_memory, ratio ...) stay
-            value = {**base_offload, **encode_offload(True)} if value else encode_offload(False)
+            value = {**encode_offload(True), **base_offload, "device": "cpu"} if value else encode_offload(False)
         set_path(out, field.path, value)
     out["zero_optimization"] = {"stage": k.zero_stage, **{key: v for key, v in out.get("zero_optimization", {}).items()
                                                           if key != "stage"}, **zero}
