@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from trials.contract import (
     EXIT_ERROR,
@@ -36,11 +37,15 @@ from trials.contract import (
     RankResult,
     Status,
 )
+from tuner import launch_forkserver
+from tuner.errors import ConfigError
+from tuner.launch_ops import ensure_ops
 from tuner.settings import load_settings
 
 LAUNCH_ENV = "TUNER_PROBE_LAUNCH_T"  # == trials.probe.LAUNCH_ENV (tuner/ imports only trials.contract)
 FAILURE_GRACE_S = 5.0  # after a rank fails, how long its peers get to write their own result before the group kill
 POLL_S = 0.05
+LAUNCHERS = ("auto", "spawn", "forkserver")
 STDERR_TAIL_LINES = 8
 _RANK = {"ok": 0, "timeout": 1, "error": 2, "oom": 3}  # which rank's status names the probe's: oom is the root cause
 
@@ -73,10 +78,19 @@ def rank_out_path(out: Path, rank: int, world_size: int) -> Path:
     return out if world_size == 1 else out.with_name(f"{out.stem}.rank{rank}{out.suffix or '.json'}")
 
 
+class _Proc(Protocol):
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int | None: ...
+
+
 @dataclass
 class _Rank:
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: _Proc
     out: Path
     err: Path
     killed_by_us: bool = False
@@ -98,7 +112,28 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _launch(config: ProbeConfig, work: Path, launch_t: float) -> list[_Rank]:
+def choose_launcher(launcher: str | None = None) -> str:
+    """"spawn" or "forkserver" from the argument or the TUNER_PROBE_LAUNCHER setting ("auto" decides per host)."""
+    choice = (launcher or load_settings().probe_launcher).strip().lower()
+    if choice not in LAUNCHERS:
+        raise ConfigError(f"unknown probe launcher {choice!r}; use one of {', '.join(LAUNCHERS)} "
+                          "(TUNER_PROBE_LAUNCHER)")
+    if choice == "auto":
+        return "forkserver" if launch_forkserver.usable() else "spawn"
+    return choice
+
+
+def _server(launcher: str) -> launch_forkserver.ForkServer | None:
+    if launcher != "forkserver":
+        return None
+    try:
+        return launch_forkserver.get_server(probe_env(1))
+    except OSError:
+        return None  # fall back to fresh interpreters
+
+
+def _launch(config: ProbeConfig, work: Path, launch_t: float, server: launch_forkserver.ForkServer | None,
+            ) -> list[_Rank]:
     cfg_path = work / "probe.json"
     cfg_path.write_text(config.model_dump_json(indent=1))
     out = work / "result.json"
@@ -108,18 +143,32 @@ def _launch(config: ProbeConfig, work: Path, launch_t: float) -> list[_Rank]:
                LOCAL_WORLD_SIZE=str(world))
     env[LAUNCH_ENV] = repr(launch_t)
     ranks: list[_Rank] = []
-    for r in range(world):
-        rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r))
-        path = rank_out_path(out, r, world)
-        path.unlink(missing_ok=True)
-        err = work / f"rank{r}.stderr"
-        with open(work / f"rank{r}.stdout", "wb") as so, open(err, "wb") as se:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "trials", "--config", str(cfg_path), "--out", str(out)],
-                env=rank_env, stdout=so, stderr=se, stdin=subprocess.DEVNULL, start_new_session=True,
-                cwd=str(work),
-            )
-        ranks.append(_Rank(r, proc, path, err))
+    try:
+        for r in range(world):
+            rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+            path = rank_out_path(out, r, world)
+            path.unlink(missing_ok=True)
+            so, se = work / f"rank{r}.stdout", work / f"rank{r}.stderr"
+            proc: _Proc
+            if server is not None:
+                proc = server.spawn({"config": str(cfg_path), "out": str(out), "env": rank_env, "cwd": str(work),
+                                     "stdout": str(so), "stderr": str(se)})
+            else:
+                with open(so, "wb") as fo, open(se, "wb") as fe:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "trials", "--config", str(cfg_path), "--out", str(out)],
+                        env=rank_env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, start_new_session=True,
+                        cwd=str(work),
+                    )
+            pid_tmp = work / f"rank{r}.pid.tmp"
+            pid_tmp.write_text(str(proc.pid))
+            os.replace(pid_tmp, work / f"rank{r}.pid")  # the rank's pid is also its process group id
+            ranks.append(_Rank(r, proc, path, se))
+    except OSError:
+        for launched in ranks:
+            _kill_group(launched.proc.pid)
+            launched.proc.wait()
+        raise
     return ranks
 
 
@@ -209,11 +258,17 @@ def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: 
                        steps=steps, **common)  # type: ignore[arg-type]
 
 
-def run_probe(config: ProbeConfig, workdir: Path | None = None) -> ProbeResult:
+def run_probe(config: ProbeConfig, workdir: Path | None = None, *, launcher: str | None = None) -> ProbeResult:
     """Runs one probe in its own process group(s) and returns its merged result; never raises for probe failures.
 
-    ``workdir`` keeps the config, per-rank results and stdout/stderr (a temporary directory, removed, when None).
+    ``workdir`` keeps the config, per-rank results, pids and stdout/stderr (a temporary directory, removed, when None).
+    ``launcher``: "spawn" (a fresh ``python -m trials`` per rank), "forkserver" (ranks forked from a preloaded server)
+    or "auto" (default: the TUNER_PROBE_LAUNCHER setting). DeepSpeed ops the config needs are compiled before the
+    probe's clock starts.
     """
+    how = choose_launcher(launcher)
+    ensure_ops(config, probe_env(config.world_size))
+    server = _server(how)  # started (once per runner process) before the probe's clock
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="tuner-probe-")) if own else Path(workdir)  # type: ignore[arg-type]
     work.mkdir(parents=True, exist_ok=True)
@@ -221,7 +276,7 @@ def run_probe(config: ProbeConfig, workdir: Path | None = None) -> ProbeResult:
         launch_t = time.time()
         start = time.monotonic()
         try:
-            ranks = _launch(config, work, launch_t)
+            ranks = _launch(config, work, launch_t, server)
         except OSError as exc:
             return ProbeResult(status="error", cause=f"could not launch the probe: {exc}")
         timed_out = _supervise(ranks, start + config.timeout_s)
@@ -231,4 +286,4 @@ def run_probe(config: ProbeConfig, workdir: Path | None = None) -> ProbeResult:
             shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["run_probe", "probe_env", "free_port", "EXIT_ERROR"]
+__all__ = ["run_probe", "probe_env", "free_port", "choose_launcher", "EXIT_ERROR"]

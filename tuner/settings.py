@@ -23,6 +23,9 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     cache_dir: Path = field(default_factory=_cache_dir)
+    # how single-host probe ranks start: "auto" (the preloaded fork server on hosts without a GPU, else a fresh
+    # interpreter), "forkserver" or "spawn"
+    probe_launcher: str = "auto"
 
     @property
     def torch_extensions_dir(self) -> Path:
@@ -38,6 +41,7 @@ def load_settings(**overrides: object) -> Settings:
         "host": env.get("TUNER_HOST") or "127.0.0.1",
         "port": int(env.get("TUNER_PORT") or 8000),
         "cache_dir": _cache_dir(),
+        "probe_launcher": (env.get("TUNER_PROBE_LAUNCHER") or "auto").strip().lower(),
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return Settings(**values)  # type: ignore[arg-type]

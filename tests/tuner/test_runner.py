@@ -36,6 +36,21 @@ def _pids_mentioning(text: str) -> list[int]:
     return found
 
 
+def _assert_no_survivors(work: Path) -> None:
+    """Every rank's process group is gone (the runner wrote each rank's pid, which is also its group id)."""
+    pids = [int(p.read_text()) for p in work.glob("rank*.pid")]
+    assert pids, "the runner recorded no rank pids"
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)
+    assert not _pids_mentioning(str(work))
+
+
+@pytest.fixture(params=["spawn", "forkserver"])
+def launcher(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 def _assert_ok(result: ProbeResult) -> None:
     assert result.status == "ok", result.cause
     assert result.samples_per_s is not None and result.samples_per_s > 0
@@ -43,10 +58,10 @@ def _assert_ok(result: ProbeResult) -> None:
     assert result.peak_allocated is not None and result.peak_allocated > 0
 
 
-def test_one_rank_plain_torch_probe(tmp_path: Path) -> None:
+def test_one_rank_plain_torch_probe(tmp_path: Path, launcher: str) -> None:
     cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=4, max_length=32, engine="torch"),
                       gradient_accumulation_steps=4, measure_steps=4, timeout_s=240)
-    result = run_probe(cfg, tmp_path)
+    result = run_probe(cfg, tmp_path, launcher=launcher)
     _assert_ok(result)
     steps = result.steps
     assert steps is not None
@@ -62,6 +77,7 @@ def test_one_rank_plain_torch_probe(tmp_path: Path) -> None:
     assert result.fingerprint["cpu_cores"] == os.cpu_count()
     assert result.setup_s is not None and 0 < result.setup_s < result.wall_s
     assert (tmp_path / "result.json").exists()
+    _assert_no_survivors(tmp_path)
 
 
 def test_two_rank_deepspeed_zero2_overlap_comm_custom_buckets(tmp_path: Path) -> None:
@@ -69,13 +85,13 @@ def test_two_rank_deepspeed_zero2_overlap_comm_custom_buckets(tmp_path: Path) ->
                   allgather_bucket_size=50_000, reduce_bucket_size=50_000)
     cfg = ProbeConfig(model=TINY, knobs=knobs, world_size=2, gradient_accumulation_steps=2, measure_steps=2,
                       timeout_s=300)
-    result = run_probe(cfg, tmp_path)
+    result = run_probe(cfg, tmp_path, launcher="forkserver")
     _assert_ok(result)
     assert sorted(r.rank for r in result.ranks) == [0, 1]
     assert all(r.peak_allocated > 0 for r in result.ranks)
     assert result.samples_per_s == pytest.approx(8 / result.steps.cycle_s)  # type: ignore[union-attr]
     assert result.versions["deepspeed"]
-    assert not _pids_mentioning(str(tmp_path))
+    _assert_no_survivors(tmp_path)
 
 
 def test_local_save_pretrained_dir_with_eval_and_generate(tmp_path: Path) -> None:
@@ -103,9 +119,9 @@ def test_too_small_device_memory_is_oom(tmp_path: Path) -> None:
 def test_two_rank_oom_ends_the_whole_group(tmp_path: Path) -> None:
     cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=8, max_length=128, engine="torch"), world_size=2,
                       device_memory=8_000_000, timeout_s=240)
-    result = run_probe(cfg, tmp_path)
+    result = run_probe(cfg, tmp_path, launcher="spawn")
     assert result.status == "oom", result.cause
-    assert not _pids_mentioning(str(tmp_path))
+    _assert_no_survivors(tmp_path)
 
 
 def test_error_probe_reports_its_message(tmp_path: Path) -> None:
@@ -116,29 +132,30 @@ def test_error_probe_reports_its_message(tmp_path: Path) -> None:
     assert result.cause is not None and "unknown built-in model 'builtin:no-such-preset'" in result.cause
 
 
-def test_timeout_kills_every_process_of_the_probe(tmp_path: Path) -> None:
+def test_timeout_kills_every_process_of_the_probe(tmp_path: Path, launcher: str) -> None:
     cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"),
                       measure_steps=10**7, timeout_s=4)
-    result = run_probe(cfg, tmp_path)
+    result = run_probe(cfg, tmp_path, launcher=launcher)
     assert result.status == "timeout"
     assert "timeout" in (result.cause or "")
     assert result.wall_s < 60
-    assert not _pids_mentioning(str(tmp_path))
+    _assert_no_survivors(tmp_path)
 
 
-def test_rank_killed_by_sigkill_is_oom(tmp_path: Path) -> None:
+def test_rank_killed_by_sigkill_is_oom(tmp_path: Path, launcher: str) -> None:
     cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"),
                       measure_steps=10**7, timeout_s=120)
     box: dict[str, ProbeResult] = {}
-    worker = threading.Thread(target=lambda: box.setdefault("r", run_probe(cfg, tmp_path)))
+    worker = threading.Thread(target=lambda: box.setdefault("r", run_probe(cfg, tmp_path, launcher=launcher)))
     worker.start()
-    deadline = time.monotonic() + 60
-    pids: list[int] = []
-    while not pids and time.monotonic() < deadline:
-        pids = _pids_mentioning(str(tmp_path / "probe.json"))
-        time.sleep(0.1)
-    assert pids, "the probe process never started"
-    os.kill(pids[0], signal.SIGKILL)  # what the kernel's OOM killer does
-    worker.join(60)
+    pid_file = tmp_path / "rank0.pid"
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid_file.exists(), "the probe process never started"
+    time.sleep(0.5)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)  # what the kernel's OOM killer does
+    worker.join(120)
     assert box["r"].status == "oom"
     assert "SIGKILL" in (box["r"].cause or "")
+    _assert_no_survivors(tmp_path)

@@ -1,0 +1,172 @@
+"""A preloaded fork server for probe ranks: ``python -m trials.forkserver --socket PATH``.
+
+It imports the training stack once (torch, transformers' T5 / auto classes, DeepSpeed, the probe) and forks one child
+per probe rank, so a probe skips the seconds of imports a fresh ``python -m trials`` pays. Each child:
+
+* gets its own process group (``setpgid`` from both sides of the fork: no window in which a group kill misses it),
+* gets the request's environment, working directory and stdout/stderr files, and the thread count of its
+  OMP_NUM_THREADS (libgomp read the server's at load time),
+* runs exactly what ``python -m trials`` runs (``trials.probe.run_probe_rank``) and ``os._exit``s with its code.
+
+Protocol (one Unix stream connection per rank, one JSON line each way): the client sends
+``{"config", "out", "env", "cwd", "stdout", "stderr"}``; the server answers ``{"pid": P}`` at once and
+``{"pid": P, "returncode": RC}`` when the child ends (RC as ``subprocess``: negative = killed by that signal).
+The server never runs a torch op itself (a fork after OpenMP or CUDA started is unsafe) and exits, killing its
+children's groups, when its stdin closes (the runner that started it is gone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def preload() -> None:
+    """Imports what every probe needs. Import only: no tensor op, no CUDA call."""
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: F401
+    from transformers.models.t5 import modeling_t5  # noqa: F401
+
+    import trials.probe  # noqa: F401
+
+    try:
+        import deepspeed  # noqa: F401
+        import deepspeed.runtime.engine  # noqa: F401
+        import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
+        import deepspeed.runtime.zero.stage3  # noqa: F401
+    except ImportError:
+        pass
+
+
+def _child(request: dict[str, Any], close: list[socket.socket]) -> int:
+    for s in close:
+        s.close()
+    os.setpgid(0, 0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, key in ((1, "stdout"), (2, "stderr")):
+        target = os.open(request[key], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    from trials.contract import ProbeConfig
+    from trials.probe import LAUNCH_ENV, run_probe_rank
+
+    config = ProbeConfig.model_validate_json(Path(request["config"]).read_text())
+    launch = os.environ.get(LAUNCH_ENV)
+    return run_probe_rank(config, Path(request["out"]), float(launch) if launch else None)
+
+
+def _send(conn: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        conn.sendall((json.dumps(message) + "\n").encode())
+    except OSError:
+        pass  # the client went away; the child still runs to its end and is reaped
+
+
+def _read_request(conn: socket.socket) -> dict[str, Any]:
+    conn.settimeout(10)
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return json.loads(data)
+
+
+def serve(path: Path) -> int:
+    preload()
+    path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(64)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "parent")
+    children: dict[int, socket.socket] = {}
+    print("ready", flush=True)
+    try:
+        while True:
+            for key, _ in sel.select(timeout=0.05):
+                if key.data == "parent":
+                    if not os.read(sys.stdin.fileno(), 4096):
+                        return 0  # the runner is gone
+                    continue
+                conn, _ = listener.accept()
+                try:
+                    request = _read_request(conn)
+                except (OSError, ValueError) as exc:
+                    _send(conn, {"error": f"bad request: {exc}"})
+                    conn.close()
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:  # the child
+                    code = 4
+                    try:
+                        code = _child(request, [listener, conn, *children.values()])
+                    except BaseException:  # noqa: BLE001 - the probe reports its own failures; this is a last resort
+                        traceback.print_exc()
+                    finally:
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                        os._exit(code)
+                try:
+                    os.setpgid(pid, pid)
+                except (PermissionError, ProcessLookupError):
+                    pass  # the child already did it (or is gone and will be reaped)
+                children[pid] = conn
+                _send(conn, {"pid": pid})
+            _reap(children)
+    finally:
+        for pid in children:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        path.unlink(missing_ok=True)
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            _send(conn, {"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+            conn.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trials.forkserver")
+    parser.add_argument("--socket", type=Path, required=True)
+    args = parser.parse_args(argv)
+    return serve(args.socket)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

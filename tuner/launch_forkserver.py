@@ -1,0 +1,166 @@
+"""The runner's side of ``trials.forkserver``: one preloaded server per runner process, started on first use.
+
+``ForkServer.spawn`` returns a handle with Popen's ``pid`` / ``poll()`` / ``wait()`` / ``returncode``, so the runner
+supervises forked ranks exactly like spawned ones (its own process group, SIGKILL of the group at timeout).
+The server is used on hosts without an NVIDIA device only: a process that touched CUDA cannot fork safely, and on a
+GPU host the probe's CUDA context costs more than the imports this saves.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+START_TIMEOUT_S = 180.0
+
+
+class ForkedRank:
+    """A rank forked by the server; its exit status arrives on the connection."""
+
+    def __init__(self, conn: socket.socket, pid: int) -> None:
+        self.conn = conn
+        self.pid = pid
+        self.returncode: int | None = None
+        self._buf = b""
+        self._orphan = False
+
+    def _take(self, timeout: float | None) -> None:
+        if self.returncode is not None:
+            return
+        if self._orphan:  # the server died: the child's exit status is lost; report it once the child is gone
+            if not _alive(self.pid):
+                self.returncode = 4  # trials.contract.EXIT_ERROR; its result file, if any, still decides
+            elif timeout:
+                time.sleep(min(timeout, 0.05))
+            return
+        ready, _, _ = select.select([self.conn], [], [], timeout)
+        if not ready:
+            return
+        chunk = self.conn.recv(4096)
+        if not chunk:
+            self._orphan = True
+            self.conn.close()
+            return
+        self._buf += chunk
+        if self._buf.endswith(b"\n"):
+            message = json.loads(self._buf.splitlines()[-1])
+            self.returncode = int(message["returncode"])
+            self.conn.close()
+
+    def poll(self) -> int | None:
+        self._take(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if left == 0.0:
+                break
+            self._take(0.5 if left is None else min(0.5, left))
+        return self.returncode
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ForkServer:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="tuner-fs-"))
+        self.path = self.dir / "s"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trials.forkserver", "--socket", str(self.path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
+        line = self.proc.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            self.close()
+            raise OSError("the probe fork server did not start")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def spawn(self, request: dict[str, Any]) -> ForkedRank:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(self.path))
+        conn.sendall((json.dumps(request) + "\n").encode())
+        data = b""
+        conn.settimeout(30)
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(4096)
+            if not chunk:
+                raise OSError("the probe fork server closed the connection")
+            data += chunk
+        message = json.loads(data.splitlines()[0])
+        if "pid" not in message:
+            conn.close()
+            raise OSError(f"the probe fork server refused the probe: {message.get('error')}")
+        conn.setblocking(True)
+        rank = ForkedRank(conn, int(message["pid"]))
+        rest = data.split(b"\n", 1)[1]
+        if rest:
+            rank._buf = rest
+            if rest.endswith(b"\n"):
+                rank.returncode = int(json.loads(rest.splitlines()[-1])["returncode"])
+        return rank
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()  # the server kills its children's groups and exits
+            except OSError:
+                pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_lock = threading.Lock()
+_server: ForkServer | None = None
+
+
+def usable() -> bool:
+    """Fork only where no CUDA device exists (see the module doc)."""
+    return not any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd"))
+
+
+def get_server(env: dict[str, str]) -> ForkServer:
+    """The runner process's server, started on first use (and restarted if it died)."""
+    global _server
+    with _lock:
+        if _server is None or not _server.alive():
+            _server = ForkServer(env)
+            atexit.register(_server.close)
+        return _server
+
+
+def shutdown() -> None:
+    global _server
+    with _lock:
+        if _server is not None:
+            _server.close()
+            _server = None
