@@ -143,6 +143,12 @@ def test_doctor_cli(tmp_path: Path) -> None:
     assert run("doctor", "--ds-config", str(clean), "--strict", env={"CUDA_VISIBLE_DEVICES": ""}).returncode == 0
     out = run("doctor", "--ds-config", str(ds), "--training-args", str(args), "--json", env={"CUDA_VISIBLE_DEVICES": ""})
     doc = json.loads(out.stdout)
+    # training args naming their DeepSpeed file (relative to themselves) are enough
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub" / "z.json", DS)
+    named = write(tmp_path / "sub" / "a.json", {**ARGS, "deepspeed": "z.json"})
+    alone = run("doctor", "--training-args", str(named), "--json", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert "overlap-comm-buckets" in {f["code"] for f in json.loads(alone.stdout)["findings"]}, alone.stderr
     assert doc["knobs"]["zero_stage"] == 2 and {"overlap-comm-buckets", "eval-batch-generate"} <= {
         f["code"] for f in doc["findings"]
     }
