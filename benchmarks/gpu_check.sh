@@ -3,8 +3,9 @@
 # ZeRO 0-2, then 200 worst-case steps (every batch padded to max_length) of the chosen config: zero OOM expected.
 #
 #   benchmarks/gpu_check.sh                      # on the GPU machine
-#   GPU_CHECK_MODEL=builtin:tiny-t5 GPU_CHECK_STEPS=20 GPU_CHECK_BUDGET=3m GPU_CHECK_DEVICE_MEMORY=80MiB \
-#     GPU_CHECK_MAX_LENGTH=128 benchmarks/gpu_check.sh      # the same script on a CPU machine (emulated device)
+#   GPU_CHECK_MODEL=builtin:tiny-t5 GPU_CHECK_STEPS=20 GPU_CHECK_BUDGET=4m GPU_CHECK_DEVICE_MEMORY=80MiB \
+#     GPU_CHECK_MAX_LENGTH=128 GPU_CHECK_PRECISION=fp32 GPU_CHECK_BUCKET=2000000 OMP_NUM_THREADS=1 \
+#     benchmarks/gpu_check.sh                                # the same script on a CPU machine (emulated device)
 #
 # Output: the search summary, the chosen config, and one line "GPU CHECK PASS|FAIL ..." (exit 0 on PASS).
 set -euo pipefail
@@ -18,6 +19,7 @@ MAX_LENGTH=${GPU_CHECK_MAX_LENGTH:-512}
 GLOBAL_BATCH=${GPU_CHECK_GLOBAL_BATCH:-32}
 PRECISION=${GPU_CHECK_PRECISION:-bf16}
 DEVICE_MEMORY=${GPU_CHECK_DEVICE_MEMORY:-}
+BUCKET=${GPU_CHECK_BUCKET:-50000000}  # elements; DeepSpeed 0.19 allocates the full reduce bucket
 WORK=${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu-check.XXXXXX)}
 mkdir -p "$WORK"
 DB="sqlite:///$WORK/gpu-check.db"
@@ -28,8 +30,8 @@ micro_batch_size: [2, 4, 8, 16, 32]
 max_length: [$MAX_LENGTH]
 engine: [deepspeed]
 zero_stage: [0, 1, 2]
-allgather_bucket_size: [50000000]
-reduce_bucket_size: [50000000]
+allgather_bucket_size: [$BUCKET]
+reduce_bucket_size: [$BUCKET]
 overlap_comm: [false]
 contiguous_gradients: [true]
 offload_optimizer: [false]

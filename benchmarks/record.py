@@ -62,6 +62,7 @@ def machine() -> dict[str, Any]:
         "deepspeed": deepspeed.__version__,
         "transformers": transformers.__version__,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),  # unset: the runner gives each rank cores // ranks
     }
 
 

@@ -33,6 +33,7 @@ BUDGET_FACTOR = 1.5  # every run may spend 1.5x the grid's probe-seconds (the gr
 @dataclass
 class RunStats:
     seconds_to_1pct: float | None
+    seconds_to_5pct: float | None
     at: dict[float, float]
     final: float
     unstable: bool
@@ -47,6 +48,7 @@ def run_one(table: Table, strategy: Callable[[Env], None], seed: int) -> RunStat
     grid_s = table.grid_seconds
     return RunStats(
         seconds_to_1pct=env.seconds_to(0.99),
+        seconds_to_5pct=env.seconds_to(0.95),
         at={c: env.value_at(c * grid_s) for c in CHECKPOINTS},
         final=env.value_at(math.inf),
         unstable=final_key is not None and not table.entries[final_key].stable,
@@ -58,7 +60,9 @@ def run_one(table: Table, strategy: Callable[[Env], None], seed: int) -> RunStat
 def summarize(table: Table, runs: list[RunStats]) -> dict[str, Any]:
     reached = [r.seconds_to_1pct if r.seconds_to_1pct is not None else math.inf for r in runs]
     med = statistics.median(reached)
+    med5 = statistics.median(r.seconds_to_5pct if r.seconds_to_5pct is not None else math.inf for r in runs)
     return {
+        "to_5pct_frac": None if math.isinf(med5) else med5 / table.grid_seconds,
         "to_1pct_s": None if math.isinf(med) else med,
         "to_1pct_frac": None if math.isinf(med) else med / table.grid_seconds,
         "reached_1pct_runs": sum(1 for r in runs if r.seconds_to_1pct is not None),
@@ -116,18 +120,35 @@ def estimator_error(table: Table) -> dict[str, Any] | None:
                 errs.append(est.predict(e.knobs).raw / r["peak_allocated"] - 1.0)
     if not errs:
         return None
+    # online: predict each measured peak (grid order) from the calibration on the peaks measured before it
+    online = table.estimator()
+    seq = []
+    for key in table.order:
+        e = table.entries[key]
+        for r in e.repeats:
+            if r["status"] == "ok" and r["peak_allocated"]:
+                if online.observations:
+                    seq.append(abs(online.predict(e.knobs).calibrated / r["peak_allocated"] - 1.0))
+                online.observe(e.knobs, r["peak_allocated"])
     absolute = sorted(abs(x) for x in errs)
     return {"n": len(errs), "median_abs": statistics.median(absolute), "max_abs": absolute[-1],
-            "within_10pct": sum(1 for x in absolute if x <= 0.10) / len(absolute)}
+            "within_10pct": sum(1 for x in absolute if x <= 0.10) / len(absolute),
+            "online_median_abs": statistics.median(seq) if seq else None, "online_max_abs": max(seq) if seq else None}
 
 
-def frontier_soundness(table: Table) -> dict[str, int]:
+def frontier_soundness(table: Table) -> dict[str, Any]:
     """Feeds every config's table verdict to a Frontier in grid order; counts inferences the table contradicts."""
     from tuner.frontier import Frontier
 
-    out = {}
-    for label, zero in (("default", False), ("zero_order", True)):
-        f = Frontier(zero_order=zero)
+    from tuner.estimator import zero_stage_need
+
+    est = table.estimator()
+    need = zero_stage_need(est.trace.param_count, table.world_size, table.configs()) if est else None
+    out: dict[str, Any] = {"stage_need": need}
+    variants = (("default", Frontier), ("zero_order", lambda: Frontier(zero_order=True)),
+                ("stage_need", lambda: Frontier(stage_need=need)))
+    for label, make in variants:
+        f = make()
         wrong = inferred = 0
         for key in table.order:
             e = table.entries[key]
@@ -143,33 +164,38 @@ def frontier_soundness(table: Table) -> dict[str, int]:
 
 
 def markdown(name: str, info: dict[str, Any], results: dict[str, Any]) -> str:
-    lines = [f"### {name}", "",
+    lines = [f"### {name} (truth: {info['truth']} of repeats)", "",
              f"{info['configs']} configs x {info['repeats'] // max(info['configs'], 1)} repeats; {info['statuses']}; "
              f"full grid = {info['grid_seconds']:.0f} probe-s; best {info['best']:.1f} {info['objective']}", "",
-             "| strategy | to 1% (probe-s) | to 1% (% of grid) | @10% | @20% | @50% | final | unstable picks | probes |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| strategy | to 1% (probe-s) | to 1% (% of grid) | to 5% (% of grid) | @10% | @20% | @50% | final "
+             "| unstable picks | probes |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for strat, r in results.items():
         to_s = "never" if r["to_1pct_s"] is None else f"{r['to_1pct_s']:.0f}"
         to_f = "never" if r["to_1pct_frac"] is None else f"{100 * r['to_1pct_frac']:.0f}%"
-        lines.append(f"| {strat} | {to_s} | {to_f} | {r['at']['10%']:.2f} | {r['at']['20%']:.2f} | "
+        to_5 = "never" if r["to_5pct_frac"] is None else f"{100 * r['to_5pct_frac']:.0f}%"
+        lines.append(f"| {strat} | {to_s} | {to_f} | {to_5} | {r['at']['10%']:.2f} | {r['at']['20%']:.2f} | "
                      f"{r['at']['50%']:.2f} | {r['final']:.2f} | {r['unstable_picks']}/{r['runs']} | {r['probes']:.0f} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.strategies import STRATEGIES
+    from benchmarks.strategies import EXTRA, STRATEGIES
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.splitlines()[0])
     ap.add_argument("tables", nargs="+", type=Path)
     ap.add_argument("--seeds", type=int, default=20)
-    ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset")
+    ap.add_argument("--strategies", default=",".join([*STRATEGIES, *EXTRA]), help="comma-separated subset")
     ap.add_argument("--json", type=Path, help="write all numbers here")
+    ap.add_argument("--truth", choices=("median", "min"), default="median",
+                    help="a config's true objective from its repeats (default median)")
     args = ap.parse_args(argv)
-    chosen = {n: STRATEGIES[n] for n in args.strategies.split(",")}
+    known = {**STRATEGIES, **EXTRA}
+    chosen = {n: known[n] for n in args.strategies.split(",")}
     everything: dict[str, Any] = {}
     for path in args.tables:
-        table = Table.load(path)
-        info = describe_table(table)
+        table = Table.load(path, truth=args.truth)
+        info = {**describe_table(table), "truth": args.truth}
         results = replay(table, chosen, list(range(args.seeds)))
         everything[table.name] = {"table": info, "results": results, "estimator": estimator_error(table),
                                   "frontier": frontier_soundness(table)}

@@ -44,7 +44,10 @@ class Table:
     order: list[str]  # grid order (the recorder's)
 
     @classmethod
-    def load(cls, path: str | Path) -> Table:
+    def load(cls, path: str | Path, truth: str = "median") -> Table:
+        """``truth``: how a config's repeats become its true objective: "median" (of 2 repeats: their mean) or "min"
+        (what it delivers on the worse draw: robust to one lucky measurement)."""
+        pick = {"median": statistics.median, "min": min}[truth]
         raw = json.loads(Path(path).read_text())
         space = _recorded_space(raw)
         kind = "retained_tokens_per_s" if len(space.max_length) > 1 else "samples_per_s"
@@ -63,7 +66,7 @@ class Table:
             )
             vals = [objective.value(r["samples_per_s"], knobs.max_length) or 0.0 for r in reps]
             key = knobs_key(knobs)
-            entries[key] = Entry(knobs, reps, stable, statistics.median(vals) if stable else 0.0,
+            entries[key] = Entry(knobs, reps, stable, pick(vals) if stable else 0.0,
                                  statistics.fmean(float(r["probe_seconds"]) for r in reps))
             order.append(key)
         return cls(Path(path).stem, raw, space, objective, entries, order)

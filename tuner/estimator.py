@@ -141,6 +141,44 @@ def zero_order_sound(param_count: int, world_size: int, space_knobs: list[Knobs]
     return True
 
 
+def zero_stage_need(
+    param_count: int, world_size: int, space_knobs: list[Knobs], largest_param: int | None = None
+) -> dict[int, int] | None:
+    """The order of ZeRO stages by memory need for this model, world size and space — ``Frontier(stage_need=...)`` —
+    or None when no single order holds for every config of the space.
+
+    Stages are ranked by their mean model-state bytes; the order is returned only if, for every pair of the space's
+    configs that the frontier would compare under it, the one it says needs more has at least the model-state bytes
+    of the other (activations do not depend on the stage).
+    """
+    from tuner.frontier import DEFAULT_ORDER, needs_at_least
+
+    totals: dict[tuple[Any, ...], tuple[dict[str, Any], int]] = {}
+    for k in space_knobs:
+        if k.engine != "deepspeed":
+            continue
+        sig = (k.zero_stage, k.precision, k.offload_optimizer, k.reduce_bucket_size, k.allgather_bucket_size,
+               k.overlap_comm, k.contiguous_gradients)
+        if sig not in totals:
+            base = k.model_copy(update={"micro_batch_size": 1, "max_length": 1, "gradient_checkpointing": False,
+                                        "eval_batch_size": None, "generate": False, "alloc_conf": None})
+            totals[sig] = (base.model_dump(), model_state_bytes(k, param_count, world_size, largest_param).total)
+    stages = sorted({sig[0] for sig in totals})
+    if len(stages) < 2:
+        return None
+    mean = {s: sum(t for sig, (_, t) in totals.items() if sig[0] == s) / sum(1 for sig in totals if sig[0] == s)
+            for s in stages}
+    ranked = sorted(set(mean.values()))
+    need = {s: ranked.index(mean[s]) for s in stages}
+    order = {**DEFAULT_ORDER, "zero_stage": "rank"}
+    items = list(totals.values())
+    for a, ta in items:
+        for b, tb in items:
+            if a["zero_stage"] != b["zero_stage"] and needs_at_least(a, b, order, need) and ta < tb:  # type: ignore[arg-type]
+                return None
+    return need
+
+
 # -- the estimate ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Estimate:

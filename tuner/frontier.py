@@ -8,7 +8,7 @@ knob                   "needs at least as much" when ...
 ====================== ===================================================================================
 micro_batch_size       larger or equal
 max_length             longer or equal
-zero_stage             equal by default; lower or equal with ``Frontier(zero_order=True)`` (see below)
+zero_stage             equal by default; ordered by ``Frontier(stage_need={stage: rank})`` (see below)
 offload_optimizer      off, or equal (offload moves optimizer state to host memory)
 gradient_checkpointing off, or equal (checkpointing drops activations)
 allgather/reduce       larger or equal; compared only when *both* configs run ZeRO >= 1 (stage 0 has no buckets).
@@ -27,8 +27,10 @@ Decisions:
   elements): micro 4 x len 128 peaks at 40.6 MiB with stage 0 but 50.2 MiB with stage 1 and 47.6 MiB with stage 2 —
   one rank partitions nothing, while ZeRO adds an fp32 partition copy and a full contiguous reduce bucket. Higher
   stages save memory only when the partitioned model states (~12-16 bytes/param x (1 - 1/N)) outweigh those buffers:
-  many ranks, a big model. Pass ``zero_order=True`` when that holds (``tuner.estimator`` can tell); the
-  self-correction below still guards it.
+  many ranks, a big model; with one or two ranks and a small model the order is reversed. So the order of stages is
+  an input: ``stage_need={0: 0, 2: 1, 1: 2}`` says stage 1 needs the most, then 2, then 0 (what
+  ``tuner.estimator.zero_stage_need`` derives from the model-state arithmetic for a space, or None when no order
+  holds across it); ``zero_order=True`` is the textbook order 0 >= 1 >= 2 >= 3. The self-correction below guards both.
 - overlap_comm and contiguous_gradients change which buffers DeepSpeed allocates, not monotonically: equal only.
 - The frontier is valid for one (model, world size, device memory, headroom) context; keep one per study context.
 - Self-correction: the orders above are the documented DeepSpeed behaviour, but a rule can fail on a real setup (e.g.
@@ -47,7 +49,7 @@ from typing import Any, Literal, Mapping
 from trials.contract import Knobs
 
 Verdict = Literal["oom", "fits"]
-Direction = Literal["up", "down", "equal"]
+Direction = Literal["up", "down", "equal", "rank"]
 
 DEEPSPEED_DEFAULT_BUCKET = 500_000_000
 BUCKET_KNOBS = ("allgather_bucket_size", "reduce_bucket_size")
@@ -89,10 +91,17 @@ def _value(knobs: Mapping[str, Any], name: str) -> Any:
     return v
 
 
-def needs_at_least(a: Mapping[str, Any], b: Mapping[str, Any], order: Mapping[str, Direction] | None = None) -> bool:
+def needs_at_least(
+    a: Mapping[str, Any],
+    b: Mapping[str, Any],
+    order: Mapping[str, Direction] | None = None,
+    stage_need: Mapping[int, int] | None = None,
+) -> bool:
     """True when config ``a`` needs at least as much memory as config ``b`` on every knob.
 
-    ``a`` and ``b`` are full knob dicts (see :func:`normalize`). Reflexive and transitive (a preorder).
+    ``a`` and ``b`` are full knob dicts (see :func:`normalize`). Reflexive and transitive (a preorder). A knob with
+    direction "rank" (only zero_stage) is ordered by ``stage_need``: stage -> rank, a strictly higher rank needs at
+    least as much; distinct stages of equal rank, or missing from it, are not comparable.
     """
     order = DEFAULT_ORDER if order is None else order
     both_zero = int(a.get("zero_stage") or 0) >= 1 and int(b.get("zero_stage") or 0) >= 1
@@ -100,6 +109,11 @@ def needs_at_least(a: Mapping[str, Any], b: Mapping[str, Any], order: Mapping[st
         if name in BUCKET_KNOBS and not both_zero:
             continue
         va, vb = _value(a, name), _value(b, name)
+        if direction == "rank":
+            ra, rb = (stage_need or {}).get(va), (stage_need or {}).get(vb)
+            if va != vb and (ra is None or rb is None or ra <= rb):
+                return False
+            continue
         if direction == "equal" or va is None or vb is None:
             if va != vb:
                 return False
@@ -135,13 +149,16 @@ class Frontier:
     """
 
     zero_order: bool = False
+    stage_need: dict[int, int] | None = None  # ZeRO stage -> memory rank (tuner.estimator.zero_stage_need)
     order: dict[str, Direction] = field(default_factory=lambda: dict(DEFAULT_ORDER))
     observations: list[Observation] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.zero_order:
-            self.order["zero_stage"] = "down"
+        if self.zero_order and self.stage_need is None:
+            self.stage_need = {0: 3, 1: 2, 2: 1, 3: 0}  # a lower stage needs at least as much
+        if self.stage_need is not None:
+            self.order["zero_stage"] = "rank"
 
     def add(self, knobs: Mapping[str, Any] | Knobs, fits: bool) -> None:
         """Record a measured outcome: ``fits=False`` for an OOM, ``fits=True`` for a stable probe.
@@ -153,7 +170,7 @@ class Frontier:
             if other.fits == obs.fits:
                 continue
             oom, ok = (other, obs) if obs.fits else (obs, other)
-            if needs_at_least(ok.knobs, oom.knobs, self.order):
+            if needs_at_least(ok.knobs, oom.knobs, self.order, self.stage_need):
                 self._demote(oom.knobs, ok.knobs)
         self.observations.append(obs)
 
@@ -168,8 +185,8 @@ class Frontier:
     def evidence(self, knobs: Mapping[str, Any] | Knobs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(measured OOMs that imply ``knobs`` OOMs, measured stable configs that imply ``knobs`` fits)."""
         k = normalize(knobs)
-        ooms = [o.knobs for o in self.observations if not o.fits and needs_at_least(k, o.knobs, self.order)]
-        fits = [o.knobs for o in self.observations if o.fits and needs_at_least(o.knobs, k, self.order)]
+        ooms = [o.knobs for o in self.observations if not o.fits and needs_at_least(k, o.knobs, self.order, self.stage_need)]
+        fits = [o.knobs for o in self.observations if o.fits and needs_at_least(o.knobs, k, self.order, self.stage_need)]
         return ooms, fits
 
     def infer(self, knobs: Mapping[str, Any] | Knobs) -> Verdict | None:

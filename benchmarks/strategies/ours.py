@@ -10,10 +10,12 @@ import optuna
 
 from benchmarks.table import Env, OutOfBudget
 from trials.contract import Knobs
+from tuner.estimator import zero_stage_need
+from tuner.frontier import Frontier
 from tuner.strategy import Schedule, Strategy, make_sampler
 
 
-def ours(env: Env, use_estimator: bool = True) -> None:
+def ours(env: Env, use_estimator: bool = True, stage_order: bool = False) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t = env.table
     schedule = Schedule()
@@ -31,6 +33,10 @@ def ours(env: Env, use_estimator: bool = True) -> None:
         estimator=t.estimator() if use_estimator else None,
         seed=env.seed,
     )
+    if stage_order:  # what wiring tuner.estimator.zero_stage_need into the Strategy's frontier would give
+        est = t.estimator()
+        need = zero_stage_need(est.trace.param_count, t.world_size, t.configs()) if est else None
+        strategy.frontier = Frontier(stage_need=need)
     confirm_factor = sum(schedule.confirm) / sum(schedule.short)
     while True:
         proposal = strategy.propose(env.seconds_left)
@@ -49,3 +55,8 @@ def ours(env: Env, use_estimator: bool = True) -> None:
 
 def ours_no_estimator(env: Env) -> None:
     ours(env, use_estimator=False)
+
+
+def ours_stage_order(env: Env) -> None:
+    """NOT what `tuner search` runs today: ours with the frontier ordering ZeRO stages by estimator.zero_stage_need."""
+    ours(env, stage_order=True)

@@ -11,7 +11,7 @@ import pytest
 
 from trials.contract import Knobs
 from tuner.errors import ConfigError
-from tuner.estimator import Estimator, Trace, TracePoint, model_state_bytes, zero_order_sound
+from tuner.estimator import Estimator, Trace, TracePoint, model_state_bytes, zero_order_sound, zero_stage_need
 
 P = 1_000_000
 MiB = 1 << 20
@@ -129,3 +129,17 @@ def test_zero_order_sound_only_with_many_ranks_and_a_big_model() -> None:
     assert not zero_order_sound(263_168, 1, space)  # tiny T5 on one rank: ZeRO only adds buffers
     assert not zero_order_sound(263_168, 2, space)
     assert zero_order_sound(780_000_000, 4, space)  # flan-t5-large on 4 ranks: partitioning pays
+
+
+def test_zero_stage_need_follows_the_arithmetic() -> None:
+    space = [kn(zero_stage=z, reduce_bucket_size=2 * 10**6, allgather_bucket_size=2 * 10**6) for z in (0, 1, 2)]
+    # tiny T5 (263k params) on 1 and 2 ranks: stage 0 needs the least, stage 1 the most (measured 40.6/50.2/47.6 MiB)
+    assert zero_stage_need(263_168, 1, space) == {0: 0, 1: 1, 2: 1}  # 1 vs 2: equal by the formulas, not ordered
+    assert zero_stage_need(263_168, 2, space) == {0: 0, 1: 2, 2: 1}
+    # flan-t5-large on 4 ranks: the textbook order
+    big = zero_stage_need(780_000_000, 4, space + [kn(zero_stage=3)])
+    assert big is not None and big[0] > big[1] > big[2] > big[3]
+    # buckets that straddle the savings: no single order holds for the whole space
+    mixed = space + [kn(zero_stage=1, reduce_bucket_size=10**5, allgather_bucket_size=10**5)]
+    assert zero_stage_need(2_000_000, 4, mixed) is None
+    assert zero_stage_need(263_168, 1, [kn(zero_stage=0)]) is None
