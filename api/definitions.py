@@ -42,7 +42,12 @@ def _space(inline: dict[str, Any] | None) -> Space:
     unknown = sorted(set(inline) - set(Space.model_fields))
     if unknown:
         raise SpaceError(f"space: unknown knob {unknown[0]!r}; known knobs: {', '.join(Space.model_fields)}")
-    return space_from_dict({**base, **inline}, "space")
+    # a bare value means one choice (as in a space file); lists and {low, high, scale} ranges pass as they are
+    choices = {k: v if isinstance(v, (list, dict)) else [v] for k, v in inline.items()}
+    try:
+        return space_from_dict({**base, **choices}, "space")
+    except (TypeError, ValueError) as err:  # a validator that choked on a shape it did not expect
+        raise SpaceError(f"space: invalid choices ({err}); give each knob a list of values") from None
 
 
 def _baseline(

@@ -98,7 +98,8 @@ def test_invalid_definitions_are_422(quick_client, patch) -> None:
     "patch, words",
     [({"model": "/etc/passwd"}, "hub id"), ({"model": "../models/t5"}, "hub id"), ({"model": "builtin:nope"}, "nope"),
      ({"space": {"warp_drive": [1]}}, "warp_drive"), ({"space": {"micro_batch_size": []}}, "micro_batch_size"),
-     ({"global_batch": 7}, "7"), ({"device_memory": "lots"}, "lots")],
+     ({"global_batch": 7}, "7"), ({"device_memory": "lots"}, "lots"),
+     ({"space": {"allgather_bucket_size": 0}}, "allgather_bucket_size"), ({"space": {"engine": ["jax"]}}, "engine")],
 )
 def test_definitions_tuner_search_would_reject_are_400_and_store_nothing(quick_client, patch, words) -> None:
     app_client, storage_url = quick_client
@@ -106,6 +107,15 @@ def test_definitions_tuner_search_would_reject_are_400_and_store_nothing(quick_c
     assert r.status_code == 400, r.text
     assert words in r.json()["detail"]
     assert Store(storage_url).study_definition(BODY["name"]) is None
+
+
+def test_a_bare_space_value_is_one_choice(quick_client) -> None:
+    app_client, storage_url = quick_client
+    r = app_client.post("/studies", json={"name": "bare", "space": {"reduce_bucket_size": 5e7, "max_length": 64}},
+                        headers=AUTH)
+    assert r.status_code == 201, r.text
+    space = Store(storage_url).require_study("bare")["space"]
+    assert space["reduce_bucket_size"] == [50_000_000] and space["max_length"] == [64]
 
 
 def test_malformed_json_body_is_422(quick_client) -> None:
