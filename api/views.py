@@ -25,6 +25,7 @@ from tuner.storage import Store
 
 DEFAULT_HEADROOM = 0.9
 RUN_GRACE = dt.timedelta(minutes=10)  # a "running" run this far past its deadline is a killed worker
+HEARTBEAT_STALE = dt.timedelta(seconds=120)  # workers beat every ~10 s, also during a probe (tuner.search)
 END_STATES = ("finished", "interrupted", "failed")
 
 
@@ -40,8 +41,12 @@ def _now() -> dt.datetime:
 
 
 def _is_live(run: dict[str, Any], now: dt.datetime) -> bool:
+    """A run marked running whose worker still beats (or, without heartbeats, is not far past its deadline)."""
     if run["status"] != "running":
         return False
+    beat = _utc(run.get("heartbeat_at"))
+    if beat is not None:
+        return now - beat <= HEARTBEAT_STALE
     deadline = _utc(run.get("deadline_at"))
     return deadline is None or now < deadline + RUN_GRACE
 

@@ -173,3 +173,32 @@ def test_bad_baselines_are_400_naming_the_field(quick_client, baseline, words) -
     assert r.status_code == 400, r.text
     assert words in r.json()["detail"]
     assert Store(storage_url).study_definition("b") is None
+
+
+def test_status_and_progress_follow_the_workers_heartbeats(app_client, storage_url) -> None:
+    """running while a worker beats, with progress inside (0, 1); interrupted once its heartbeat is stale."""
+    import datetime as dt
+
+    import sqlalchemy as sa
+
+    from tuner.storage.schema import search_runs
+
+    store = Store(storage_url)
+    store.ensure_study("hb", {"model": {"source": "builtin:tiny-t5"}, "world_size": 1, "budget_s": 600})
+    now = dt.datetime.now(dt.timezone.utc)
+    run = store.start_run("hb", "host:1", 600.0, now + dt.timedelta(seconds=540))
+    with store.engine.begin() as conn:  # the run began a minute ago
+        conn.execute(sa.update(search_runs).where(search_runs.c.id == run)
+                     .values(started_at=now - dt.timedelta(seconds=60)))
+    body = app_client.get("/studies/hb").json()
+    assert body["status"] == "running"
+    assert 0.05 < body["progress"]["fraction"] < 0.2 and body["progress"]["remaining_s"] > 400
+    with store.engine.begin() as conn:  # the worker was killed: no heartbeat for 5 minutes
+        conn.execute(sa.update(search_runs).where(search_runs.c.id == run)
+                     .values(heartbeat_at=now - dt.timedelta(minutes=5)))
+    assert app_client.get("/studies/hb").json()["status"] == "interrupted"
+    store.heartbeat(run)
+    assert app_client.get("/studies/hb").json()["status"] == "running"
+    store.finish_run(run, "finished")
+    body = app_client.get("/studies/hb").json()
+    assert body["status"] == "finished" and body["progress"]["fraction"] == 1.0
