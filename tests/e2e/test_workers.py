@@ -45,7 +45,6 @@ def test_two_workers_share_one_study_behind_the_api(tmp_path, new_postgres_url) 
         assert r.status_code == 201, r.text
 
         argv, env = local_process("worker", url, ENV)
-        started = time.monotonic()
         for i in range(2):
             log = open(tmp_path / f"worker{i}.log", "w")
             workers.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -54,7 +53,6 @@ def test_two_workers_share_one_study_behind_the_api(tmp_path, new_postgres_url) 
         while any(w.poll() is None for w in workers):
             codes += [http.get(f"/studies/{STUDY}").status_code, http.get(f"/studies/{STUDY}/trials").status_code]
             time.sleep(0.5)
-        wall = time.monotonic() - started
         for i, w in enumerate(workers):
             assert w.returncode == 0, (tmp_path / f"worker{i}.log").read_text()[-3000:]
         assert set(codes) == {200}
@@ -72,7 +70,6 @@ def test_two_workers_share_one_study_behind_the_api(tmp_path, new_postgres_url) 
             assert run["status"] == "finished", run
             assert run["budget_s"] == BUDGET_S
             assert _utc(run["finished_at"]) <= _utc(run["started_at"]) + dt.timedelta(seconds=BUDGET_S + STOP_SLACK_S)
-        assert wall <= BUDGET_S + 2 * STOP_SLACK_S + 30  # +30: two CLI start-ups on a loaded 2-core machine
         assert {r["run_id"] for r in rows if r["fidelity"] != "inferred"} <= {r["id"] for r in runs}
 
         study = http.get(f"/studies/{STUDY}").json()
