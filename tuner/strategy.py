@@ -140,10 +140,14 @@ class Strategy:
             self.estimator.observe(Knobs.model_validate(row["knobs"]), int(row["peak_allocated"]))
 
     def _measured(self, key: str) -> dict[str, Any] | None:
+        """The first measured row of ``key``, else its inferred row (so an inference is recorded once)."""
+        inferred = None
         for row in self.rows:
-            if row["config_key"] == key and row.get("fidelity") in MEASURED:
-                return row
-        return None
+            if row["config_key"] == key:
+                if row.get("fidelity") in MEASURED:
+                    return row
+                inferred = inferred or row
+        return inferred
 
     def _known(self) -> set[str]:
         return {r["config_key"] for r in self.rows} | self._skipped

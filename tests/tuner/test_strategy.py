@@ -111,6 +111,7 @@ def test_frontier_infers_larger_micro_batches_without_probing():
     inferred = [r for r in s.rows if r["status"] == "inferred-oom"]
     assert all(r["fidelity"] == "inferred" and "inferred-oom" in r["cause"] for r in inferred)
     assert s.inferred == len(inferred)
+    assert len({r["config_key"] for r in inferred}) == len(inferred), "an inference was recorded twice"
     measured = {p.config.knobs.micro_batch_size for p in probed}
     assert measured | {r["knobs"]["micro_batch_size"] for r in inferred} == set(SMALL["micro_batch_size"])
 
@@ -202,6 +203,8 @@ def test_estimator_skips_configs_far_over_budget():
     probed, _ = drive(s)
     assert all(p.config.knobs.micro_batch_size * 12 <= 150 for p in probed)  # 1.5 x 100 MiB
     assert s.estimator.seen and any("estimated peak" in (r.get("cause") or "") for r in s.rows)
+    inferred = [r["config_key"] for r in s.rows if r["fidelity"] == "inferred"]
+    assert len(set(inferred)) == len(inferred), "an inference was recorded twice"
 
 
 def test_search_opens_with_a_micro_batch_bisection_at_the_plainest_config():
