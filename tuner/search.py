@@ -20,7 +20,10 @@ from optuna.trial import TrialState
 
 from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
 from tuner.budget import Deadline
-from tuner.errors import ConfigError
+from sqlalchemy.exc import DBAPIError, InvalidatePoolError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from tuner.errors import ConfigError, StorageError
 from tuner.objective import Objective
 from tuner.selection import Candidate, best_stable
 from tuner.space import Space, space_from_definition
@@ -32,6 +35,12 @@ HEARTBEAT_S = 10.0
 # we keep trials alive with our own heartbeat thread (ask/tell has none): optuna's reminder does not apply
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 STALE_CLAIM_S = 120.0  # a claim whose worker sent no heartbeat for this long is taken over
+# the database went away (restart, network): retried with backoff this long before the search stops on one line
+STORAGE_PATIENCE_S = 600.0
+STORAGE_ERRORS: tuple[type[BaseException], ...] = (
+    OperationalError, DBAPIError, InvalidatePoolError, PoolTimeout, StorageError,
+    optuna.exceptions.StorageInternalError,
+)
 
 
 class Listener(Protocol):
@@ -144,9 +153,12 @@ class _Heartbeat:
 
     def _loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            if self.trial_id is not None:
-                self.storage.record_heartbeat(self.trial_id)
-            self.store.heartbeat(self.run_id)
+            try:
+                if self.trial_id is not None:
+                    self.storage.record_heartbeat(self.trial_id)
+                self.store.heartbeat(self.run_id)
+            except STORAGE_ERRORS:
+                continue  # the database is away: the next beat tries again; the search loop handles the outage
 
     def __enter__(self) -> _Heartbeat:
         self._thread.start()
@@ -288,7 +300,7 @@ class Search:
         run_id = self.store.start_run(name, self.worker, self.request.budget_s, None)
         reason, status = "budget", "finished"
         try:
-            reason = self._loop(run_id)
+            reason = self._loop_through_outages(run_id)
         except KeyboardInterrupt:
             status, reason = "interrupted", "interrupted"
             raise
@@ -296,8 +308,43 @@ class Search:
             status, reason = "failed", f"{type(err).__name__}: {err}"
             raise
         finally:
-            self.store.finish_run(run_id, status, reason)
+            try:
+                self.store.finish_run(run_id, status, reason)
+            except STORAGE_ERRORS:
+                pass  # still unreachable: the run stays "running" until its heartbeat goes stale
         return self.summary(run_id, reason)
+
+    def _loop_through_outages(self, run_id: int) -> str:
+        """Runs the loop; when the database goes away, waits for it with backoff (finished probes are committed, the
+        loop re-reads them) and goes on, or stops with one clear line after STORAGE_PATIENCE_S."""
+        while True:
+            try:
+                return self._loop(run_id)
+            except STORAGE_ERRORS as err:
+                self._wait_for_storage(err)
+
+    def _wait_for_storage(self, err: BaseException) -> None:
+        root: BaseException = err
+        while root.__cause__ is not None or getattr(root, "orig", None) is not None:  # optuna wraps the driver's error
+            root = getattr(root, "orig", None) or root.__cause__  # type: ignore[assignment]
+        first = (str(root).strip().splitlines() or [type(root).__name__])[0]
+        if self.listener:
+            self.listener.note(f"storage unreachable ({first[:120]}); retrying with backoff")
+        start, delay = time.monotonic(), 1.0
+        while True:
+            time.sleep(delay)
+            try:
+                with self.store.engine.connect() as conn:
+                    conn.exec_driver_sql("SELECT 1")
+                return
+            except STORAGE_ERRORS:
+                pass
+            if time.monotonic() - start > min(STORAGE_PATIENCE_S, max(self.deadline.left, 0.0)):
+                raise StorageError(
+                    f"storage unreachable for {time.monotonic() - start:.0f} s ({first[:160]}); every finished probe "
+                    "is stored: re-run the same command to resume"
+                ) from None
+            delay = min(delay * 2, 30.0)
 
     def _loop(self, run_id: int) -> str:
         name = self.request.study_name
