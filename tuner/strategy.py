@@ -437,6 +437,10 @@ class Strategy:
         return min(peak / (self.headroom * capacity) - 1.0, OOM_CONSTRAINT)
 
     def _tell(self, trial: optuna.trial.Trial, row: dict[str, Any]) -> TrialState:
+        """Tells Optuna. The "memory" constraint is set before the state: TPESampler (optuna 5, _split_trials) puts
+        every finished trial whose constraints sum above 0 in the infeasible part of the "above" (bad) group, after
+        the feasible COMPLETE and PRUNED trials, so OOMs (pruned, +1) and over-headroom peaks (complete, > 0) steer
+        the sampler away from that region while stable trials (<= 0) rank by their throughput."""
         for name in ("status", "cause", "objective", "samples_per_s", "peak_allocated", "capacity", "stable"):
             trial.set_user_attr(name, row.get(name))
         trial.set_user_attr("knobs", row["knobs"])
