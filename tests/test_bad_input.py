@@ -149,7 +149,6 @@ CLI_CASES: list[Cli] = [
 
 # Known defects in other modules, each with its fix; strict: the mark fails the run once the defect is fixed.
 KNOWN_DEFECTS: dict[str, str] = {
-    "space-binary": "tuner/space.py load_space: path.read_text() lets UnicodeDecodeError escape; catch it -> SpaceError",
     "estimate-model-missing": "tuner/cli/estimate.py builds ModelSpec(source=model) without tuner.models.resolve_model",
     "estimate-device-memory": "tuner/cli/estimate.py _parse_size accepts '-3GiB'; use tuner.budget.parse_size",
 }
