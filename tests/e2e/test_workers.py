@@ -34,7 +34,8 @@ def _utc(value: dt.datetime) -> dt.datetime:
 def test_two_workers_share_one_study_behind_the_api(tmp_path, new_postgres_url) -> None:
     url = new_postgres_url()
     argv, env = local_process("migrate", url, ENV)
-    assert subprocess.run(argv, env=env, capture_output=True, timeout=120).returncode == 0
+    migrated = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert migrated.returncode == 0, migrated.stderr
     api, base = start_api(url, open(tmp_path / "api.log", "w"))
     workers: list[subprocess.Popen] = []
     try:
