@@ -92,7 +92,7 @@ def rank_imbalance(ranks: Iterable[Any], threshold: float = THRESHOLD) -> Imbala
     if len(peaks) < 2:
         return None
     heaviest = max(peaks, key=lambda r: (peaks[r], -r))
-    lightest = min(peaks, key=lambda r: (peaks[r], r))
+    lightest = min((r for r in peaks if r != heaviest), key=lambda r: (peaks[r], r))
     value = spread(peaks.values())
     flagged = value > threshold
     return Imbalance(

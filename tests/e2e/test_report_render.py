@@ -202,3 +202,48 @@ def test_report_renders_without_console_errors(browser: Chromium, tmp_path: Path
     keep = os.environ.get("TUNER_REPORT_SCREENSHOT")
     if keep:  # benchmarks/report_screenshot.png is refreshed this way: TUNER_REPORT_SCREENSHOT=path pytest ...
         shutil.copyfile(shot, keep)
+
+
+@pytest.mark.slow
+def test_report_of_a_real_tiny_search_renders(browser: Chromium, tmp_path: Path) -> None:
+    """A real `tuner search` (two probes of the built-in tiny T5, one with 2 ranks), then its report in Chromium."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    space = tmp_path / "space.yaml"
+    space.write_text("micro_batch_size: [1, 2]\nmax_length: [16]\nengine: [torch]\nzero_stage: [0]\n")
+    tuner = str(Path(sys.executable).with_name("tuner"))
+    for world in ("1", "2"):
+        done = subprocess.run(
+            [tuner, "search", "--study", f"tiny-w{world}", "--storage", url, "--space", str(space), "--budget", "10m",
+             "--n-trials", "2", "--finalists", "0", "--world-size", world, "--global-batch", "4",
+             "--device-memory", "1GiB", "--seed", "0"],
+            capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "real.html"
+    done = subprocess.run([tuner, "report", "--study", "tiny-w2", "-o", str(out), "--storage", url],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    browser.load(out.as_uri())
+    drawn = browser.evaluate(
+        """new Promise(resolve => {
+             const t0 = Date.now();
+             (function poll() {
+               const divs = [...document.querySelectorAll('div.plotly-graph-div')];
+               const ok = divs.filter(d => d.querySelector('svg.main-svg'));
+               if ((divs.length && ok.length === divs.length) || Date.now() - t0 > 20000)
+                 resolve({divs: divs.length, drawn: ok.length, ranks: document.body.innerText.includes('r1:')});
+               else setTimeout(poll, 100);
+             })();
+           })"""
+    )
+    assert browser.errors() == []
+    assert drawn["divs"] >= 5 and drawn["drawn"] == drawn["divs"], drawn
+    assert drawn["ranks"], "the 2-rank probes' per-rank peaks are missing"
+    shot = tmp_path / "real.png"
+    browser.screenshot(shot)
+    keep = os.environ.get("TUNER_REAL_REPORT_SCREENSHOT")
+    if keep:
+        shutil.copyfile(shot, keep)

@@ -38,7 +38,7 @@ def test_equal_ranks_are_balanced() -> None:
     assert imb is not None and not imb.flagged
     assert imb.spread == 0.0
     assert imb.causes == ()
-    assert imb.summary().startswith("balanced")
+    assert imb.summary() == "balanced (rank 0 peaks 0% above rank 1)"
 
 
 @pytest.mark.parametrize(
