@@ -10,25 +10,31 @@ import datetime as dt
 import os
 import socket
 import threading
-import warnings
 import time
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import optuna
 from optuna.trial import TrialState
 
-from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
-from tuner.budget import Deadline
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from tuner.errors import ConfigError, StorageError
-from tuner.objective import Objective
+from trials.contract import ProbeConfig, ProbeResult
+from tuner.budget import Deadline
+from tuner.errors import StorageError
+from tuner.request import ESSENTIAL, SearchRequest, check_resume, request_from_definition
 from tuner.selection import Candidate, best_stable
-from tuner.space import Space, space_from_definition
 from tuner.storage import Store, optuna_storage
-from tuner.strategy import EstimatorLike, Outcome, Proposal, Schedule, Strategy, make_sampler
+from tuner.strategy import EstimatorLike, Outcome, Proposal, Strategy, make_sampler
+from tuner.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator, trace_points
+
+# re-exported: callers import the request and the trace helpers from here too
+__all__ = [
+    "ESSENTIAL", "ESTIMATE_AUTO_MIN_BUDGET_S", "Listener", "Outcome", "Proposal", "Search", "SearchRequest",
+    "SearchSummary", "build_estimator", "check_resume", "request_from_definition", "trace_points",
+]
 
 Probe = Callable[[ProbeConfig], ProbeResult]
 HEARTBEAT_S = 10.0
@@ -53,80 +59,6 @@ class Listener(Protocol):
     def inferred(self, row: dict[str, Any]) -> None: ...
 
     def note(self, message: str) -> None: ...
-
-
-@dataclass
-class SearchRequest:
-    study_name: str
-    storage: str
-    model: ModelSpec
-    space: Space
-    world_size: int
-    global_batch: int
-    objective: Objective
-    budget_s: float
-    device_memory: int | None = None
-    headroom: float = 0.9
-    n_trials: int | None = None
-    baseline: Knobs | None = None
-    baseline_source: dict[str, Any] | None = None  # what the user's baseline file said (for reports)
-    schedule: Schedule = field(default_factory=Schedule)
-    seed: int | None = None
-
-    def definition(self) -> dict[str, Any]:
-        return {
-            "model": self.model.model_dump(mode="json"),
-            "space": self.space.model_dump(mode="json"),
-            "world_size": self.world_size,
-            "global_batch": self.global_batch,
-            "device_memory": self.device_memory,
-            "headroom": self.headroom,
-            "objective": self.objective.to_dict(),
-            "budget_s": self.budget_s,
-            "baseline": self.baseline.model_dump(mode="json") if self.baseline is not None else None,
-            "baseline_source": self.baseline_source,
-            "finalists": self.schedule.finalists,
-        }
-
-
-#: definition keys a resumed study must agree on: they decide which configs exist and what they measure
-ESSENTIAL = ("model", "space", "world_size", "global_batch", "device_memory", "objective")
-
-
-def check_resume(name: str, stored: dict[str, Any], wanted: dict[str, Any], explicit: set[str]) -> None:
-    """A re-run of an existing study keeps its definition; an option the user set that contradicts it is an error."""
-    for key in ESSENTIAL:
-        if key in explicit and stored.get(key) != wanted.get(key):
-            raise ConfigError(
-                f"study {name!r} was created with a different {key} ({_short(stored.get(key))}); drop the option to "
-                f"resume it, or pick a new --study name"
-            )
-
-
-def _short(value: Any) -> str:
-    text = str(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def request_from_definition(base: SearchRequest, stored: dict[str, Any]) -> SearchRequest:
-    """The request to resume a study with: its stored definition, this run's budget, trials and seed."""
-    return SearchRequest(
-        study_name=base.study_name,
-        storage=base.storage,
-        model=ModelSpec.model_validate(stored["model"]),
-        space=space_from_definition(stored["space"]),
-        world_size=int(stored["world_size"]),
-        global_batch=int(stored["global_batch"]),
-        objective=Objective.from_dict(stored.get("objective")),
-        budget_s=base.budget_s,
-        device_memory=stored.get("device_memory"),
-        headroom=float(stored.get("headroom") or base.headroom),
-        n_trials=base.n_trials,
-        baseline=Knobs.model_validate(stored["baseline"]) if stored.get("baseline") else None,
-        baseline_source=stored.get("baseline_source"),
-        schedule=base.schedule,
-        seed=base.seed,
-    )
 
 
 @dataclass
@@ -167,36 +99,6 @@ class _Heartbeat:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a share of the budget
-
-
-def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
-    """The smallest and largest micro batch per (max_length, checkpointing, precision): the estimator scales
-    activations linearly in the micro batch and fits the length curve, so these few points cover the space."""
-    micros = sorted({min(space.micro_batch_size), max(space.micro_batch_size)})
-    return [
-        (m, length, ckpt, prec)
-        for m in micros
-        for length in space.max_length
-        for ckpt in space.gradient_checkpointing
-        for prec in space.precision
-    ]
-
-
-def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[EstimatorLike | None, str]:
-    """tuner.estimator's fake-tensor trace of the model (a subprocess), or None with the reason it is unavailable."""
-    from tuner.errors import TunerError
-    from tuner.estimator import Estimator, trace
-
-    started = time.monotonic()
-    try:
-        traced = trace(request.model, trace_points(request.space), timeout_s=timeout_s)
-    except (TunerError, RuntimeError, OSError) as err:
-        return None, f"memory estimate unavailable ({str(err).splitlines()[0] if str(err) else type(err).__name__}); probing without it"
-    took = time.monotonic() - started
-    return Estimator(traced, world_size=request.world_size), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params)"
 
 
 def worker_name() -> str:

@@ -19,8 +19,6 @@ rows so several workers and resumed searches see each other's measurements.
 from __future__ import annotations
 
 import random
-import warnings
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -32,8 +30,12 @@ from tuner.batching import accumulation_steps
 from tuner.errors import TunerError
 from tuner.frontier import Frontier, describe
 from tuner.objective import Objective
+from tuner.probe_time import Schedule, expected_seconds, timeout_for
 from tuner.selection import MEASURED, best_stable, candidates, is_stable
+from tuner.sampling import PlainSuggester, fixed_params, make_sampler
 from tuner.space import Space, config_key
+
+__all__ = ["EstimatorLike", "Outcome", "Proposal", "Schedule", "Strategy", "make_sampler"]
 
 Fidelity = Literal["baseline", "short", "confirm"]
 
@@ -46,22 +48,6 @@ class EstimatorLike(Protocol):
     def observe(self, knobs: Knobs, measured_peak: int) -> None: ...
 
 OOM_CONSTRAINT = 1.0
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """Probe lengths per fidelity and the time model that keeps every probe inside the budget."""
-
-    short: tuple[int, int] = (2, 4)  # (warm-up micro-steps, measured micro-steps)
-    confirm: tuple[int, int] = (2, 12)
-    finalists: int = 2  # stable configs re-probed at the confirm fidelity
-    first_probe_s: float = 30.0  # expected seconds of a probe before any was measured
-    timeout_factor: float = 3.0  # a probe's timeout: factor x the longest probe seen so far + slack
-    timeout_slack_s: float = 30.0  # (probe times vary a lot on shared machines; a killed probe is wasted time)
-    max_timeout_s: float = 1800.0
-    estimate_margin: float = 1.5  # skip configs predicted above margin x capacity
-    stuck_asks: int = 8  # consecutive duplicate/inferred proposals before picking an unknown config directly
-    seed_bisection: bool = True  # start with a micro-batch bisection at the plainest config (see _next_seed)
 
 
 @dataclass
@@ -159,61 +145,12 @@ class Strategy:
     def best(self) -> Any:
         return best_stable(self.rows)
 
-    # -- time model --------------------------------------------------------------------------------------------------
-    def _walls(self, fidelity: str | None = None) -> list[float]:
-        return [
-            float(r["probe_seconds"])
-            for r in self.rows
-            if r.get("probe_seconds") and r.get("fidelity") in MEASURED and (fidelity is None or r["fidelity"] == fidelity)
-        ]
-
+    # -- time model (tuner.probe_time) ------------------------------------------------------------------------------
     def expected_seconds(self, fidelity: Fidelity) -> float:
-        walls = self._walls()
-        if not walls:
-            return self.schedule.first_probe_s
-        short = statistics.median(walls)
-        if fidelity != "confirm":
-            return short
-        confirmed = self._walls("confirm")
-        if confirmed:
-            return statistics.median(confirmed)
-        setups = [float(r["setup_s"]) for r in self.rows if r.get("setup_s")]
-        setup = statistics.median(setups) if setups else short / 2
-        ratio = sum(self.schedule.confirm) / sum(self.schedule.short)
-        return setup + max(short - setup, 0.0) * ratio
-
-    def _scaled_seconds(self, knobs: Knobs | None, fidelity: Fidelity) -> float:
-        """The slowest measured seconds per (sample x token x step), scaled to ``knobs`` (bigger configs run longer)."""
-        if knobs is None:
-            return 0.0
-        worst, setups = 0.0, []
-        for r in self.rows:
-            if not r.get("probe_seconds") or r.get("fidelity") not in MEASURED or not r.get("config"):
-                continue
-            cfg, k = r["config"], r["knobs"]
-            setup = float(r.get("setup_s") or 0.0)
-            setups.append(setup)
-            work = k["micro_batch_size"] * k["max_length"] * (cfg["warmup_steps"] + cfg["measure_steps"])
-            worst = max(worst, (float(r["probe_seconds"]) - setup) / max(work, 1))
-        steps = sum(self.schedule.confirm if fidelity == "confirm" else self.schedule.short)
-        return max(setups, default=0.0) + worst * knobs.micro_batch_size * knobs.max_length * steps
+        return expected_seconds(self.rows, self.schedule, fidelity)
 
     def timeout_for(self, fidelity: Fidelity, seconds_left: float | None, knobs: Knobs | None = None) -> float:
-        """factor x the longer of the longest probe so far and this config's size-scaled time, plus slack; never past
-        ``seconds_left`` (the runner kills the probe at its timeout, so no probe outlives the budget)."""
-        walls = self._walls()
-        s = self.schedule
-        if walls:
-            longest = max(max(walls), self._scaled_seconds(knobs, fidelity))
-            if fidelity == "confirm":
-                longest = max(longest, self.expected_seconds("confirm"))
-            timeout = s.timeout_factor * longest + s.timeout_slack_s
-        else:
-            timeout = s.max_timeout_s
-        timeout = min(timeout, s.max_timeout_s)
-        if seconds_left is not None:
-            timeout = min(timeout, seconds_left)
-        return max(timeout, 1.0)
+        return timeout_for(self.rows, self.schedule, fidelity, seconds_left, knobs)
 
     # -- proposing ---------------------------------------------------------------------------------------------------
     def _probe_config(self, knobs: Knobs, fidelity: Fidelity, seconds_left: float | None) -> ProbeConfig:
@@ -283,7 +220,7 @@ class Strategy:
         return accumulation_steps(self.global_batch, knobs.micro_batch_size, self.world_size) or 0
 
     def _plain(self, micro: int) -> Knobs:
-        return self.space.sample(_Plain(micro))
+        return self.space.sample(PlainSuggester(micro))
 
     def _next_seed(self) -> Knobs | None:
         """Bisection over the micro batch at the plainest config (lowest overhead: lowest ZeRO stage, no
@@ -307,13 +244,13 @@ class Strategy:
         while True:
             seed = self._next_seed() if stuck == 0 else None
             if seed is not None:
-                self.study.enqueue_trial(_params(seed), skip_if_exists=False)
+                self.study.enqueue_trial(fixed_params(seed), skip_if_exists=False)
             elif stuck >= self.schedule.stuck_asks:
                 pick = self._pick_unknown()
                 if pick is None:
                     self._exhausted = True
                     return None
-                self.study.enqueue_trial(_params(pick), skip_if_exists=False)
+                self.study.enqueue_trial(fixed_params(pick), skip_if_exists=False)
                 stuck = 0
             trial = self.study.ask()
             knobs = self.space.sample(trial)
@@ -484,38 +421,3 @@ class Strategy:
         self.inferred += 1
 
 
-class _Plain:
-    """A Suggester choosing the lowest-overhead value of every knob, at a given micro batch and the longest length."""
-
-    def __init__(self, micro: int) -> None:
-        self.micro = micro
-
-    def suggest_categorical(self, name: str, choices: Any) -> Any:
-        values = list(choices)
-        if name == "micro_batch_size":
-            return self.micro
-        if name == "max_length":
-            return max(values)
-        if name == "zero_stage":
-            return min(values)
-        if name == "engine":
-            return "deepspeed" if "deepspeed" in values else values[0]
-        if name in ("gradient_checkpointing", "offload_optimizer", "overlap_comm", "generate"):
-            return False if False in values else values[0]
-        if name in ("allgather_bucket_size", "reduce_bucket_size"):
-            sized = [v for v in values if v is not None]
-            return min(sized) if sized else None
-        return values[0]
-
-
-def _params(knobs: Knobs) -> dict[str, Any]:
-    return {k: v for k, v in knobs.model_dump(mode="json").items()}
-
-
-def make_sampler(seed: int | None = None, n_startup_trials: int = 6) -> optuna.samplers.BaseSampler:
-    """TPE over the conditional space; constraints from OOM-pruned trials steer it away from infeasible configs."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(
-            seed=seed, n_startup_trials=n_startup_trials, multivariate=True, group=True, constant_liar=True
-        )

@@ -1,0 +1,36 @@
+"""The memory estimate for a search: a fake-tensor trace of the user's model at a few shapes (tuner.estimator)."""
+
+from __future__ import annotations
+
+import time
+
+from tuner.estimator import Estimator, trace
+from tuner.errors import TunerError
+from tuner.request import SearchRequest
+from tuner.space import Space
+
+ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a share of the budget
+
+
+def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
+    """The smallest and largest micro batch per (max_length, checkpointing, precision): the estimator scales
+    activations linearly in the micro batch and fits the length curve, so these few points cover the space."""
+    micros = sorted({min(space.micro_batch_size), max(space.micro_batch_size)})
+    return [
+        (m, length, ckpt, prec)
+        for m in micros
+        for length in space.max_length
+        for ckpt in space.gradient_checkpointing
+        for prec in space.precision
+    ]
+
+
+def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator | None, str]:
+    """tuner.estimator's fake-tensor trace of the model (a subprocess), or None with the reason it is unavailable."""
+    started = time.monotonic()
+    try:
+        traced = trace(request.model, trace_points(request.space), timeout_s=timeout_s)
+    except (TunerError, RuntimeError, OSError) as err:
+        return None, f"memory estimate unavailable ({str(err).splitlines()[0] if str(err) else type(err).__name__}); probing without it"
+    took = time.monotonic() - started
+    return Estimator(traced, world_size=request.world_size), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params)"
