@@ -24,16 +24,18 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from trials.contract import ProbeConfig, ProbeResult
 from tuner.budget import Deadline
 from tuner.errors import StorageError
+from tuner.estimator import Estimator
+from tuner.frontier import Frontier
 from tuner.request import ESSENTIAL, SearchRequest, check_resume, request_from_definition
 from tuner.selection import Candidate, best_stable
 from tuner.storage import Store, optuna_storage
 from tuner.strategy import EstimatorLike, Outcome, Proposal, Strategy, make_sampler
-from tuner.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator, trace_points
+from tuner.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator, stage_order, trace_points
 
 # re-exported: callers import the request and the trace helpers from here too
 __all__ = [
     "ESSENTIAL", "ESTIMATE_AUTO_MIN_BUDGET_S", "Listener", "Outcome", "Proposal", "Search", "SearchRequest",
-    "SearchSummary", "build_estimator", "check_resume", "request_from_definition", "trace_points",
+    "SearchSummary", "build_estimator", "check_resume", "request_from_definition", "stage_order", "trace_points",
 ]
 
 Probe = Callable[[ProbeConfig], ProbeResult]
@@ -188,8 +190,12 @@ class Search:
         self.probes_run = 0
         self.probe_seconds = 0.0
 
-    def attach_estimator(self, estimator: EstimatorLike | None) -> None:
+    def attach_estimator(self, estimator: Estimator | None) -> None:
+        """Adds the memory estimate, and with it the ZeRO stage order the frontier may use."""
         self.strategy.estimator = estimator
+        order = stage_order(estimator, self.request) if estimator is not None else None
+        if order:
+            self.strategy.use_frontier(Frontier(stage_need=order))
 
     def _sync(self) -> None:
         self.strategy.load_rows(self.store.probes(self.request.study_name))

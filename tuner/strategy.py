@@ -35,6 +35,14 @@ from tuner.selection import MEASURED, best_stable, candidates, is_stable
 from tuner.sampling import PlainSuggester, fixed_params, make_sampler
 from tuner.space import Space, config_key
 
+def _fits(row: dict[str, Any]) -> bool | None:
+    """What a measured row tells the frontier: fits (stable), does not fit (OOM or above the headroom), or nothing."""
+    status = row.get("status")
+    if status == "oom" or (status == "ok" and not row.get("stable")):
+        return False
+    return True if status == "ok" else None
+
+
 __all__ = ["EstimatorLike", "Outcome", "Proposal", "Schedule", "Strategy", "make_sampler"]
 
 Fidelity = Literal["baseline", "short", "confirm"]
@@ -114,16 +122,25 @@ class Strategy:
         key = row["config_key"]
         if row.get("fidelity") not in MEASURED or key in self._in_frontier:
             return
-        status = row.get("status")
-        if status == "oom" or (status == "ok" and not row.get("stable")):
-            self.frontier.add(row["knobs"], fits=False)
-        elif status == "ok":
-            self.frontier.add(row["knobs"], fits=True)
-        else:
+        fits = _fits(row)
+        if fits is None:
             return  # timeouts and errors say nothing about memory
+        self.frontier.add(row["knobs"], fits=fits)
         self._in_frontier.add(key)
-        if status == "ok" and row.get("peak_allocated") and self.estimator is not None:
+        if row.get("status") == "ok" and row.get("peak_allocated") and self.estimator is not None:
             self.estimator.observe(Knobs.model_validate(row["knobs"]), int(row["peak_allocated"]))
+
+    def use_frontier(self, frontier: Frontier) -> None:
+        """Swaps in another frontier (e.g. one ordering ZeRO stages) and feeds it every measurement so far."""
+        self.frontier = frontier
+        fed: set[str] = set()
+        for row in self.rows:
+            key = row["config_key"]
+            if row.get("fidelity") in MEASURED and key in self._in_frontier and key not in fed:
+                fed.add(key)
+                fits = _fits(row)
+                if fits is not None:
+                    frontier.add(row["knobs"], fits=fits)
 
     def _measured(self, key: str) -> dict[str, Any] | None:
         """The first measured row of ``key``, else its inferred row (so an inference is recorded once)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tuner.estimator import Estimator, trace
+from tuner.estimator import Estimator, trace, zero_stage_need
 from tuner.errors import TunerError
 from tuner.request import SearchRequest
 from tuner.space import Space
@@ -34,3 +34,11 @@ def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator
         return None, f"memory estimate unavailable ({str(err).splitlines()[0] if str(err) else type(err).__name__}); probing without it"
     took = time.monotonic() - started
     return Estimator(traced, world_size=request.world_size), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params)"
+
+
+def stage_order(estimator: Estimator, request: SearchRequest) -> dict[int, int] | None:
+    """The ZeRO stages ordered by memory need for this model, world size and space (tuner.estimator), or None when no
+    single order holds; the frontier then compares configs across stages too (Frontier(stage_need=...))."""
+    return zero_stage_need(
+        estimator.trace.param_count, request.world_size, list(request.space.configs()), estimator.trace.largest_param
+    )

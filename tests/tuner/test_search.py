@@ -5,7 +5,8 @@ import pytest
 
 from trials.contract import ModelSpec
 from tuner.objective import objective_for
-from tuner.search import SearchRequest, build_estimator, check_resume, trace_points
+from tuner.frontier import Frontier
+from tuner.search import SearchRequest, build_estimator, check_resume, stage_order, trace_points
 from tuner.space import space_from_dict
 from tuner.strategy import Strategy, make_sampler
 
@@ -57,3 +58,11 @@ def test_real_memory_trace_lets_the_strategy_skip_a_config_far_over_budget():
         if strategy.drain():
             break
     assert any(r["status"] == "inferred-oom" and "estimated peak" in r["cause"] for r in strategy.rows)
+
+    # the same trace orders ZeRO stages for the frontier when the space spans several (one rank: stage 0 needs least)
+    staged = space.restrict(zero_stage=[0, 1, 2, 3])
+    order = stage_order(estimator, SearchRequest(**{**request.__dict__, "space": staged}))
+    if order is not None:
+        assert order[0] == min(order.values())
+        strategy.use_frontier(Frontier(stage_need=order))
+        assert strategy.frontier.stage_need == order
