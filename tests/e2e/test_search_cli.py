@@ -174,3 +174,24 @@ def test_baseline_is_probed_first_and_reported(tmp_path):
     exported = json.loads(best.stdout)
     assert exported["optimizer"]["type"] == "AdamW"  # kept from the user's config
     assert exported["train_micro_batch_size_per_gpu"] == 2 and exported["train_batch_size"] == 32
+
+
+@pytest.mark.slow
+def test_memory_estimate_skips_configs_without_probing(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    url = f"sqlite:///{tmp_path}/tuner.db"
+    done = tuner(
+        "search", "--budget", "10m", "--n-trials", "1", "--finalists", "0", "--estimate", "--space", str(space),
+        "--device-memory", "160MiB", "--storage", url, "--study", "est",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "memory estimate traced" in done.stdout
+    from tuner.storage import Store
+
+    rows = Store(url).probes("est")
+    inferred = [r for r in rows if r["status"] == "inferred-oom"]
+    probed = [r for r in rows if r["fidelity"] == "short"]
+    assert [r["knobs"]["micro_batch_size"] for r in inferred] == [32]  # predicted far over 160 MiB: never run
+    assert "estimated peak" in inferred[0]["cause"]
+    assert [r["knobs"]["micro_batch_size"] for r in probed] == [2] and probed[0]["estimate_bytes"] > 0
