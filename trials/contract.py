@@ -114,6 +114,8 @@ class RankResult(_Strict):
     setup_s: float | None = None  # process start to first step (imports, model build, engine init)
     versions: dict[str, str] = Field(default_factory=dict)
     fingerprint: dict[str, str | int | float] = Field(default_factory=dict)
+    # where setup_s went, seconds: "start" (launch to probe code: spawn + imports), "dist", "model", "engine"
+    setup_phases: dict[str, float] = Field(default_factory=dict)
 
 
 class ProbeResult(_Strict):
@@ -128,6 +130,7 @@ class ProbeResult(_Strict):
     fingerprint: dict[str, str | int | float] = Field(default_factory=dict)
     wall_s: float = 0.0  # the probe's wall clock, launch to last rank exit
     setup_s: float | None = None  # the fixed cost: launch to first step
+    setup_phases: dict[str, float] = Field(default_factory=dict)  # of the slowest rank (RankResult.setup_phases)
 
     @property
     def peak_allocated(self) -> int | None:

@@ -8,6 +8,7 @@ optimizer whose state lives in host memory under CPU offload, else None).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
@@ -24,6 +25,8 @@ class Engine(Protocol):
     def micro_step(self, batch: dict[str, torch.Tensor]) -> bool: ...
 
     def host_optimizer(self) -> Any | None: ...
+
+    def host_tensors(self) -> Iterator[torch.Tensor]: ...
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:
@@ -90,6 +93,9 @@ class TorchEngine:
     def host_optimizer(self) -> Any | None:
         return None
 
+    def host_tensors(self) -> Iterator[torch.Tensor]:
+        return iter(())
+
 
 def deepspeed_config(knobs: Knobs, accum: int, world_size: int, lr: float) -> dict[str, Any]:
     """The DeepSpeed JSON for these knobs (tuner/export writes the same mapping for users)."""
@@ -124,6 +130,26 @@ def deepspeed_config(knobs: Knobs, accum: int, world_size: int, lr: float) -> di
     return config
 
 
+# ZeRO optimizer attributes that live in host memory when the optimizer is offloaded (stages 1-2 and 3)
+_ZERO_HOST_BUFFERS = (
+    "single_partition_of_fp32_groups", "accumulated_grads_in_cpu", "temp_grad_buffer_for_cpu_offload",
+    "fp32_partitioned_groups_flat",
+)
+
+
+def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        if obj.grad is not None:
+            yield obj.grad
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors_in(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors_in(v)
+
+
 class DeepSpeedEngine:
     """A real ``deepspeed.initialize`` engine; the process group must already be initialised."""
 
@@ -153,6 +179,13 @@ class DeepSpeedEngine:
         if not self.offload:
             return None
         return getattr(self.optimizer, "optimizer", None)
+
+    def host_tensors(self) -> Iterator[torch.Tensor]:
+        """ZeRO's host-side buffers under CPU offload (on a GPU they are pinned CPU memory, not device memory)."""
+        if not self.offload:
+            return
+        for name in _ZERO_HOST_BUFFERS:
+            yield from _tensors_in(getattr(self.optimizer, name, None))
 
 
 def build_engine(model: torch.nn.Module, knobs: Knobs, accum: int, device: torch.device, lr: float,

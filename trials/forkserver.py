@@ -28,6 +28,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+READY = "trials.forkserver ready"
+
 
 def preload() -> None:
     """Imports what every probe needs. Import only: no tensor op, no CUDA call."""
@@ -38,11 +40,17 @@ def preload() -> None:
 
     import trials.probe  # noqa: F401
 
+    import transformers.generation.utils  # noqa: F401  (eval + generate probes)
+
     try:
         import deepspeed  # noqa: F401
         import deepspeed.runtime.engine  # noqa: F401
-        import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
         import deepspeed.runtime.zero.stage3  # noqa: F401
+        import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
+        # deepspeed.initialize's optimizer sanity check imports the Muon optimizer, whose torch.compile decorators
+        # import torch._inductor: 5-7 s of every DeepSpeed probe's setup, paid here once
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+        from deepspeed.ops.adam import DeepSpeedCPUAdam  # noqa: F401
     except ImportError:
         pass
 
@@ -103,7 +111,11 @@ def serve(path: Path) -> int:
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "parent")
     children: dict[int, socket.socket] = {}
-    print("ready", flush=True)
+    print(READY, flush=True)
+    null = os.open(os.devnull, os.O_WRONLY)  # nobody reads the server's output from here on: never block on it
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
     try:
         while True:
             for key, _ in sel.select(timeout=0.05):

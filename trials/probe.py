@@ -67,7 +67,15 @@ class Probe:
         self.baseline_rss = 0
         self.first_step_t: float | None = None
         self.micro_times: list[float] = []
+        self.phases: dict[str, float] = {}
+        self._mark_t = time.time()
+        self.phases["start"] = max(0.0, self._mark_t - self.launch_t)
         self.boundary_times: list[float] = []
+
+    def _mark(self, phase: str) -> None:
+        now = time.time()
+        self.phases[phase] = now - self._mark_t
+        self._mark_t = now
 
     # -- setup ------------------------------------------------------------------------------------------------------
     def _setup_memory(self) -> None:
@@ -131,6 +139,7 @@ class Probe:
         if host is None or self.tracker is None:
             return
         self.tracker.mark_host(memory.optimizer_tensors(host))
+        self.tracker.mark_host(engine.host_tensors())
         if not getattr(host, "_tuner_paused", False):
             step = host.step
             tracker = self.tracker
@@ -141,6 +150,14 @@ class Probe:
 
             host.step = paused_step
             host._tuner_paused = True
+
+    def _settle(self) -> None:
+        """After the first accumulation cycle every lazily built buffer exists (AdamW state, ZeRO's offload buffers
+        now taken off the device): the peak is taken from here on, over steady-state cycles with state resident."""
+        if self.tracker is not None:
+            self.tracker.reset_peak()
+        elif self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def _eval(self, engine: Engine, vocab: int, encdec: bool) -> None:
         knobs = self.config.knobs
@@ -171,9 +188,12 @@ class Probe:
         self._setup_memory()
         if knobs.engine == "deepspeed":
             import deepspeed  # noqa: F401  (imported before the tracker: its import is not device memory)
+        self._mark("import")
         self._setup_dist()
+        self._mark("dist")
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model)
+        self._mark("model")
         vocab = int(model.config.vocab_size)
         encdec = is_encoder_decoder(model)
         accum = probe_accum(cfg)
@@ -184,17 +204,21 @@ class Probe:
                                      encoder_decoder=encdec, device=self.device)
             engine = build_engine(model, knobs, accum, self.device, cfg.learning_rate, self.world_size)
             self._host_offload(engine)
+            self._mark("engine")
             memory_steps = max(cfg.warmup_steps, 2 * accum)
             memory_steps = math.ceil(memory_steps / accum) * accum
-            for _ in range(memory_steps):
-                if self._step(engine, batch, timed=False):
-                    self._host_offload(engine)
+            for i in range(memory_steps):
+                self._step(engine, batch, timed=False)
+                self._host_offload(engine)
+                if i == accum - 1:
+                    self._settle()
             self._eval(engine, vocab, encdec)
         timed_steps = math.ceil(max(cfg.measure_steps, accum) / accum) * accum
         for _ in range(timed_steps):
             self._step(engine, batch, timed=True)
         return RankResult(rank=self.rank, status="ok", memory=self._memory(), steps=self._stats(),
-                          setup_s=self._setup_s(), versions=versions(), fingerprint=fingerprint(self.device))
+                          setup_s=self._setup_s(), versions=versions(), fingerprint=fingerprint(self.device),
+                          setup_phases=self.phases)
 
     def _setup_s(self) -> float | None:
         return None if self.first_step_t is None else max(0.0, self.first_step_t - self.launch_t)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 START_TIMEOUT_S = 180.0
+READY = b"trials.forkserver ready"
 
 
 class ForkedRank:
@@ -92,11 +93,15 @@ class ForkServer:
             start_new_session=True,
         )
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
-        line = self.proc.stdout.readline() if ready else b""
-        if line.strip() != b"ready":
-            self.close()
-            raise OSError("the probe fork server did not start")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        line = b""
+        while line.strip() != READY:  # imports may print first (DeepSpeed logs to stdout)
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, left))
+            line = self.proc.stdout.readline() if ready else b""
+            if not line:
+                self.close()
+                raise OSError("the probe fork server did not start")
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -123,13 +123,15 @@ def choose_launcher(launcher: str | None = None) -> str:
     return choice
 
 
-def _server(launcher: str) -> launch_forkserver.ForkServer | None:
+def _server(launcher: str, explicit: bool) -> launch_forkserver.ForkServer | None:
     if launcher != "forkserver":
         return None
     try:
         return launch_forkserver.get_server(probe_env(1))
     except OSError:
-        return None  # fall back to fresh interpreters
+        if explicit:
+            raise
+        return None  # "auto": fall back to fresh interpreters
 
 
 def _launch(config: ProbeConfig, work: Path, launch_t: float, server: launch_forkserver.ForkServer | None,
@@ -236,12 +238,14 @@ def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: 
     results = [r.read() for r in ranks]
     memories = [res.memory for res in results if res is not None and res.memory is not None]
     first = next((res for res in results if res is not None), None)
-    setups = [res.setup_s for res in results if res is not None and res.setup_s is not None]
+    timed = [res for res in results if res is not None and res.setup_s is not None]
+    slowest = max(timed, key=lambda res: res.setup_s or 0.0, default=None)
     failures = [(r, s, c) for r, s, c in statuses if s not in (None, "ok")]
     common = dict(
         ranks=memories, capacity=next((m.capacity for m in memories if m.capacity), None),
         versions=first.versions if first else {}, fingerprint=first.fingerprint if first else {},
-        wall_s=wall_s, setup_s=max(setups) if setups else None,
+        wall_s=wall_s, setup_s=slowest.setup_s if slowest else None,
+        setup_phases=slowest.setup_phases if slowest else {},
     )
     if timed_out and not any(s in ("oom", "error") for _, s, _ in failures):
         return ProbeResult(status="timeout", cause=f"probe passed its {config.timeout_s:g} s timeout; all ranks "
@@ -268,7 +272,10 @@ def run_probe(config: ProbeConfig, workdir: Path | None = None, *, launcher: str
     """
     how = choose_launcher(launcher)
     ensure_ops(config, probe_env(config.world_size))
-    server = _server(how)  # started (once per runner process) before the probe's clock
+    try:  # started (once per runner process) before the probe's clock
+        server = _server(how, explicit=(launcher or load_settings().probe_launcher) == "forkserver")
+    except OSError as exc:
+        return ProbeResult(status="error", cause=f"could not start the probe fork server: {exc}")
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="tuner-probe-")) if own else Path(workdir)  # type: ignore[arg-type]
     work.mkdir(parents=True, exist_ok=True)
