@@ -200,8 +200,11 @@ class Strategy:
             return True
         if seconds_left is None:
             return False
-        stable = [c for c in candidates(self.rows) if not c.confirmed][: self.schedule.finalists]
-        reserve = len(stable) * self.expected_seconds("confirm")
+        # keep time for the finalists' confirm probes, but only for as many as can still fit: when not even one
+        # confirm fits, the time left goes to short probes instead of being kept for nothing
+        pending = len([c for c in candidates(self.rows) if not c.confirmed][: self.schedule.finalists])
+        confirm_s = self.expected_seconds("confirm")
+        reserve = min(pending, int(seconds_left // confirm_s)) * confirm_s if confirm_s > 0 else 0.0
         return seconds_left - reserve < self.expected_seconds("short")
 
     def propose(self, seconds_left: float | None = None) -> Proposal | None:

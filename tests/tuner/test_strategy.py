@@ -220,3 +220,17 @@ def test_search_opens_with_a_micro_batch_bisection_at_the_plainest_config():
     # 8 first (the middle); 8 peaks above 90% of capacity (unstable), so 2 or 4 next: a binary search
     assert first[0].micro_batch_size == 8
     assert first[1].micro_batch_size in (2, 4) and first[2].micro_batch_size in (1, 2, 4)
+
+
+def test_time_too_short_for_a_confirm_goes_to_short_probes():
+    s = make({**SMALL, "micro_batch_size": [1, 2, 4]}, schedule=Schedule(finalists=2))
+    p = s.propose(None)
+    assert s.observe(p, table_probe(p.config)).stable  # one stable short probe: a finalist is pending
+    short, confirm = s.expected_seconds("short"), s.expected_seconds("confirm")
+    assert confirm > short
+    between = (short + confirm) / 2  # a short probe fits, a confirm does not
+    nxt = s.propose(between)
+    assert nxt is not None and nxt.fidelity == "short"
+    s.observe(nxt, table_probe(nxt.config))
+    enough = s.expected_seconds("confirm") + s.expected_seconds("short") / 2  # one confirm fits, not both
+    assert s.propose(enough).fidelity == "confirm"
