@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs tuner into .venv and runs a short search of the built-in tiny T5 on this machine (CPU or GPUs), on the
-# embedded SQLite storage, with a small emulated device memory so that the largest micro batches really run out of it.
+# embedded SQLite storage, with a small emulated device memory so that the largest micro batches really run out of it;
+# then lists the trials (OOM-pruned and inferred ones included) and prints the best config as DeepSpeed JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh test
 .venv/bin/tuner search --budget "${BUDGET:-3m}" --study quickstart --device-memory "${DEVICE_MEMORY:-160MiB}" "$@"
+.venv/bin/tuner trials --study quickstart
 .venv/bin/tuner best --study quickstart --format deepspeed
