@@ -69,10 +69,10 @@ cfg = cfg.model_copy(update={"warmup_steps": 2, "measure_steps": steps, "timeout
 print(f"chosen: {best.knobs} accum={cfg.gradient_accumulation_steps} objective={best.objective:.2f}"
       f" confirmed={best.confirmed}")
 result = run_probe(cfg, workdir=work / "long-run")
-peak = (result.peak_allocated or 0) / 2**30
-cap = (result.capacity or 0) / 2**30
+peak = (result.peak_allocated or 0) / 2**20
+cap = (result.capacity or 0) / 2**20
 line = (f"{steps} worst-case steps: status={result.status} samples/s={result.samples_per_s or 0:.2f} "
-        f"peak={peak:.2f} GiB of {cap:.2f} GiB retries={result.alloc_retries} wall={result.wall_s:.0f} s")
+        f"peak={peak:,.1f} MiB of {cap:,.1f} MiB retries={result.alloc_retries} wall={result.wall_s:.0f} s")
 if result.status == "ok" and result.alloc_retries == 0:
     print("GPU CHECK PASS:", line)
     sys.exit(0)
