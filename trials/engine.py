@@ -28,6 +28,8 @@ class Engine(Protocol):
 
     def host_tensors(self) -> Iterator[torch.Tensor]: ...
 
+    def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
+
 
 def enable_checkpointing(model: torch.nn.Module) -> None:
     enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
@@ -72,10 +74,8 @@ class TorchEngine:
         sync = contextlib.nullcontext()
         if not boundary and isinstance(self.wrapped, torch.nn.parallel.DistributedDataParallel):
             sync = self.wrapped.no_sync()
-        cast = (torch.autocast(self.device.type, dtype=self.dtype) if self.dtype is not None
-                else contextlib.nullcontext())
         with sync:
-            with cast:
+            with self.autocast():
                 loss = self.wrapped(**batch).loss / self.accum
             if self.scaler is not None:
                 self.scaler.scale(loss).backward()
@@ -95,6 +95,11 @@ class TorchEngine:
 
     def host_tensors(self) -> Iterator[torch.Tensor]:
         return iter(())
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
 
 
 def deepspeed_config(knobs: Knobs, accum: int, world_size: int, lr: float) -> dict[str, Any]:
@@ -179,6 +184,9 @@ class DeepSpeedEngine:
         if not self.offload:
             return None
         return getattr(self.optimizer, "optimizer", None)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # the engine's module is already in the training precision
 
     def host_tensors(self) -> Iterator[torch.Tensor]:
         """ZeRO's host-side buffers under CPU offload (on a GPU they are pinned CPU memory, not device memory)."""

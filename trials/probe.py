@@ -169,7 +169,7 @@ class Probe:
         model = engine.module
         model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), engine.autocast():
                 model(**batch)
                 if knobs.generate:
                     zero3 = knobs.engine == "deepspeed" and knobs.zero_stage == 3 and self.world_size > 1
