@@ -191,3 +191,34 @@ def test_setup_phases_are_reported(tmp_path: Path) -> None:
     assert set(result.setup_phases) >= {"start", "model", "engine"}
     assert result.setup_s is not None
     assert sum(result.setup_phases.values()) <= result.setup_s + 1e-6
+
+
+def test_runner_killed_leaves_no_fork_server_nor_probe(tmp_path: Path) -> None:
+    """kill -9 of the process running the search: the fork server sees its stdin close and kills the probe's group."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from pathlib import Path; from trials.contract import Knobs, ProbeConfig; "
+        "from tuner.runner import run_probe; "
+        "run_probe(ProbeConfig(knobs=Knobs(micro_batch_size=1, max_length=8, engine='torch'), measure_steps=10**7, "
+        "timeout_s=600), Path(sys.argv[1]), launcher='forkserver')"
+    )
+    driver = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], start_new_session=True)
+    pid_file = tmp_path / "rank0.pid"
+    deadline = time.monotonic() + 180
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pid_file.exists(), "the probe never started"
+    child = int(pid_file.read_text())
+    with open(f"/proc/{child}/stat", "rb") as fh:
+        server = int(fh.read().rsplit(b")", 1)[1].split()[1])  # the forked rank's parent: the fork server
+    assert server != driver.pid
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (os.path.exists(f"/proc/{server}") or os.path.exists(f"/proc/{child}")):
+        time.sleep(0.1)
+    _assert_no_survivors(tmp_path)
+    with pytest.raises(ProcessLookupError):
+        os.kill(server, 0)
