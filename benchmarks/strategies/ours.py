@@ -1,7 +1,7 @@
-"""Ours: helper B's tuner.strategy.Strategy — TPE with OOM constraints, the feasibility frontier, the memory estimate
-(from the table's fake-tensor trace, calibrated on every measured peak) and short->confirm finalists — on an in-memory
-Optuna study, driven exactly like tuner/search.py drives it but with the table as the probe and probe-seconds as the
-clock. Confirm probes draw a fresh recorded repeat, charged setup + measuring time x (confirm steps / short steps).
+"""Ours: helper B's tuner.strategy.Strategy — TPE with OOM constraints, the feasibility frontier (ZeRO stages ordered
+by tuner.estimator.zero_stage_need when the estimate is on, as tuner.search does), the memory estimate (from the
+table's fake-tensor trace, calibrated on every measured peak) and short->confirm finalists — on an in-memory Optuna
+study, driven like tuner/search.py drives it but with the table as the probe and probe-seconds as the clock. Confirm probes draw a fresh recorded repeat, charged setup + measuring time x (confirm steps / short steps).
 The pick is Strategy.best() (confirmed finalists first, on a lower confidence bound)."""
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from tuner.frontier import Frontier
 from tuner.strategy import Schedule, Strategy, make_sampler
 
 
-def ours(env: Env, use_estimator: bool = True, stage_order: bool = False) -> None:
+def ours(env: Env, use_estimator: bool = True) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t = env.table
     schedule = Schedule()
+    estimator = t.estimator() if use_estimator else None
     study = optuna.create_study(direction="maximize", sampler=make_sampler(env.seed))
     strategy = Strategy(
         study=study,
@@ -30,13 +31,14 @@ def ours(env: Env, use_estimator: bool = True, stage_order: bool = False) -> Non
         device_memory=t.device_memory,
         headroom=t.headroom,
         schedule=schedule,
-        estimator=t.estimator() if use_estimator else None,
+        estimator=estimator,
         seed=env.seed,
     )
-    if stage_order:  # what wiring tuner.estimator.zero_stage_need into the Strategy's frontier would give
-        est = t.estimator()
-        need = zero_stage_need(est.trace.param_count, t.world_size, t.configs()) if est else None
-        strategy.frontier = Frontier(stage_need=need)
+    if estimator is not None:  # as tuner.search.Search.attach_estimator: the frontier then orders ZeRO stages
+        need = zero_stage_need(estimator.trace.param_count, t.world_size, list(t.space.configs()),
+                               estimator.trace.largest_param)
+        if need:
+            strategy.use_frontier(Frontier(stage_need=need))
     confirm_factor = sum(schedule.confirm) / sum(schedule.short)
     while True:
         proposal = strategy.propose(env.seconds_left)
@@ -54,9 +56,6 @@ def ours(env: Env, use_estimator: bool = True, stage_order: bool = False) -> Non
 
 
 def ours_no_estimator(env: Env) -> None:
+    """`tuner search --no-estimate` (the default for budgets under 10 minutes): no memory estimate, ZeRO stages
+    unordered in the frontier."""
     ours(env, use_estimator=False)
-
-
-def ours_stage_order(env: Env) -> None:
-    """NOT what `tuner search` runs today: ours with the frontier ordering ZeRO stages by estimator.zero_stage_need."""
-    ours(env, stage_order=True)
