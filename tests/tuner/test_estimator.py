@@ -143,3 +143,29 @@ def test_zero_stage_need_follows_the_arithmetic() -> None:
     mixed = space + [kn(zero_stage=1, reduce_bucket_size=10**5, allgather_bucket_size=10**5)]
     assert zero_stage_need(2_000_000, 4, mixed) is None
     assert zero_stage_need(263_168, 1, [kn(zero_stage=0)]) is None
+
+
+@pytest.mark.slow
+def test_cli_estimate_calibrates_from_a_stored_study(tmp_path: Path) -> None:
+    from trials.contract import ProbeConfig
+    from tuner.storage.store import Store
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    store = Store(url)
+    store.ensure_study("s", {"model": "builtin:tiny-t5"})
+    knobs = Knobs(micro_batch_size=4, max_length=64)
+    cfg = ProbeConfig(knobs=knobs)
+    store.record_probe({
+        "study_name": "s", "fidelity": "short", "config_key": "k1", "knobs": knobs.model_dump(mode="json"),
+        "config": cfg.model_dump(mode="json"), "status": "ok", "stable": True, "peak_allocated": 40 * MiB,
+    })
+    tuner = Path(sys.executable).with_name("tuner")
+    base = [str(tuner), "estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "4", "--max-length", "64",
+            "--storage", url, "--json"]
+    done = subprocess.run(base + ["--calibrate-from-study", "s"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["calibration_probes"] == 1 and out["calibration"] != [1.0, 1.0, 0.0]
+    assert abs(out["calibrated"] - 40 * MiB) < abs(out["raw"] - 40 * MiB) or out["raw"] == 40 * MiB
+    missing = subprocess.run(base + ["--calibrate-from-study", "nope"], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no study named 'nope'" in missing.stderr
