@@ -147,12 +147,12 @@ CLI_CASES: list[Cli] = [
                                    "--device-memory", "-3GiB"], r"memory size"),
 ]
 
-# Known defects in other modules, each with its fix; strict: the mark fails the run once the defect is fixed.
+# Known defects in other modules, each with its fix. Not strict: a fix landing shows as XPASS (then drop the entry)
+# rather than failing CI for the module owner.
 KNOWN_DEFECTS: dict[str, str] = {
     "estimate-model-missing": "tuner/cli/estimate.py builds ModelSpec(source=model) without tuner.models.resolve_model",
     "estimate-device-memory": "tuner/cli/estimate.py _parse_size accepts '-3GiB'; use tuner.budget.parse_size",
 }
-BASELINE_LANDED = importlib.util.find_spec("tuner.baseline") is not None
 
 API_CASES: list[Api] = [
     Api("api-study-bad-chars", "GET", "/studies/a b;rm -rf", r"name"),
@@ -259,9 +259,7 @@ def test_the_table_is_large_enough() -> None:
 def test_cli_bad_input(case: Cli, world: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
                        capsys: pytest.CaptureFixture[str], tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if case.id in KNOWN_DEFECTS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[case.id]))
-    if case.id.startswith("baseline-") and not BASELINE_LANDED:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="tuner.baseline (the --baseline parser) missing"))
+        request.applymarker(pytest.mark.xfail(strict=False, reason=KNOWN_DEFECTS[case.id]))
     monkeypatch.chdir(tmp_path)  # a default sqlite:///tuner.db would land here, never in the repo
     monkeypatch.setenv("TUNER_STORAGE", world["url"])
     monkeypatch.delenv("TUNER_API_TOKEN", raising=False)
