@@ -150,8 +150,6 @@ CLI_CASES: list[Cli] = [
 # Known defects in other modules, each with its fix. Not strict: a fix landing shows as XPASS (then drop the entry)
 # rather than failing CI for the module owner.
 KNOWN_DEFECTS: dict[str, str] = {
-    "estimate-model-missing": "tuner/cli/estimate.py builds ModelSpec(source=model) without tuner.models.resolve_model",
-    "estimate-device-memory": "tuner/cli/estimate.py _parse_size accepts '-3GiB'; use tuner.budget.parse_size",
 }
 
 API_CASES: list[Api] = [

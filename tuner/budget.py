@@ -10,7 +10,7 @@ from typing import Callable
 from tuner.errors import BudgetError, ConfigError
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?", re.IGNORECASE)
+_SIZE = re.compile(r"(\d+(?:\.\d+)?(?:e\d+)?)\s*([KMGT]i?B|B)?", re.IGNORECASE)
 _UNITS = {
     "b": 1,
     "kb": 10**3,

@@ -12,8 +12,10 @@ from rich.table import Table
 
 from trials.contract import Knobs, ModelSpec
 from tuner.cli.app import app
-from tuner.errors import ConfigError, ModelSourceError
+from tuner.errors import ConfigError
+from tuner.budget import parse_size
 from tuner.estimator import Estimate, Estimator, trace
+from tuner.models import resolve_model
 from tuner.settings import load_settings
 
 MAX_CALIBRATION_POINTS = 8
@@ -21,21 +23,8 @@ MiB = 1 << 20
 
 
 def _parse_size(text: str | None) -> int | None:
-    """"40GiB", "512MiB", "2e8" or plain bytes."""
-    if text is None:
-        return None
-    t = text.strip()
-    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9}
-    for suffix, mult in sorted(units.items(), key=lambda kv: -len(kv[0])):
-        if t.lower().endswith(suffix):
-            try:
-                return int(float(t[: -len(suffix)]) * mult)
-            except ValueError:
-                break
-    try:
-        return int(float(t))
-    except ValueError:
-        raise ConfigError(f"cannot read size {text!r}; write e.g. 80GiB, 512MiB or a byte count") from None
+    """"40GiB", "512MiB", "2e8" or plain bytes; positive (tuner.budget.parse_size is the one parser)."""
+    return None if text is None else parse_size(text)
 
 
 def _calibration_rows(study: str, storage: str | None, model: ModelSpec, world_size: int) -> list[tuple[Knobs, int]]:
@@ -97,9 +86,7 @@ def estimate(
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first.get("loc", ())) or "knobs"
         raise ConfigError(f"{where}: {first['msg']}") from None
-    if not model.strip():
-        raise ModelSourceError("--model is empty; give builtin:tiny-t5, an HF id or a local directory")
-    spec = ModelSpec(source=model)
+    spec = resolve_model(model)
     capacity = _parse_size(device_memory)
     calib = _calibration_rows(calibrate_from_study, storage, spec, world_size) if calibrate_from_study else []
     wanted = {(knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)}
