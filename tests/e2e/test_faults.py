@@ -231,7 +231,10 @@ def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: 
     request = SearchRequest(
         study_name="hang", storage=url, model=resolve_model("builtin:tiny-t5"), space=space, world_size=2,
         global_batch=8, objective=objective_for(space.max_length, None), budget_s=900, device_memory=1 << 30,
-        n_trials=3, schedule=Schedule(finalists=0, timeout_factor=2.0, timeout_slack_s=20.0, max_timeout_s=240.0),
+        # long enough measured windows that the frozen probe is still running when rank 1 is found: with the fork
+        # server a 2-rank probe of this tiny config otherwise ends in ~0.5 s
+        n_trials=3, schedule=Schedule(short=(2, 300), finalists=0, timeout_factor=2.0, timeout_slack_s=20.0,
+                                      max_timeout_s=240.0),
         seed=1,
     )
     stopped: list[int] = []
@@ -243,8 +246,7 @@ def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: 
         if len(calls) == 1:
             def freeze() -> None:
                 pids = wait_for("rank 1 of the probe", lambda: [p for p, r in my_ranks().items() if r == 1],
-                                timeout=120, every=0.05)
-                time.sleep(1.0)
+                                timeout=120, every=0.02)
                 os.kill(pids[0], signal.SIGSTOP)
                 stopped.append(pids[0])
             freezer = threading.Thread(target=freeze, daemon=True)
