@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 TORCH_SPEC=${TUNER_TORCH_SPEC-torch==2.13.0}
+# pip's "Location ... is ignored" lines come from a find-links/index setting of some hosts, not from tuner: filtered.
+quiet() { "$@" 2> >(grep -v "^WARNING: Location .* is ignored" >&2); }
 if [ -n "$TORCH_SPEC" ]; then
-  .venv/bin/python -m pip install -q "$TORCH_SPEC"
+  quiet .venv/bin/python -m pip install -q "$TORCH_SPEC"
 fi
-.venv/bin/python -m pip install -q -e ".[${1:-test}]"
+quiet .venv/bin/python -m pip install -q -e ".[${1:-test}]"

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_STORAGE = "sqlite:///tuner.db"
+
+
+def _environment_tag() -> str:
+    """py311-<hash of the interpreter's prefix>: tells virtualenvs apart without importing torch."""
+    digest = hashlib.sha1(os.path.realpath(sys.prefix).encode()).hexdigest()[:10]
+    return f"py{sys.version_info.major}{sys.version_info.minor}-{digest}"
 
 
 def _cache_dir() -> Path:
@@ -29,8 +37,12 @@ class Settings:
 
     @property
     def torch_extensions_dir(self) -> Path:
-        """DeepSpeed's JIT-compiled ops (cpu_adam, shm comm) survive across probes and searches here."""
-        return self.cache_dir / "torch_extensions"
+        """DeepSpeed's JIT-compiled ops (cpu_adam, shm comm) survive across probes and searches here.
+
+        One folder per Python environment: torch's JIT writes the environment's include paths into build.ninja, so
+        two virtualenvs sharing a folder would rebuild each other's ops on every switch, inside a probe's clock.
+        """
+        return self.cache_dir / "torch_extensions" / _environment_tag()
 
 
 def load_settings(**overrides: object) -> Settings:

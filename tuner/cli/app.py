@@ -33,6 +33,7 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 COMMAND_MODULES = [
     "tuner.cli.serve",
     "tuner.cli.db",
+    "tuner.cli.prepare",
     "tuner.cli.report",
     "tuner.cli.estimate",
     "tuner.cli.search",
