@@ -142,13 +142,18 @@ def reap_dead_local_workers(store: Store, study: optuna.Study, me: str) -> list[
             continue
         cause = f"interrupted: worker {worker} died during the probe (killed); failed on resume by {me}"
         running = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-        for claim in store.worker_claims(name, worker):
-            trial = running.get(claim["trial_number"]) if claim["trial_number"] is not None else None
-            if trial is not None:
-                study._storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
-                study._storage.set_trial_user_attr(trial._trial_id, "cause", cause)
-                study.tell(trial.number, state=TrialState.FAIL)
-                causes.append(f"trial {trial.number}: {cause}")
+        claimed = store.worker_claims(name, worker)
+        # its trials: the ones it claimed, and the ones it asked for but was killed before claiming
+        mine = {c["trial_number"] for c in claimed} | {
+            n for n, t in running.items() if t.user_attrs.get("worker") == worker
+        }
+        for number in sorted(n for n in mine if n in running):
+            trial = running[number]
+            study._storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
+            study._storage.set_trial_user_attr(trial._trial_id, "cause", cause)
+            study.tell(trial.number, state=TrialState.FAIL)
+            causes.append(f"trial {trial.number}: {cause}")
+        for claim in claimed:
             store.release_claim(name, claim["config_key"], claim["fidelity"])
         store.finish_run(int(run["id"]), "interrupted", cause)
     return causes
@@ -186,6 +191,7 @@ class Search:
             n_trials=request.n_trials,
             estimator=estimator,
             seed=request.seed,
+            worker=self.worker,
         )
         self.probes_run = 0
         self.probe_seconds = 0.0

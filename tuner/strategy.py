@@ -96,6 +96,7 @@ class Strategy:
     estimator: EstimatorLike | None = None
     seed: int | None = None
     frontier: Frontier = field(default_factory=Frontier)  # e.g. Frontier(stage_need=...) to order ZeRO stages
+    worker: str | None = None  # tagged on every trial asked, so a resume can fail the trials of a dead worker
 
     def __post_init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -217,9 +218,15 @@ class Strategy:
                 return proposal
         return self._confirm(seconds_left)
 
+    def _ask(self) -> optuna.trial.Trial:
+        trial = self.study.ask()
+        if self.worker is not None:
+            trial.set_user_attr("worker", self.worker)
+        return trial
+
     def _ask_baseline(self, seconds_left: float | None) -> Proposal:
         assert self.baseline is not None
-        trial = self.study.ask()
+        trial = self._ask()
         trial.set_user_attr("fidelity", "baseline")
         config = self._probe_config(self.baseline, "baseline", seconds_left)
         key = config_key(self.baseline, self.world_size, config.gradient_accumulation_steps)
@@ -272,7 +279,7 @@ class Strategy:
                     return None
                 self.study.enqueue_trial(fixed_params(pick), skip_if_exists=False)
                 stuck = 0
-            trial = self.study.ask()
+            trial = self._ask()
             knobs = self.space.sample(trial)
             key = config_key(knobs, self.world_size, self._accum(knobs))
             trial.set_user_attr("fidelity", "short")

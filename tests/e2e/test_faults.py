@@ -72,13 +72,19 @@ def _alive(pid: int) -> bool:
 
 
 def probe_ranks(marker: str) -> list[int]:
-    """Live `python -m trials` processes whose environment carries this test's marker."""
+    """Live probe ranks whose environment carries this test's marker: spawned (`python -m trials`) or forked by the
+    fork server (whose cmdline they share, so a rank is told by its stdout, the runner's ``rank<r>.stdout`` file)."""
     out = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and "-m trials" in _cmdline(int(entry)):
-            pid = int(entry)
-            if _environ(pid).get("TUNER_FAULT_MARKER") == marker and _alive(pid):
-                out.append(pid)
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/1")
+        except OSError:
+            continue
+        if re.search(r"rank\d+\.stdout$", target) and _environ(pid).get("TUNER_FAULT_MARKER") == marker and _alive(pid):
+            out.append(pid)
     return out
 
 
