@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import random
+import time
 from functools import lru_cache
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
 
 from tuner.errors import StorageError
 from tuner.storage.schema import SCHEMA_VERSION, meta, metadata
 
 SQLITE_BUSY_TIMEOUT_S = 60
+CREATE_ATTEMPTS = 6  # processes first-using one database race on CREATE TABLE; the losers retry
 
 
 def _check_url(url: str) -> sa.URL:
@@ -71,8 +74,28 @@ def schema_version(engine: Engine) -> int | None:
     return int(row[0]) if row else None
 
 
+_CONCURRENT_CREATE = ("already exists", "UNIQUE constraint failed", "duplicate key")
+
+
+def _created_concurrently(err: Exception) -> bool:
+    """Another process (a second worker, the API) created the same table or version row between our check and ours."""
+    text = str(getattr(err, "orig", err))
+    return any(mark in text for mark in _CONCURRENT_CREATE)
+
+
 def upgrade(url: str) -> int:
     """Creates or migrates the project's tables; returns the schema version now in place. Idempotent."""
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            return _upgrade(url)
+        except (OperationalError, IntegrityError) as err:
+            if not _created_concurrently(err) or attempt == CREATE_ATTEMPTS - 1:
+                raise _unreachable(url, err) from None
+            time.sleep(random.uniform(0.05, 0.5))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _upgrade(url: str) -> int:
     engine = get_engine(url)
     try:
         found = schema_version(engine)
@@ -89,7 +112,9 @@ def upgrade(url: str) -> int:
                 conn.execute(
                     sa.update(meta).where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION))
                 )
-    except OperationalError as err:
+    except (OperationalError, IntegrityError) as err:
+        if _created_concurrently(err):
+            raise
         raise _unreachable(url, err) from None
     return SCHEMA_VERSION
 
@@ -110,12 +135,17 @@ def optuna_storage(url: str, heartbeat_interval: int | None = 30, grace_period: 
     """Optuna's RDBStorage on the same URL. With a heartbeat, trials of a killed worker are failed on resume."""
     import optuna
 
-    try:
-        return optuna.storages.RDBStorage(
-            url,
-            engine_kwargs=engine_kwargs(url),
-            heartbeat_interval=heartbeat_interval,
-            grace_period=grace_period,
-        )
-    except OperationalError as err:
-        raise _unreachable(url, err) from None
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(
+                url,
+                engine_kwargs=engine_kwargs(url),
+                heartbeat_interval=heartbeat_interval,
+                grace_period=grace_period,
+            )
+        except (OperationalError, IntegrityError) as err:
+            # two processes first-using one database race on Optuna's CREATE TABLEs: the loser retries
+            if not _created_concurrently(err) or attempt == CREATE_ATTEMPTS - 1:
+                raise _unreachable(url, err) from None
+            time.sleep(random.uniform(0.05, 0.5))
+    raise AssertionError("unreachable")  # pragma: no cover
