@@ -40,7 +40,7 @@ class ForkedRank:
         if self.returncode is not None:
             return
         if self._orphan:  # the server died: the child's exit status is lost; report it once the child is gone
-            if not _alive(self.pid):
+            if not pid_alive(self.pid):
                 self.returncode = 4  # trials.contract.EXIT_ERROR; its result file, if any, still decides
             elif timeout:
                 time.sleep(min(timeout, 0.05))
@@ -73,7 +73,8 @@ class ForkedRank:
         return self.returncode
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists (also when it belongs to another user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

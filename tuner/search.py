@@ -26,6 +26,7 @@ from tuner.budget import Deadline
 from tuner.errors import StorageError
 from tuner.estimator import Estimator
 from tuner.frontier import Frontier
+from tuner.launch_forkserver import pid_alive
 from tuner.request import ESSENTIAL, SearchRequest, check_resume, request_from_definition
 from tuner.selection import Candidate, best_stable
 from tuner.storage import Store, optuna_storage
@@ -118,16 +119,6 @@ def open_study(name: str, url: str, seed: int | None) -> optuna.Study:
     return study
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap_dead_local_workers(store: Store, study: optuna.Study, me: str) -> list[str]:
     """Closes the runs of workers on this host whose process is gone (kill -9, the OOM killer) now, instead of after
     the heartbeat grace period: each RUNNING trial they claimed fails with the cause, their claims are released.
@@ -138,7 +129,7 @@ def reap_dead_local_workers(store: Store, study: optuna.Study, me: str) -> list[
     for run in store.runs(name):
         worker = str(run["worker"])
         w_host, _, pid = worker.rpartition(":")
-        if run["status"] != "running" or w_host != host or not pid.isdigit() or worker == me or _pid_alive(int(pid)):
+        if run["status"] != "running" or w_host != host or not pid.isdigit() or worker == me or pid_alive(int(pid)):
             continue
         cause = f"interrupted: worker {worker} died during the probe (killed); failed on resume by {me}"
         running = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
