@@ -28,6 +28,8 @@ class Schedule:
     max_timeout_s: float = 1800.0
     estimate_margin: float = 1.5  # skip configs predicted above margin x capacity
     stuck_asks: int = 8  # consecutive duplicate/inferred proposals before picking an unknown config directly
+    guide: bool = True  # after the opening, probe the config of highest constrained EI (tuner.guide), not TPE's
+    min_expected_gain: float = 0.001  # the guide stops exploring when no config is expected to gain more (log units)
     seed_bisection: bool = True  # start with a micro-batch bisection at the plainest config (tuner.strategy.Strategy._next_seed)
 
 

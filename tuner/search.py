@@ -296,6 +296,8 @@ class Search:
 
     def _why_stopped(self) -> str:
         s = self.strategy
+        if s.converged:
+            return f"converged: no config left is expected to gain {100 * s.schedule.min_expected_gain:g}%"
         if s._exhausted:
             return "space exhausted"
         if self.request.n_trials is not None and s.explored >= self.request.n_trials:

@@ -18,6 +18,7 @@ rows so several workers and resumed searches see each other's measurements.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -29,6 +30,7 @@ from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
 from tuner.batching import accumulation_steps
 from tuner.errors import TunerError
 from tuner.frontier import Frontier, describe
+from tuner.guide import next_config, p_stable
 from tuner.objective import Objective
 from tuner.probe_time import Schedule, expected_seconds, timeout_for
 from tuner.selection import MEASURED, best_stable, candidates, is_stable
@@ -106,6 +108,7 @@ class Strategy:
         self.inferred = 0
         self.reused = 0
         self._exhausted = False
+        self.converged = False  # the guide expects no unprobed config to beat the best (Schedule.min_expected_gain)
         self._claimed_confirm: set[str] = set()
         self._skipped: set[str] = set()  # configs another worker holds a claim on
         self._seeded = False
@@ -264,12 +267,73 @@ class Strategy:
         if not unknown:
             self._seeded = True
             return None
+        limit = self.headroom * self.device_memory if self.device_memory else None
+        if self.estimator is not None and limit:
+            # the memory estimate already knows the boundary: one probe at the largest micro batch predicted stable
+            self._seeded = True
+            fitting = [k for k in unknown if (est := self._estimate(k)) is not None and est <= limit]
+            return fitting[-1] if fitting else unknown[0]
         return unknown[len(unknown) // 2]
+
+    def _guided(self) -> Knobs | None:
+        """The config with the highest constrained expected improvement (tuner.guide), once a probe has finished;
+        None (TPE proposes) before that or with ``Schedule.guide`` off."""
+        if not self.schedule.guide:
+            return None
+        if self._grid is None:
+            self._grid = list(self.space.configs())
+        measured = [
+            (Knobs.model_validate(r["knobs"]), float(r["objective"]))
+            for r in self.rows
+            if r.get("fidelity") in MEASURED and r.get("status") == "ok" and r.get("objective")
+        ]
+        found = candidates(self.rows)
+        best = max((c.objective for c in found), default=None)
+        known = self._known()
+        capacity = self.device_memory or max((int(r.get("capacity") or 0) for r in self.rows), default=0)
+        limit = self.headroom * capacity if capacity else None
+        estimates: dict[str, int | None] = {}
+
+        def key(k: Knobs) -> str:
+            return config_key(k, self.world_size, self._accum(k))
+
+        ruled_out: dict[str, Knobs] = {}  # per setting (all knobs but the micro batch), the smallest batch ruled out
+
+        def rule_out(k: Knobs) -> bool:
+            setting = json.dumps({**k.model_dump(mode="json"), "micro_batch_size": None}, sort_keys=True)
+            if setting not in ruled_out or k.micro_batch_size < ruled_out[setting].micro_batch_size:
+                ruled_out[setting] = k
+            return True
+
+        def skip(k: Knobs) -> bool:
+            if key(k) in known:
+                return True
+            if self.frontier.infer(k) == "oom":
+                return rule_out(k)
+            estimates[key(k)] = est = self._estimate(k)
+            if est is not None and capacity and est > self.schedule.estimate_margin * capacity:
+                return rule_out(k)
+            return False
+
+        def p_fit(k: Knobs) -> float:
+            return p_stable(estimates.get(key(k)), limit, self.frontier.infer(k))
+
+        choice = next_config(self._grid, measured, best, skip, p_fit, cost=lambda k: k.micro_batch_size * k.max_length)
+        for k in ruled_out.values():  # the OOM boundary, recorded once so `tuner trials` shows what was never probed
+            self._record_inferred(k)
+        if choice is not None and best is not None and choice.score < self.schedule.min_expected_gain:
+            self._exhausted = self.converged = True  # no config left is expected to gain; finalists are confirmed next
+            return None
+        return choice.knobs if choice is not None else None
 
     def _explore(self, seconds_left: float | None) -> Proposal | None:
         stuck = 0
         while True:
             seed = self._next_seed() if stuck == 0 else None
+            if seed is None and stuck == 0:
+                seed = self._guided()
+                if self._exhausted:
+                    return None
             if seed is not None:
                 self.study.enqueue_trial(fixed_params(seed), skip_if_exists=False)
             elif stuck >= self.schedule.stuck_asks:
@@ -301,6 +365,21 @@ class Strategy:
                 stuck += 1
                 continue
             return Proposal(config, "short", key, trial, self.expected_seconds("short"), estimate)
+
+    def _record_inferred(self, knobs: Knobs) -> None:
+        self.study.enqueue_trial(fixed_params(knobs), skip_if_exists=False)
+        trial = self._ask()
+        knobs = self.space.sample(trial)
+        key = config_key(knobs, self.world_size, self._accum(knobs))
+        trial.set_user_attr("fidelity", "short")
+        trial.set_user_attr("knobs", knobs.model_dump(mode="json"))
+        trial.set_user_attr("config_key", key)
+        config = self._probe_config(knobs, "short", None)
+        verdict, cause, estimate = self._infer(knobs, config)
+        if verdict == "oom":
+            self._tell_inferred(trial, config, key, cause, estimate)
+        else:  # cannot happen (the guide asked the same frontier and estimate); never leave a trial running
+            self._tell_skipped(trial, "not ruled out after all")
 
     def _infer(self, knobs: Knobs, config: ProbeConfig) -> tuple[str | None, str | None, int | None]:
         if self.frontier.infer(knobs) == "oom":

@@ -9,7 +9,7 @@ from benchmarks.strategies.baselines import grid, random_search
 from benchmarks.strategies.ds_autotune import ds_autotune
 from benchmarks.strategies.hf_halving import hf_halving, hf_x09
 from benchmarks.strategies.lightning import lightning_binsearch, lightning_power
-from benchmarks.strategies.ours import ours, ours_no_estimator
+from benchmarks.strategies.ours import ours, ours_no_estimator, ours_tpe
 from benchmarks.strategies.tpe import plain_tpe
 from benchmarks.table import Env
 
@@ -25,4 +25,4 @@ STRATEGIES: dict[str, Callable[[Env], None]] = {
     "ds-autotune": ds_autotune,
 }
 # not a peer: ours as `tuner search --no-estimate` runs it (no memory estimate, ZeRO stages unordered)
-EXTRA: dict[str, Callable[[Env], None]] = {"ours-no-estimate": ours_no_estimator}
+EXTRA: dict[str, Callable[[Env], None]] = {"ours-no-estimate": ours_no_estimator, "ours-tpe": ours_tpe}

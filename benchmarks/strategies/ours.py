@@ -15,10 +15,10 @@ from tuner.frontier import Frontier
 from tuner.strategy import Schedule, Strategy, make_sampler
 
 
-def ours(env: Env, use_estimator: bool = True) -> None:
+def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t = env.table
-    schedule = Schedule()
+    schedule = Schedule(guide=guide)
     estimator = t.estimator() if use_estimator else None
     study = optuna.create_study(direction="maximize", sampler=make_sampler(env.seed))
     strategy = Strategy(
@@ -59,3 +59,9 @@ def ours_no_estimator(env: Env) -> None:
     """`tuner search --no-estimate` (the default for budgets under 10 minutes): no memory estimate, ZeRO stages
     unordered in the frontier."""
     ours(env, use_estimator=False)
+
+
+def ours_tpe(env: Env) -> None:
+    """The ablation of the guide: after the opening bisection, TPE (with OOM constraints) proposes, as before the
+    guide existed (``Schedule(guide=False)``)."""
+    ours(env, guide=False)

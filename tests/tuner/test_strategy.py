@@ -112,8 +112,9 @@ def test_frontier_infers_larger_micro_batches_without_probing():
     assert all(r["fidelity"] == "inferred" and "inferred-oom" in r["cause"] for r in inferred)
     assert s.inferred == len(inferred)
     assert len({r["config_key"] for r in inferred}) == len(inferred), "an inference was recorded twice"
-    measured = {p.config.knobs.micro_batch_size for p in probed}
-    assert measured | {r["knobs"]["micro_batch_size"] for r in inferred} == set(SMALL["micro_batch_size"])
+    # the boundary is on record: the smallest micro batch never probed because it must OOM (16: 8 is unstable)
+    assert min(r["knobs"]["micro_batch_size"] for r in inferred) == 16
+    assert max(p.config.knobs.micro_batch_size for p in probed) == 8
 
 
 def test_errors_fail_the_trial_with_the_cause():
@@ -198,7 +199,8 @@ def test_estimator_skips_configs_far_over_budget():
         def observe(self, knobs, peak):
             self.seen.append(peak)
 
-    s = make(SMALL, schedule=Schedule(seed_bisection=False))  # no bisection: the estimate alone must skip them
+    # no bisection, no guide: TPE proposes, and the estimate alone must skip (and record) the ones far over budget
+    s = make(SMALL, schedule=Schedule(seed_bisection=False, guide=False))
     s.estimator = Est()
     probed, _ = drive(s)
     assert all(p.config.knobs.micro_batch_size * 12 <= 150 for p in probed)  # 1.5 x 100 MiB

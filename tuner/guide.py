@@ -1,0 +1,175 @@
+"""Which config to probe next: a throughput model of the measured probes, and constrained expected improvement.
+
+After the opening bisection, the search asks this module for the next config instead of TPE. The model is Bayesian
+linear regression of log(objective) on the knobs — quadratic in log2(micro batch) and log2(max_length) with their
+interaction (throughput saturates with the batch, longer sequences cost more per token), one-hot for every other knob
+that varies in the space (ZeRO stage, checkpointing, overlap_comm, buckets, offload, precision ...): the knob effects
+are mostly multiplicative, so few probes pin them down (the step-time model of Pollux, OSDI'21, fitted per knob).
+A measured probe teaches the model even when it ran above the headroom: its speed is real, only its memory is not
+shippable.
+
+Each unprobed config that the frontier does not rule out is scored by expected improvement over the best stable
+objective measured so far, times the probability that it is stable: from the memory estimate (calibrated peak vs the
+headroom line, with the estimator's relative error) when there is one, else a flat prior; the frontier's "fits"
+verdict makes it 1. That is constrained EI (Gardner et al., ICML 2014); ties go to the cheaper probe.
+
+Pure: numpy only, no database, no Optuna. tuner.strategy.Strategy calls :func:`next_config`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from trials.contract import Knobs
+
+NUMERIC = ("micro_batch_size", "max_length")
+PRIOR_SCALE = 0.5  # prior std of a first-order effect on log throughput: a knob level, or a doubling (e^0.5 = 1.65x)
+OFFSET_SCALE = 3.0  # prior std of the offset from the mean measured log throughput (nearly flat)
+CURVATURE_SCALE = 0.15  # prior std of the quadratic and interaction terms (per doubling squared)
+NOISE_FLOOR = 0.1  # the smallest noise std assumed on log throughput (probes of a few steps are noisy)
+UNKNOWN_FIT = 0.6  # P(stable) of a config with no estimate and no frontier verdict
+ESTIMATE_ERROR = 0.05  # relative error of a calibrated memory estimate (measured: median 1-2%, max ~6%)
+
+
+@dataclass(frozen=True)
+class Choice:
+    knobs: Knobs
+    score: float  # expected improvement (in log throughput) x P(stable)
+    mean: float  # predicted objective
+    p_stable: float
+
+
+class Featurizer:
+    """Knobs -> feature vector over the knobs that vary among ``configs``."""
+
+    def __init__(self, configs: Sequence[Knobs]) -> None:
+        dumps = [k.model_dump(mode="json") for k in configs]
+        names = sorted(dumps[0]) if dumps else []
+        self.numeric = [n for n in NUMERIC if len({d[n] for d in dumps}) > 1]
+        self.levels: dict[str, list[str]] = {}
+        for name in names:
+            if name in NUMERIC:
+                continue
+            values = sorted({repr(d.get(name)) for d in dumps})
+            if len(values) > 1:
+                self.levels[name] = values[1:]  # dummy coding: the first level is the baseline
+        self.center = {n: float(np.mean([math.log2(d[n]) for d in dumps])) for n in self.numeric}
+
+    def prior_scales(self) -> np.ndarray:
+        """Prior std per feature, in the order of ``__call__``."""
+        n = len(self.numeric)
+        second = n + (1 if n == 2 else 0)
+        onehots = sum(len(v) for v in self.levels.values())
+        return np.asarray([OFFSET_SCALE] + [PRIOR_SCALE] * n + [CURVATURE_SCALE] * second + [PRIOR_SCALE] * onehots,
+                          dtype=float)
+
+    def __call__(self, knobs: Knobs) -> np.ndarray:
+        d = knobs.model_dump(mode="json")
+        out: list[float] = [1.0]  # the offset from the mean of the measurements
+        logs = [math.log2(d[n]) - self.center[n] for n in self.numeric]
+        out.extend(logs)
+        out.extend(x * x for x in logs)
+        if len(logs) == 2:
+            out.append(logs[0] * logs[1])
+        for name, levels in self.levels.items():
+            value = repr(d.get(name))
+            out.extend(1.0 if value == level else 0.0 for level in levels)
+        return np.asarray(out, dtype=float)
+
+
+@dataclass
+class Model:
+    """Bayesian linear regression (Gaussian prior per coefficient, Featurizer.prior_scales; intercept = mean of y)."""
+
+    featurize: Featurizer
+    mean_w: np.ndarray
+    cov_w: np.ndarray
+    intercept: float
+    noise: float
+
+    @classmethod
+    def fit(cls, featurize: Featurizer, measured: Sequence[tuple[Knobs, float]]) -> Model:
+        x = np.stack([featurize(k) for k, _ in measured])
+        y = np.log(np.asarray([v for _, v in measured], dtype=float))
+        intercept = float(y.mean())
+        yc = y - intercept
+        noise = NOISE_FLOOR
+        prior = np.diag(1.0 / featurize.prior_scales() ** 2)
+        for _ in range(2):  # estimate the noise from the residuals, never below the floor
+            precision = x.T @ x / noise**2 + prior
+            cov = np.linalg.inv(precision)
+            w = cov @ x.T @ yc / noise**2
+            used = float(np.trace(x @ cov @ x.T)) / noise**2  # effective number of parameters the data pinned down
+            dof = max(len(y) - used, 1.0)
+            noise = max(NOISE_FLOOR, float(np.sqrt(np.sum((yc - x @ w) ** 2) / dof)))
+        return cls(featurize, w, cov, intercept, noise)
+
+    def predict(self, knobs: Knobs) -> tuple[float, float]:
+        """Mean and std of log(objective) (the std of the mean, without the probe noise)."""
+        f = self.featurize(knobs)
+        return self.intercept + float(f @ self.mean_w), float(np.sqrt(max(f @ self.cov_w @ f, 1e-12)))
+
+
+def expected_improvement(mean: float, std: float, best: float) -> float:
+    z = (mean - best) / std
+    return (mean - best) * _cdf(z) + std * _pdf(z)
+
+
+def p_stable(estimate: int | None, limit: float | None, frontier_verdict: str | None) -> float:
+    """Probability that a config runs under the headroom line ``limit`` (bytes)."""
+    if frontier_verdict == "fits":
+        return 1.0
+    if frontier_verdict == "oom":
+        return 0.0
+    if estimate is None or not limit:
+        return UNKNOWN_FIT
+    return _cdf((limit - estimate) / (ESTIMATE_ERROR * max(estimate, 1)))
+
+
+def next_config(
+    grid: Iterable[Knobs],
+    measured: Sequence[tuple[Knobs, float]],
+    best: float | None,
+    skip: Callable[[Knobs], bool],
+    p_fit: Callable[[Knobs], float],
+    cost: Callable[[Knobs], float] | None = None,
+) -> Choice | None:
+    """The unprobed config of ``grid`` with the highest EI x P(stable).
+
+    ``measured``: (knobs, objective) of every measured ok probe (stable or not); ``best``: the best stable objective so
+    far (None: none yet, any finishing config improves); ``skip``: configs already probed or ruled out; ``p_fit``:
+    P(stable) per config; ``cost``: expected probe seconds, only to break near-ties towards the cheaper probe.
+    None when there is no measurement to fit yet or no candidate is left."""
+    candidates = [k for k in grid if not skip(k)]
+    if not measured or not candidates:
+        return None
+    model = Model.fit(Featurizer([k for k, _ in measured] + candidates), measured)
+    incumbent = math.log(best) if best else None
+    top: tuple[tuple[float, float], Choice] | None = None
+    for knobs in candidates:
+        p = p_fit(knobs)
+        if p <= 0.0:
+            continue
+        mean, std = model.predict(knobs)
+        std = math.hypot(std, model.noise / 2)  # a probe also reveals whether the model's noise is kind to it
+        ei = expected_improvement(mean, std, incumbent) if incumbent is not None else math.exp(mean)
+        score = ei * p
+        rank = (round(score, 6), -(cost(knobs) if cost else 0.0))
+        if top is None or rank > top[0]:
+            top = (rank, Choice(knobs, score, math.exp(mean), p))
+    return top[1] if top else None
+
+
+def _pdf(z: float) -> float:
+    return math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+
+def _cdf(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2)))
+
+
+__all__ = ["Choice", "Featurizer", "Model", "expected_improvement", "next_config", "p_stable"]
