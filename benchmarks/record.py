@@ -175,6 +175,18 @@ def main(argv: list[str] | None = None) -> int:
         table["trace"] = trace(model, points, timeout_s=1800).model_dump()
         print(f"traced {len(points)} points in {time.perf_counter() - t0:.0f} s", flush=True)
         save(table, path)
+    if not args.no_trace and table.get("search_trace") is None:
+        # what `tuner search` itself traces for this space (tuner.tracing.trace_points), and how long it takes: the
+        # replay charges these seconds to the strategies that use the estimate, before their first probe
+        from tuner.tracing import trace_points
+
+        points = [p for p in trace_points(space)]
+        t0 = time.perf_counter()
+        traced = trace(model, points, timeout_s=1800).model_dump()
+        table["search_trace"] = {"points": [list(p) for p in points], "seconds": time.perf_counter() - t0,
+                                 "trace": traced}
+        print(f"search trace: {len(points)} points in {table['search_trace']['seconds']:.0f} s", flush=True)
+        save(table, path)
     total = len(configs) * args.repeats
     for rep in range(args.repeats):
         for n, knobs in enumerate(configs):

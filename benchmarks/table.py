@@ -110,8 +110,16 @@ class Table:
         return [self.entries[k].knobs for k in self.order]
 
     def estimator(self) -> Estimator | None:
+        """From the trace of every grid point (to measure the estimator's error on the table)."""
         tr = self.raw.get("trace")
         return Estimator(trace=Trace.model_validate(tr), world_size=self.world_size) if tr else None
+
+    def search_estimator(self) -> tuple[Estimator, float] | None:
+        """What `tuner search` would have: the trace of tuner.tracing.trace_points only, and its wall seconds."""
+        st = self.raw.get("search_trace")
+        if not st:
+            return None
+        return Estimator(trace=Trace.model_validate(st["trace"]), world_size=self.world_size), float(st["seconds"])
 
 
 @dataclass
@@ -123,6 +131,7 @@ class Env:
     budget_s: float
     rng: random.Random = field(init=False)
     clock: float = 0.0
+    overhead_s: float = 0.0  # charged outside probes (the memory trace)
     probes: list[tuple[str, int, str, float]] = field(default_factory=list)  # (key, repeat, status, seconds)
     timeline: list[tuple[float, str | None]] = field(default_factory=list)  # (clock, picked key)
 
@@ -147,6 +156,13 @@ class Env:
         self.probes.append((knobs_key(knobs), i, rep["status"], seconds))
         result = ProbeResult.model_validate(rep["result"])
         return result.model_copy(update={"wall_s": seconds})
+
+    def charge(self, seconds: float) -> None:
+        """Time spent before probing that the strategy must pay for (e.g. the memory trace)."""
+        if self.clock + seconds > self.budget_s:
+            raise OutOfBudget
+        self.clock += seconds
+        self.overhead_s += seconds
 
     def stable(self, result: ProbeResult) -> bool:
         return is_stable(result.status, result.peak_allocated, result.capacity or self.table.device_memory,

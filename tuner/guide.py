@@ -130,6 +130,23 @@ def p_stable(estimate: int | None, limit: float | None, frontier_verdict: str | 
     return _cdf((limit - estimate) / (ESTIMATE_ERROR * max(estimate, 1)))
 
 
+class PeakModel:
+    """P(stable) without a trace: the same regression on log(peak bytes) of the measured probes. Memory is mostly
+    model states plus micro batch x per-sample activations, so a few peaks predict the rest of the space; a
+    prediction's doubt (model + residual noise) widens the chance either way, so far extrapolations stay uncertain
+    (the frontier then settles them with a cheap OOM probe). Needs two measured peaks."""
+
+    def __init__(self, configs: Sequence[Knobs], peaks: Sequence[tuple[Knobs, float]], limit: float) -> None:
+        self.limit = math.log(limit)
+        self.model = Model.fit(Featurizer(configs), peaks) if len(peaks) >= 2 else None
+
+    def __call__(self, knobs: Knobs) -> float:
+        if self.model is None:
+            return UNKNOWN_FIT
+        mean, std = self.model.predict(knobs)
+        return _cdf((self.limit - mean) / math.hypot(std, self.model.noise))
+
+
 def next_config(
     grid: Iterable[Knobs],
     measured: Sequence[tuple[Knobs, float]],
@@ -172,4 +189,4 @@ def _cdf(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2)))
 
 
-__all__ = ["Choice", "Featurizer", "Model", "expected_improvement", "next_config", "p_stable"]
+__all__ = ["Choice", "Featurizer", "Model", "PeakModel", "expected_improvement", "next_config", "p_stable"]

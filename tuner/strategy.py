@@ -30,7 +30,7 @@ from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
 from tuner.batching import accumulation_steps
 from tuner.errors import TunerError
 from tuner.frontier import Frontier, describe
-from tuner.guide import next_config, p_stable
+from tuner.guide import PeakModel, next_config, p_stable
 from tuner.objective import Objective
 from tuner.probe_time import Schedule, expected_seconds, timeout_for
 from tuner.selection import MEASURED, best_stable, candidates, is_stable
@@ -315,8 +315,20 @@ class Strategy:
                 return rule_out(k)
             return False
 
+        peaks = None
+        if self.estimator is None and limit:  # no trace: learn the memory need from the measured peaks
+            peaks = PeakModel(
+                self._grid,
+                [(Knobs.model_validate(r["knobs"]), float(r["peak_allocated"])) for r in self.rows
+                 if r.get("fidelity") in MEASURED and r.get("status") == "ok" and r.get("peak_allocated")],
+                limit,
+            )
+
         def p_fit(k: Knobs) -> float:
-            return p_stable(estimates.get(key(k)), limit, self.frontier.infer(k))
+            verdict = self.frontier.infer(k)
+            if peaks is not None and verdict is None:
+                return peaks(k)
+            return p_stable(estimates.get(key(k)), limit, verdict)
 
         choice = next_config(self._grid, measured, best, skip, p_fit, cost=lambda k: k.micro_batch_size * k.max_length)
         for k in ruled_out.values():  # the OOM boundary, recorded once so `tuner trials` shows what was never probed

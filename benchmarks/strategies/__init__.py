@@ -9,12 +9,12 @@ from benchmarks.strategies.baselines import grid, random_search
 from benchmarks.strategies.ds_autotune import ds_autotune
 from benchmarks.strategies.hf_halving import hf_halving, hf_x09
 from benchmarks.strategies.lightning import lightning_binsearch, lightning_power
-from benchmarks.strategies.ours import ours, ours_no_estimator, ours_tpe
+from benchmarks.strategies.ours import ours_default, ours_tpe, ours_with_estimate
 from benchmarks.strategies.tpe import plain_tpe
 from benchmarks.table import Env
 
 STRATEGIES: dict[str, Callable[[Env], None]] = {
-    "ours": ours,
+    "ours": ours_default,
     "grid": grid,
     "random": random_search,
     "tpe": plain_tpe,
@@ -24,5 +24,5 @@ STRATEGIES: dict[str, Callable[[Env], None]] = {
     "lightning-binsearch": lightning_binsearch,
     "ds-autotune": ds_autotune,
 }
-# not a peer: ours as `tuner search --no-estimate` runs it (no memory estimate, ZeRO stages unordered)
-EXTRA: dict[str, Callable[[Env], None]] = {"ours-no-estimate": ours_no_estimator, "ours-tpe": ours_tpe}
+# not peers: ours with the memory trace (its seconds charged), and ours with TPE instead of the guide (ablations)
+EXTRA: dict[str, Callable[[Env], None]] = {"ours+estimate": ours_with_estimate, "ours-tpe": ours_tpe}

@@ -1,8 +1,10 @@
-"""Ours: helper B's tuner.strategy.Strategy — TPE with OOM constraints, the feasibility frontier (ZeRO stages ordered
-by tuner.estimator.zero_stage_need when the estimate is on, as tuner.search does), the memory estimate (from the
-table's fake-tensor trace, calibrated on every measured peak) and short->confirm finalists — on an in-memory Optuna
-study, driven like tuner/search.py drives it but with the table as the probe and probe-seconds as the clock. Confirm probes draw a fresh recorded repeat, charged setup + measuring time x (confirm steps / short steps).
-The pick is Strategy.best() (confirmed finalists first, on a lower confidence bound)."""
+"""Ours: tuner.strategy.Strategy as `tuner search` drives it, on an in-memory Optuna study with the table as the probe
+and probe-seconds as the clock. The opening at the plainest config, then the guide (tuner.guide: a throughput model
+fitted to the measured probes, constrained expected improvement), the feasibility frontier (ZeRO stages ordered by
+tuner.estimator.zero_stage_need when the estimate is on, as tuner.search does), the memory estimate from the trace
+`tuner search` runs for this space (tuner.tracing.trace_points; its recorded seconds are charged before the first
+probe), and short->confirm finalists. Confirm probes draw a fresh recorded repeat, charged setup + measuring time x
+(confirm steps / short steps). The pick is Strategy.best() (confirmed finalists first, on a lower confidence bound)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,16 @@ def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t = env.table
     schedule = Schedule(guide=guide)
-    estimator = t.estimator() if use_estimator else None
+    estimator = None
+    if use_estimator:  # the trace `tuner search` runs before its first probe, charged its recorded seconds
+        found = t.search_estimator()
+        if found is None:
+            raise ValueError(f"table {t.name} has no search_trace: rerun its record command to add it")
+        estimator, trace_s = found
+        try:
+            env.charge(trace_s)
+        except OutOfBudget:
+            return
     study = optuna.create_study(direction="maximize", sampler=make_sampler(env.seed))
     strategy = Strategy(
         study=study,
@@ -55,13 +66,19 @@ def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
         env.pick(Knobs.model_validate(best.knobs) if best is not None else None)
 
 
-def ours_no_estimator(env: Env) -> None:
-    """`tuner search --no-estimate` (the default for budgets under 10 minutes): no memory estimate, ZeRO stages
-    unordered in the frontier."""
+def ours_default(env: Env) -> None:
+    """What `tuner search` does at these budgets: the memory estimate is on by default only for budgets of 10 minutes
+    or more (tuner.tracing.ESTIMATE_AUTO_MIN_BUDGET_S), and every recorded grid costs less than that. So no trace:
+    the guide's P(stable) comes from a model of the measured peaks, ZeRO stages are unordered in the frontier."""
     ours(env, use_estimator=False)
+
+
+def ours_with_estimate(env: Env) -> None:
+    """`tuner search --estimate`: the trace first (its recorded seconds charged), then as ``ours``."""
+    ours(env, use_estimator=True)
 
 
 def ours_tpe(env: Env) -> None:
     """The ablation of the guide: after the opening bisection, TPE (with OOM constraints) proposes, as before the
-    guide existed (``Schedule(guide=False)``)."""
-    ours(env, guide=False)
+    guide existed (``Schedule(guide=False)``); no estimate, like ``ours``."""
+    ours(env, use_estimator=False, guide=False)

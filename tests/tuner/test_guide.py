@@ -5,7 +5,7 @@ import math
 import pytest
 
 from trials.contract import Knobs
-from tuner.guide import Featurizer, Model, expected_improvement, next_config, p_stable
+from tuner.guide import Featurizer, Model, PeakModel, expected_improvement, next_config, p_stable
 
 
 def k(micro, length=128, stage=0, ckpt=False):
@@ -78,3 +78,17 @@ def test_near_ties_go_to_the_cheaper_probe():
     choice = next_config(grid, measured, None, skip=lambda c: False, p_fit=lambda c: 1.0,
                          cost=lambda c: c.micro_batch_size * c.max_length)
     assert choice.knobs.max_length == 64
+
+
+def test_peak_model_predicts_the_memory_boundary_from_measured_peaks():
+    def peak(c):  # states + micro x per-sample activations; checkpointing keeps a third
+        return 10e6 + c.micro_batch_size * 4e6 * (c.max_length / 128) * (0.35 if c.gradient_checkpointing else 1.0)
+
+    grid = [k(m, s, 0, c) for m in (1, 2, 4, 8, 16, 32) for s in (64, 128) for c in (False, True)]
+    measured = [(c, peak(c)) for c in (k(1), k(8), k(2, 64), k(4, ckpt=True))]
+    model = PeakModel(grid, measured, limit=60e6)
+    assert model(k(2)) > 0.95 and model(k(8, 64)) > 0.8  # 18 MB, 26 MB: inside what was measured
+    assert model(k(32)) < 0.3 and model(k(32, 64)) < 0.4  # 138 MB, 74 MB: over the line, far extrapolations
+    assert model(k(32)) < model(k(16)) < model(k(8, 64)) < model(k(2))  # more memory, less chance
+    assert model(k(16, ckpt=True)) > model(k(16))  # checkpointing lowers the need
+    assert PeakModel(grid, measured[:1], limit=60e6)(k(4)) == pytest.approx(0.6)  # one peak: the prior
