@@ -271,7 +271,12 @@ class Strategy:
         if self.estimator is not None and limit:
             # the memory estimate already knows the boundary: one probe at the largest micro batch predicted stable
             self._seeded = True
-            fitting = [k for k in unknown if (est := self._estimate(k)) is not None and est <= limit]
+            estimates = {k.micro_batch_size: self._estimate(k) for k in unknown}
+            far = [k for k in unknown if (est := estimates[k.micro_batch_size]) is not None
+                   and est > self.schedule.estimate_margin * self.device_memory]
+            if far:  # the boundary of what the estimate rules out at this config goes on record, never run
+                self._record_inferred(far[0])
+            fitting = [k for k in unknown if (est := estimates[k.micro_batch_size]) is not None and est <= limit]
             return fitting[-1] if fitting else unknown[0]
         return unknown[len(unknown) // 2]
 
