@@ -31,7 +31,13 @@ PRIOR_SCALE = 0.5  # prior std of a first-order effect on log throughput: a knob
 OFFSET_SCALE = 3.0  # prior std of the offset from the mean measured log throughput (nearly flat)
 CURVATURE_SCALE = 0.15  # prior std of the quadratic and interaction terms (per doubling squared)
 NOISE_FLOOR = 0.1  # the smallest noise std assumed on log throughput (probes of a few steps are noisy)
+PEAK_NOISE_FLOOR = 0.03  # the same for log peak memory: measured peaks are deterministic, only the model misfits
 UNKNOWN_FIT = 0.6  # P(stable) of a config with no estimate and no frontier verdict
+# prior means per doubling (log units): a larger micro batch amortizes the per-step overhead (what every batch-size
+# finder bets on), and memory grows with the micro batch and the length; the data can overrule both
+SPEED_SLOPES = {"micro_batch_size": 0.15}
+PEAK_SLOPES = {"micro_batch_size": 0.5, "max_length": 0.5}
+LOCALITY = 0.5  # score factor per knob (besides the micro batch) beyond the first that differs from the incumbent
 ESTIMATE_ERROR = 0.05  # relative error of a calibrated memory estimate (measured: median 1-2%, max ~6%)
 
 
@@ -67,6 +73,13 @@ class Featurizer:
         return np.asarray([OFFSET_SCALE] + [PRIOR_SCALE] * n + [CURVATURE_SCALE] * second + [PRIOR_SCALE] * onehots,
                           dtype=float)
 
+    def prior_means(self, slopes: dict[str, float]) -> np.ndarray:
+        """Prior mean per feature: zero, except the first-order term of the numeric knobs named in ``slopes``."""
+        mean = np.zeros(len(self.prior_scales()))
+        for i, name in enumerate(self.numeric):
+            mean[1 + i] = slopes.get(name, 0.0)
+        return mean
+
     def __call__(self, knobs: Knobs) -> np.ndarray:
         d = knobs.model_dump(mode="json")
         out: list[float] = [1.0]  # the offset from the mean of the measurements
@@ -92,20 +105,23 @@ class Model:
     noise: float
 
     @classmethod
-    def fit(cls, featurize: Featurizer, measured: Sequence[tuple[Knobs, float]]) -> Model:
+    def fit(cls, featurize: Featurizer, measured: Sequence[tuple[Knobs, float]], floor: float = NOISE_FLOOR,
+            slopes: dict[str, float] | None = None) -> Model:
+        """``slopes``: prior mean of the first-order effect of a doubling of a numeric knob (default none)."""
         x = np.stack([featurize(k) for k, _ in measured])
         y = np.log(np.asarray([v for _, v in measured], dtype=float))
         intercept = float(y.mean())
         yc = y - intercept
-        noise = NOISE_FLOOR
+        noise = floor
         prior = np.diag(1.0 / featurize.prior_scales() ** 2)
+        prior_mean = featurize.prior_means(slopes or {})
         for _ in range(2):  # estimate the noise from the residuals, never below the floor
             precision = x.T @ x / noise**2 + prior
             cov = np.linalg.inv(precision)
-            w = cov @ x.T @ yc / noise**2
+            w = cov @ (x.T @ yc / noise**2 + prior @ prior_mean)
             used = float(np.trace(x @ cov @ x.T)) / noise**2  # effective number of parameters the data pinned down
             dof = max(len(y) - used, 1.0)
-            noise = max(NOISE_FLOOR, float(np.sqrt(np.sum((yc - x @ w) ** 2) / dof)))
+            noise = max(floor, float(np.sqrt(np.sum((yc - x @ w) ** 2) / dof)))
         return cls(featurize, w, cov, intercept, noise)
 
     def predict(self, knobs: Knobs) -> tuple[float, float]:
@@ -134,11 +150,12 @@ class PeakModel:
     """P(stable) without a trace: the same regression on log(peak bytes) of the measured probes. Memory is mostly
     model states plus micro batch x per-sample activations, so a few peaks predict the rest of the space; a
     prediction's doubt (model + residual noise) widens the chance either way, so far extrapolations stay uncertain
-    (the frontier then settles them with a cheap OOM probe). Needs two measured peaks."""
+    (the frontier then settles them with a cheap OOM probe). An OOM probe counts as a peak at the capacity, a lower
+    bound of its need. Needs two peaks."""
 
     def __init__(self, configs: Sequence[Knobs], peaks: Sequence[tuple[Knobs, float]], limit: float) -> None:
         self.limit = math.log(limit)
-        self.model = Model.fit(Featurizer(configs), peaks) if len(peaks) >= 2 else None
+        self.model = Model.fit(Featurizer(configs), peaks, PEAK_NOISE_FLOOR, PEAK_SLOPES) if len(peaks) >= 2 else None
 
     def __call__(self, knobs: Knobs) -> float:
         if self.model is None:
@@ -154,17 +171,21 @@ def next_config(
     skip: Callable[[Knobs], bool],
     p_fit: Callable[[Knobs], float],
     cost: Callable[[Knobs], float] | None = None,
+    around: Knobs | None = None,
 ) -> Choice | None:
     """The unprobed config of ``grid`` with the highest EI x P(stable).
 
     ``measured``: (knobs, objective) of every measured ok probe (stable or not); ``best``: the best stable objective so
     far (None: none yet, any finishing config improves); ``skip``: configs already probed or ruled out; ``p_fit``:
-    P(stable) per config; ``cost``: expected probe seconds, only to break near-ties towards the cheaper probe.
-    None when there is no measurement to fit yet or no candidate is left."""
+    P(stable) per config; ``cost``: expected probe seconds, only to break near-ties towards the cheaper probe;
+    ``around``: the incumbent (best stable config): candidates differing from it in more than one knob besides the
+    micro batch are ranked down by LOCALITY per extra knob (a trust region: the model is least reliable far from what
+    it measured, and one-knob moves are what DeepSpeed's autotuner exploits). ``Choice.score`` stays the plain
+    EI x P(stable), for the convergence test. None when there is no measurement to fit yet or no candidate is left."""
     candidates = [k for k in grid if not skip(k)]
     if not measured or not candidates:
         return None
-    model = Model.fit(Featurizer([k for k, _ in measured] + candidates), measured)
+    model = Model.fit(Featurizer([k for k, _ in measured] + candidates), measured, slopes=SPEED_SLOPES)
     incumbent = math.log(best) if best else None
     top: tuple[tuple[float, float], Choice] | None = None
     for knobs in candidates:
@@ -175,10 +196,19 @@ def next_config(
         std = math.hypot(std, model.noise / 2)  # a probe also reveals whether the model's noise is kind to it
         ei = expected_improvement(mean, std, incumbent) if incumbent is not None else math.exp(mean)
         score = ei * p
-        rank = (round(score, 6), -(cost(knobs) if cost else 0.0))
+        local = LOCALITY ** max(_distance(knobs, around) - 1, 0) if around is not None else 1.0
+        rank = (round(score * local, 6), -(cost(knobs) if cost else 0.0))
         if top is None or rank > top[0]:
             top = (rank, Choice(knobs, score, math.exp(mean), p))
     return top[1] if top else None
+
+
+def _distance(a: Knobs, b: Knobs) -> int:
+    """How many knobs besides the micro batch differ; a knob that does not apply to one of them (None: e.g. bucket
+    sizes at ZeRO stage 0) does not count, the knob that switched it off does."""
+    da, db = a.model_dump(), b.model_dump()
+    return sum(1 for name in da if name != "micro_batch_size" and None not in (da[name], db.get(name))
+               and da[name] != db.get(name))
 
 
 def _pdf(z: float) -> float:

@@ -45,6 +45,15 @@ def _fits(row: dict[str, Any]) -> bool | None:
     return True if status == "ok" else None
 
 
+def _need(row: dict[str, Any], capacity: int) -> float | None:
+    """Memory a measured row needed: its peak when it finished; at least the capacity when it ran out of memory."""
+    if row.get("status") == "ok" and row.get("peak_allocated"):
+        return float(row["peak_allocated"])
+    if row.get("status") == "oom" and capacity:
+        return float(max(int(row.get("peak_allocated") or 0), capacity))
+    return None
+
+
 __all__ = ["EstimatorLike", "Outcome", "Proposal", "Schedule", "Strategy", "make_sampler"]
 
 Fidelity = Literal["baseline", "short", "confirm"]
@@ -324,8 +333,8 @@ class Strategy:
         if self.estimator is None and limit:  # no trace: learn the memory need from the measured peaks
             peaks = PeakModel(
                 self._grid,
-                [(Knobs.model_validate(r["knobs"]), float(r["peak_allocated"])) for r in self.rows
-                 if r.get("fidelity") in MEASURED and r.get("status") == "ok" and r.get("peak_allocated")],
+                [(Knobs.model_validate(r["knobs"]), _need(r, capacity)) for r in self.rows
+                 if r.get("fidelity") in MEASURED and _need(r, capacity)],
                 limit,
             )
 
@@ -335,7 +344,9 @@ class Strategy:
                 return peaks(k)
             return p_stable(estimates.get(key(k)), limit, verdict)
 
-        choice = next_config(self._grid, measured, best, skip, p_fit, cost=lambda k: k.micro_batch_size * k.max_length)
+        incumbent = Knobs.model_validate(max(found, key=lambda c: c.objective).knobs) if found else None
+        choice = next_config(self._grid, measured, best, skip, p_fit, cost=lambda k: k.micro_batch_size * k.max_length,
+                             around=incumbent)
         for k in ruled_out.values():  # the OOM boundary, recorded once so `tuner trials` shows what was never probed
             self._record_inferred(k)
         if choice is not None and best is not None and choice.score < self.schedule.min_expected_gain:

@@ -92,3 +92,18 @@ def test_peak_model_predicts_the_memory_boundary_from_measured_peaks():
     assert model(k(32)) < model(k(16)) < model(k(8, 64)) < model(k(2))  # more memory, less chance
     assert model(k(16, ckpt=True)) > model(k(16))  # checkpointing lowers the need
     assert PeakModel(grid, measured[:1], limit=60e6)(k(4)) == pytest.approx(0.6)  # one peak: the prior
+
+
+def test_the_incumbent_pulls_the_search_towards_one_knob_moves():
+    measured = [(k(4), 100.0), (k(2), 80.0)]
+    near, far = k(4, stage=2), k(4, 64, 2, True)
+    free = next_config([near, far], measured, 100.0, skip=lambda c: False, p_fit=lambda c: 1.0)
+    local = next_config([near, far], measured, 100.0, skip=lambda c: False, p_fit=lambda c: 1.0, around=k(4))
+    assert free.knobs == far  # the most uncertain config has the largest plain EI
+    assert local.knobs == near
+
+
+def test_a_larger_micro_batch_is_expected_faster_before_any_evidence():
+    measured = [(k(4), 100.0), (k(4, ckpt=True), 70.0)]
+    model = Model.fit(Featurizer(GRID), measured, slopes={"micro_batch_size": 0.15})
+    assert model.predict(k(16))[0] > model.predict(k(4))[0] > model.predict(k(1))[0]
