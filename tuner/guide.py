@@ -38,6 +38,7 @@ UNKNOWN_FIT = 0.6  # P(stable) of a config with no estimate and no frontier verd
 SPEED_SLOPES = {"micro_batch_size": 0.15}
 PEAK_SLOPES = {"micro_batch_size": 0.5, "max_length": 0.5}
 LOCALITY = 0.5  # score factor per knob (besides the micro batch) beyond the first that differs from the incumbent
+MICRO_STEP = 0.5  # a doubling of the micro batch away from the incumbent, in knobs
 ESTIMATE_ERROR = 0.05  # relative error of a calibrated memory estimate (measured: median 1-2%, max ~6%)
 
 
@@ -187,6 +188,7 @@ def next_config(
         return None
     model = Model.fit(Featurizer([k for k, _ in measured] + candidates), measured, slopes=SPEED_SLOPES)
     incumbent = math.log(best) if best else None
+    plainest = _plainest(candidates + [k for k, _ in measured])
     top: tuple[tuple[float, float], Choice] | None = None
     for knobs in candidates:
         p = p_fit(knobs)
@@ -196,19 +198,37 @@ def next_config(
         std = math.hypot(std, model.noise / 2)  # a probe also reveals whether the model's noise is kind to it
         ei = expected_improvement(mean, std, incumbent) if incumbent is not None else math.exp(mean)
         score = ei * p
-        local = LOCALITY ** max(_distance(knobs, around) - 1, 0) if around is not None else 1.0
+        local = LOCALITY ** max(_distance(knobs, around, plainest) - 1, 0) if around is not None else 1.0
         rank = (round(score * local, 6), -(cost(knobs) if cost else 0.0))
         if top is None or rank > top[0]:
             top = (rank, Choice(knobs, score, math.exp(mean), p))
     return top[1] if top else None
 
 
-def _distance(a: Knobs, b: Knobs) -> int:
-    """How many knobs besides the micro batch differ; a knob that does not apply to one of them (None: e.g. bucket
-    sizes at ZeRO stage 0) does not count, the knob that switched it off does."""
+def _distance(a: Knobs, b: Knobs, plainest: dict[str, object]) -> float:
+    """How many knobs besides the micro batch differ, plus MICRO_STEP per doubling of the micro batch between them. A
+    knob that does not apply to one of them (None: e.g. bucket sizes at ZeRO stage 0) counts as its plainest value
+    (``plainest``: the smallest bucket), so switching ZeRO on with the smallest buckets is one move, not three."""
     da, db = a.model_dump(), b.model_dump()
-    return sum(1 for name in da if name != "micro_batch_size" and None not in (da[name], db.get(name))
-               and da[name] != db.get(name))
+    knobs = 0
+    for name, va in da.items():
+        if name == "micro_batch_size":
+            continue
+        vb = db.get(name)
+        va = plainest.get(name) if va is None else va
+        vb = plainest.get(name) if vb is None else vb
+        knobs += va != vb
+    return knobs + MICRO_STEP * abs(math.log2(a.micro_batch_size / b.micro_batch_size))
+
+
+def _plainest(configs: Iterable[Knobs]) -> dict[str, object]:
+    """The smallest value of each numeric knob that is sometimes unset (None), e.g. bucket sizes."""
+    out: dict[str, object] = {}
+    for k in configs:
+        for name, value in k.model_dump().items():
+            if isinstance(value, int) and not isinstance(value, bool) and (name not in out or value < out[name]):
+                out[name] = value
+    return out
 
 
 def _pdf(z: float) -> float:

@@ -107,3 +107,18 @@ def test_a_larger_micro_batch_is_expected_faster_before_any_evidence():
     measured = [(k(4), 100.0), (k(4, ckpt=True), 70.0)]
     model = Model.fit(Featurizer(GRID), measured, slopes={"micro_batch_size": 0.15})
     assert model.predict(k(16))[0] > model.predict(k(4))[0] > model.predict(k(1))[0]
+
+
+def test_switching_zero_on_with_the_smallest_buckets_is_one_move():
+    from tuner.guide import _distance, _plainest
+
+    def z(stage, bucket, micro=4, overlap=False):
+        return Knobs(micro_batch_size=micro, max_length=128, zero_stage=stage, reduce_bucket_size=bucket,
+                     allgather_bucket_size=bucket, overlap_comm=overlap)
+
+    grid = [z(0, None), z(1, 2_000_000), z(1, 8_000_000), z(1, 2_000_000, overlap=True)]
+    plain = _plainest(grid)
+    assert _distance(z(1, 2_000_000), z(0, None), plain) == 1  # the stage
+    assert _distance(z(1, 8_000_000), z(0, None), plain) == 3  # the stage and both buckets
+    assert _distance(z(1, 2_000_000, overlap=True), z(0, None), plain) == 2
+    assert _distance(z(0, None, micro=16), z(0, None), plain) == pytest.approx(1.0)  # two doublings, half a knob each
