@@ -60,6 +60,8 @@ def ensure_ops(config: ProbeConfig, env: dict[str, str]) -> list[str]:
         todo = missing_ops(todo, ext_dir)  # another runner may have built them while we waited
         if not todo:
             return []
+        for op in todo:  # a lock left by a build that died (runner killed from outside): under our flock, stale
+            (ext_dir / OP_LIBS[op] / "lock").unlink(missing_ok=True)
         proc = subprocess.Popen([sys.executable, "-m", "trials.ops", *todo], env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:

@@ -1,11 +1,15 @@
-"""Which DeepSpeed ops a probe needs before its clock starts (pure)."""
+"""Which DeepSpeed ops a probe needs before its clock starts, and the build's locking."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
+
 from trials.contract import Knobs, ProbeConfig
-from tuner.launch_ops import missing_ops, needed_ops
+from tuner import launch_ops
+from tuner.launch_ops import ensure_ops, missing_ops, needed_ops
 
 
 def _cfg(**knobs: object) -> ProbeConfig:
@@ -27,3 +31,26 @@ def test_missing_ops_looks_for_the_built_library(tmp_path: Path) -> None:
     assert missing_ops(["cpu_adam"], tmp_path) == ["cpu_adam"]
     (tmp_path / "cpu_adam" / "cpu_adam.so").write_bytes(b"")
     assert missing_ops(["cpu_adam", "shm_comm"], tmp_path) == ["shm_comm"]
+
+
+def test_a_dead_builds_lock_is_cleared_before_building(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build killed from outside (kill -9 of a runner) leaves torch's FileBaton lock; every later load would wait on
+    it until the probe's timeout. The next build, under tuner's flock, removes it first. The compiler is replaced by
+    a stand-in that records whether the lock was still there (the real build runs in tests/tuner/test_runner.py)."""
+    (tmp_path / "cpu_adam").mkdir()
+    (tmp_path / "cpu_adam" / "lock").write_text("")
+    seen: dict[str, bool] = {}
+
+    class Build:
+        def __init__(self, args: list[str], **_: object) -> None:
+            seen["lock"] = (tmp_path / "cpu_adam" / "lock").exists()
+            (tmp_path / "cpu_adam" / "cpu_adam.so").write_bytes(b"")
+            self.pid = os.getpid()
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    monkeypatch.setattr(launch_ops.subprocess, "Popen", Build)
+    monkeypatch.setattr(launch_ops.launch_forkserver, "usable", lambda: True)
+    built = ensure_ops(_cfg(zero_stage=1, offload_optimizer=True), {"TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    assert seen == {"lock": False} and built == ["cpu_adam"]
