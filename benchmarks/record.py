@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         # replay charges these seconds to the strategies that use the estimate, before their first probe
         from tuner.tracing import trace_points
 
-        points = [p for p in trace_points(space)]
+        points = trace_points(space)
         t0 = time.perf_counter()
         traced = trace(model, points, timeout_s=1800).model_dump()
         table["search_trace"] = {"points": [list(p) for p in points], "seconds": time.perf_counter() - t0,

@@ -13,18 +13,22 @@ objective measured so far, times the probability that it is stable: from the mem
 headroom line, with the estimator's relative error) when there is one, else a flat prior; the frontier's "fits"
 verdict makes it 1. That is constrained EI (Gardner et al., ICML 2014); ties go to the cheaper probe.
 
-Pure: numpy only, no database, no Optuna. tuner.strategy.Strategy calls :func:`next_config`.
+Pure: numpy only, no database, no Optuna. tuner.strategy.Strategy calls :func:`guide_step`, which gathers what the
+probe rows, the frontier and the estimate say and asks :func:`next_config`.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from trials.contract import Knobs
+from tuner.frontier import Frontier
+from tuner.selection import MEASURED, candidates
 
 NUMERIC = ("micro_batch_size", "max_length")
 PRIOR_SCALE = 0.5  # prior std of a first-order effect on log throughput: a knob level, or a doubling (e^0.5 = 1.65x)
@@ -205,6 +209,80 @@ def next_config(
     return top[1] if top else None
 
 
+@dataclass
+class Step:
+    choice: Choice | None
+    best: float | None  # the best stable objective so far (a lower confidence bound)
+    ruled_out: list[Knobs] = field(default_factory=list)  # per setting, the smallest micro batch that must OOM
+
+
+def guide_step(
+    grid: Sequence[Knobs],
+    rows: Sequence[dict[str, Any]],
+    frontier: Frontier,
+    estimate: Callable[[Knobs], int | None] | None,
+    *,
+    known: set[str],
+    key: Callable[[Knobs], str],
+    capacity: int,
+    headroom: float,
+    estimate_margin: float,
+) -> Step:
+    """One decision of the guide over the probe rows (the shape of tuner_probes rows): configs already known or that
+    the frontier or the estimate (above ``estimate_margin`` x capacity) rule out are skipped, and the boundary of the
+    ruled-out ones is returned for the record. ``estimate``: calibrated peak bytes per config, or None without a
+    trace (P(stable) then comes from a PeakModel of the measured peaks)."""
+    measured = [(Knobs.model_validate(r["knobs"]), float(r["objective"])) for r in rows
+                if r.get("fidelity") in MEASURED and r.get("status") == "ok" and r.get("objective")]
+    found = candidates(rows)
+    best = max((c.objective for c in found), default=None)
+    limit = headroom * capacity if capacity else None
+    estimates: dict[str, int | None] = {}
+    ruled_out: dict[str, Knobs] = {}
+
+    def rule_out(k: Knobs) -> bool:
+        setting = json.dumps({**k.model_dump(mode="json"), "micro_batch_size": None}, sort_keys=True)
+        if setting not in ruled_out or k.micro_batch_size < ruled_out[setting].micro_batch_size:
+            ruled_out[setting] = k
+        return True
+
+    def skip(k: Knobs) -> bool:
+        if key(k) in known:
+            return True
+        if frontier.infer(k) == "oom":
+            return rule_out(k)
+        estimates[key(k)] = est = estimate(k) if estimate is not None else None
+        if est is not None and capacity and est > estimate_margin * capacity:
+            return rule_out(k)
+        return False
+
+    peaks = None
+    if estimate is None and limit:  # no trace: learn the memory need from the measured peaks
+        needs = [(Knobs.model_validate(r["knobs"]), need) for r in rows
+                 if r.get("fidelity") in MEASURED and (need := _need(r, capacity))]
+        peaks = PeakModel(grid, needs, limit)
+
+    def p_fit(k: Knobs) -> float:
+        verdict = frontier.infer(k)
+        if peaks is not None and verdict is None:
+            return peaks(k)
+        return p_stable(estimates.get(key(k)), limit, verdict)
+
+    incumbent = Knobs.model_validate(max(found, key=lambda c: c.objective).knobs) if found else None
+    choice = next_config(grid, measured, best, skip, p_fit, cost=lambda k: k.micro_batch_size * k.max_length,
+                         around=incumbent)
+    return Step(choice, best, list(ruled_out.values()))
+
+
+def _need(row: dict[str, Any], capacity: int) -> float | None:
+    """Memory a measured row needed: its peak when it finished; at least the capacity when it ran out of memory."""
+    if row.get("status") == "ok" and row.get("peak_allocated"):
+        return float(row["peak_allocated"])
+    if row.get("status") == "oom" and capacity:
+        return float(max(int(row.get("peak_allocated") or 0), capacity))
+    return None
+
+
 def _distance(a: Knobs, b: Knobs, plainest: dict[str, object]) -> float:
     """How many knobs besides the micro batch differ, plus MICRO_STEP per doubling of the micro batch between them. A
     knob that does not apply to one of them (None: e.g. bucket sizes at ZeRO stage 0) counts as its plainest value
@@ -239,4 +317,5 @@ def _cdf(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2)))
 
 
-__all__ = ["Choice", "Featurizer", "Model", "PeakModel", "expected_improvement", "next_config", "p_stable"]
+__all__ = ["Choice", "Featurizer", "Model", "PeakModel", "Step", "expected_improvement", "guide_step", "next_config",
+           "p_stable"]

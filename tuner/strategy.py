@@ -18,7 +18,6 @@ rows so several workers and resumed searches see each other's measurements.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -30,7 +29,7 @@ from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
 from tuner.batching import accumulation_steps
 from tuner.errors import TunerError
 from tuner.frontier import Frontier, describe
-from tuner.guide import PeakModel, next_config, p_stable
+from tuner.guide import guide_step
 from tuner.objective import Objective
 from tuner.probe_time import Schedule, expected_seconds, timeout_for
 from tuner.selection import MEASURED, best_stable, candidates, is_stable
@@ -43,15 +42,6 @@ def _fits(row: dict[str, Any]) -> bool | None:
     if status == "oom" or (status == "ok" and not row.get("stable")):
         return False
     return True if status == "ok" else None
-
-
-def _need(row: dict[str, Any], capacity: int) -> float | None:
-    """Memory a measured row needed: its peak when it finished; at least the capacity when it ran out of memory."""
-    if row.get("status") == "ok" and row.get("peak_allocated"):
-        return float(row["peak_allocated"])
-    if row.get("status") == "oom" and capacity:
-        return float(max(int(row.get("peak_allocated") or 0), capacity))
-    return None
 
 
 __all__ = ["EstimatorLike", "Outcome", "Proposal", "Schedule", "Strategy", "make_sampler"]
@@ -296,60 +286,16 @@ class Strategy:
             return None
         if self._grid is None:
             self._grid = list(self.space.configs())
-        measured = [
-            (Knobs.model_validate(r["knobs"]), float(r["objective"]))
-            for r in self.rows
-            if r.get("fidelity") in MEASURED and r.get("status") == "ok" and r.get("objective")
-        ]
-        found = candidates(self.rows)
-        best = max((c.objective for c in found), default=None)
-        known = self._known()
         capacity = self.device_memory or max((int(r.get("capacity") or 0) for r in self.rows), default=0)
-        limit = self.headroom * capacity if capacity else None
-        estimates: dict[str, int | None] = {}
-
-        def key(k: Knobs) -> str:
-            return config_key(k, self.world_size, self._accum(k))
-
-        ruled_out: dict[str, Knobs] = {}  # per setting (all knobs but the micro batch), the smallest batch ruled out
-
-        def rule_out(k: Knobs) -> bool:
-            setting = json.dumps({**k.model_dump(mode="json"), "micro_batch_size": None}, sort_keys=True)
-            if setting not in ruled_out or k.micro_batch_size < ruled_out[setting].micro_batch_size:
-                ruled_out[setting] = k
-            return True
-
-        def skip(k: Knobs) -> bool:
-            if key(k) in known:
-                return True
-            if self.frontier.infer(k) == "oom":
-                return rule_out(k)
-            estimates[key(k)] = est = self._estimate(k)
-            if est is not None and capacity and est > self.schedule.estimate_margin * capacity:
-                return rule_out(k)
-            return False
-
-        peaks = None
-        if self.estimator is None and limit:  # no trace: learn the memory need from the measured peaks
-            peaks = PeakModel(
-                self._grid,
-                [(Knobs.model_validate(r["knobs"]), _need(r, capacity)) for r in self.rows
-                 if r.get("fidelity") in MEASURED and _need(r, capacity)],
-                limit,
-            )
-
-        def p_fit(k: Knobs) -> float:
-            verdict = self.frontier.infer(k)
-            if peaks is not None and verdict is None:
-                return peaks(k)
-            return p_stable(estimates.get(key(k)), limit, verdict)
-
-        incumbent = Knobs.model_validate(max(found, key=lambda c: c.objective).knobs) if found else None
-        choice = next_config(self._grid, measured, best, skip, p_fit, cost=lambda k: k.micro_batch_size * k.max_length,
-                             around=incumbent)
-        for k in ruled_out.values():  # the OOM boundary, recorded once so `tuner trials` shows what was never probed
+        step = guide_step(
+            self._grid, self.rows, self.frontier, self._estimate if self.estimator is not None else None,
+            known=self._known(), key=lambda k: config_key(k, self.world_size, self._accum(k)), capacity=capacity,
+            headroom=self.headroom, estimate_margin=self.schedule.estimate_margin,
+        )
+        for k in step.ruled_out:  # the OOM boundary, recorded once so `tuner trials` shows what was never probed
             self._record_inferred(k)
-        if choice is not None and best is not None and choice.score < self.schedule.min_expected_gain:
+        choice = step.choice
+        if choice is not None and step.best is not None and choice.score < self.schedule.min_expected_gain:
             self._exhausted = self.converged = True  # no config left is expected to gain; finalists are confirmed next
             return None
         return choice.knobs if choice is not None else None
@@ -371,12 +317,7 @@ class Strategy:
                     return None
                 self.study.enqueue_trial(fixed_params(pick), skip_if_exists=False)
                 stuck = 0
-            trial = self._ask()
-            knobs = self.space.sample(trial)
-            key = config_key(knobs, self.world_size, self._accum(knobs))
-            trial.set_user_attr("fidelity", "short")
-            trial.set_user_attr("knobs", knobs.model_dump(mode="json"))
-            trial.set_user_attr("config_key", key)
+            trial, knobs, key = self._ask_short()
             earlier = self._measured(key)
             if earlier is not None:
                 self._tell_reused(trial, earlier)
@@ -394,14 +335,19 @@ class Strategy:
                 continue
             return Proposal(config, "short", key, trial, self.expected_seconds("short"), estimate)
 
-    def _record_inferred(self, knobs: Knobs) -> None:
-        self.study.enqueue_trial(fixed_params(knobs), skip_if_exists=False)
+    def _ask_short(self) -> tuple[optuna.trial.Trial, Knobs, str]:
+        """A short-fidelity trial: the next enqueued params, else TPE's; tagged with its knobs and config key."""
         trial = self._ask()
         knobs = self.space.sample(trial)
         key = config_key(knobs, self.world_size, self._accum(knobs))
         trial.set_user_attr("fidelity", "short")
         trial.set_user_attr("knobs", knobs.model_dump(mode="json"))
         trial.set_user_attr("config_key", key)
+        return trial, knobs, key
+
+    def _record_inferred(self, knobs: Knobs) -> None:
+        self.study.enqueue_trial(fixed_params(knobs), skip_if_exists=False)
+        trial, knobs, key = self._ask_short()
         config = self._probe_config(knobs, "short", None)
         verdict, cause, estimate = self._infer(knobs, config)
         if verdict == "oom":

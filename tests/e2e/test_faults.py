@@ -71,9 +71,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def probe_ranks(marker: str) -> list[int]:
-    """Live probe ranks whose environment carries this test's marker: spawned (`python -m trials`) or forked by the
-    fork server (whose cmdline they share, so a rank is told by its stdout, the runner's ``rank<r>.stdout`` file)."""
+def _rank_processes() -> list[tuple[int, int]]:
+    """(pid, rank) of every live probe rank, spawned (`python -m trials`) or forked by the fork server (whose cmdline
+    they share): a rank is told by its stdout, the runner's ``rank<r>.stdout`` file."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -83,9 +83,15 @@ def probe_ranks(marker: str) -> list[int]:
             target = os.readlink(f"/proc/{pid}/fd/1")
         except OSError:
             continue
-        if re.search(r"rank\d+\.stdout$", target) and _environ(pid).get("TUNER_FAULT_MARKER") == marker and _alive(pid):
-            out.append(pid)
+        m = re.search(r"rank(\d+)\.stdout$", target)
+        if m and _alive(pid):
+            out.append((pid, int(m.group(1))))
     return out
+
+
+def probe_ranks(marker: str) -> list[int]:
+    """Live probe ranks whose environment carries this test's marker."""
+    return [pid for pid, _ in _rank_processes() if _environ(pid).get("TUNER_FAULT_MARKER") == marker]
 
 
 def _ppid(pid: int) -> int:
@@ -106,21 +112,9 @@ def _descends_from(pid: int, ancestor: int) -> bool:
 
 
 def my_ranks() -> dict[int, int]:
-    """pid -> rank of the live probe ranks descending from this process, spawned or forked by a fork server: a
-    rank's stdout is the runner's ``rank<r>.stdout`` file."""
-    me, out = os.getpid(), {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/1")
-        except OSError:
-            continue
-        m = re.search(r"rank(\d+)\.stdout$", target)
-        if m and _alive(pid) and _descends_from(pid, me):
-            out[pid] = int(m.group(1))
-    return out
+    """pid -> rank of the live probe ranks descending from this process, spawned or forked by a fork server."""
+    me = os.getpid()
+    return {pid: rank for pid, rank in _rank_processes() if _descends_from(pid, me)}
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = LONG_WAIT_S, every: float = 0.2) -> Any:
