@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=240.0)
     ap.add_argument("--out-dir", type=Path, default=TABLES)
     ap.add_argument("--no-trace", action="store_true", help="skip the fake-tensor memory trace")
+    ap.add_argument("--retrace", action="store_true",
+                    help="trace again (both traces) even if the table has them, e.g. after the trace gained a field")
     args = ap.parse_args(argv)
 
     from tuner.runner import run_probe  # the real runner (helper A)
@@ -162,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     table.setdefault("commands", []).append(
         "python -m benchmarks.record " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     )
+    if args.retrace:
+        table["trace"] = table["search_trace"] = None
     rows = {r["config_key"]: r for r in table["rows"]}
     for knobs in configs:
         accum = accumulation_steps(args.global_batch, knobs.micro_batch_size, args.world_size) or 1

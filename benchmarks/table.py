@@ -112,14 +112,16 @@ class Table:
     def estimator(self) -> Estimator | None:
         """From the trace of every grid point (to measure the estimator's error on the table)."""
         tr = self.raw.get("trace")
-        return Estimator(trace=Trace.model_validate(tr), world_size=self.world_size) if tr else None
+        return (Estimator(trace=Trace.model_validate(tr), world_size=self.world_size, global_batch=self.global_batch)
+                if tr else None)
 
     def search_estimator(self) -> tuple[Estimator, float] | None:
         """What `tuner search` would have: the trace of tuner.tracing.trace_points only, and its wall seconds."""
         st = self.raw.get("search_trace")
         if not st:
             return None
-        return Estimator(trace=Trace.model_validate(st["trace"]), world_size=self.world_size), float(st["seconds"])
+        est = Estimator(trace=Trace.model_validate(st["trace"]), world_size=self.world_size, global_batch=self.global_batch)
+        return est, float(st["seconds"])
 
 
 @dataclass

@@ -42,6 +42,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from trials.contract import Knobs, ModelSpec
+from tuner.batching import accumulation_steps
 from tuner.errors import ConfigError, ModelSourceError
 
 DEEPSPEED_DEFAULT_BUCKET = 500_000_000
@@ -55,7 +56,8 @@ class TracePoint(BaseModel):
     max_length: int = Field(ge=1)
     gradient_checkpointing: bool = False
     precision: str = "fp32"
-    activation_bytes: int = 0  # fwd+bwd peak above params + full grads + optimizer state
+    activation_bytes: int = 0  # fwd+bwd peak above params + full grads + optimizer state, grads built during it
+    resident_activation_bytes: int | None = None  # the same with the grads resident (an accumulation micro-step)
     step_temp_bytes: int = 0  # optimizer-step temporaries above params + grads + state
     peak_bytes: int = 0  # the traced plain-torch step's peak (what engine "torch" needs)
 
@@ -198,16 +200,31 @@ class Estimator:
 
     trace: Trace
     world_size: int = 1
+    global_batch: int | None = None  # with it, configs that do not accumulate gradients are not charged resident grads
     prior_weight: float = 0.05  # how strongly the fit is pulled towards (1, 1, 0): a fraction of one probe
     observations: list[tuple[dict[str, Any], int]] = field(default_factory=list)
     _theta: tuple[float, float, float] = (1.0, 1.0, 0.0)
 
+    def accumulates(self, knobs: Knobs) -> bool:
+        """Whether a step of this config runs several micro-steps (then the earlier micro-steps' grads are resident
+        while the later ones peak). Unknown global batch: assumed so, the larger need."""
+        if self.global_batch is None:
+            return True
+        return (accumulation_steps(self.global_batch, knobs.micro_batch_size, self.world_size) or 2) > 1
+
     def activation_bytes(self, knobs: Knobs) -> int:
         """Traced bytes at this point, or an interpolation over the traced points of the same checkpointing/precision
-        (activations grow like micro x (a*len + b*len^2))."""
+        (activations grow like micro x (a*len + b*len^2)). With gradient accumulation, the peak with the grads
+        resident (traces older than that field fall back to the plain peak)."""
+        resident = self.accumulates(knobs)
+
+        def need(p: TracePoint) -> int:
+            act = p.resident_activation_bytes if resident and p.resident_activation_bytes is not None else p.activation_bytes
+            return max(act, p.step_temp_bytes)
+
         hit = self.trace.find(knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)
         if hit is not None:
-            return max(hit.activation_bytes, hit.step_temp_bytes)
+            return need(hit)
         same = [
             p
             for p in self.trace.points
@@ -218,7 +235,7 @@ class Estimator:
                 "the trace has no point with gradient_checkpointing="
                 f"{knobs.gradient_checkpointing} precision={knobs.precision}; trace one first"
             )
-        a, b = _fit_length_curve([(p.max_length, max(p.activation_bytes, p.step_temp_bytes) / p.micro_batch_size) for p in same])
+        a, b = _fit_length_curve([(p.max_length, need(p) / p.micro_batch_size) for p in same])
         s = knobs.max_length
         return max(0, int(knobs.micro_batch_size * (a * s + b * s * s)))
 

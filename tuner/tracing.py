@@ -33,7 +33,7 @@ def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator
     except (TunerError, RuntimeError, OSError) as err:
         return None, f"memory estimate unavailable ({str(err).splitlines()[0] if str(err) else type(err).__name__}); probing without it"
     took = time.monotonic() - started
-    return Estimator(traced, world_size=request.world_size), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params)"
+    return Estimator(traced, world_size=request.world_size, global_batch=request.global_batch), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params)"
 
 
 def stage_order(estimator: Estimator, request: SearchRequest) -> dict[int, int] | None:

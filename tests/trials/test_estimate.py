@@ -18,7 +18,7 @@ def test_fake_trace_matches_real_tensors() -> None:
     real = trace_point(TINY, 4, 64, False, "fp32", fake=False)
     assert fake["param_count"] == real["param_count"] > 0
     assert fake["param_bytes"] == real["param_bytes"] == 4 * real["param_count"]
-    for key in ("activation_bytes", "step_temp_bytes", "peak_bytes"):
+    for key in ("activation_bytes", "resident_activation_bytes", "step_temp_bytes", "peak_bytes"):
         assert fake["point"][key] == pytest.approx(real["point"][key], rel=0.02), key
 
 
@@ -37,6 +37,10 @@ def test_trace_moves_with_the_knobs() -> None:
     assert 1.6 < p4 / p2 < 2.4  # activations scale with the micro batch
     assert p4long > 1.6 * p4  # and at least linearly with the length
     assert p4ckpt < 0.6 * p4  # checkpointing drops most saved activations
+    grads, one = 4 * out["param_count"], 4 * out["largest_param"]
+    for p in out["points"]:  # an accumulation micro-step peaks with (nearly) all grads resident on top, plus at most
+        # the one new grad being added in
+        assert p["activation_bytes"] < p["resident_activation_bytes"] <= p["activation_bytes"] + grads + one
     assert out["param_count"] > 0 and out["largest_param"] <= out["param_count"]
     # the plain-torch step peak is params + grads + AdamW state (16 bytes/param) + activations at least
     assert out["points"][1]["peak_bytes"] >= 16 * out["param_count"]

@@ -78,6 +78,20 @@ def test_activation_interpolation() -> None:
         est.activation_bytes(kn(precision="bf16"))
 
 
+def test_accumulating_configs_need_the_peak_with_the_earlier_grads_resident() -> None:
+    point = TracePoint(micro_batch_size=2, max_length=64, activation_bytes=1000 * MiB, resident_activation_bytes=1500 * MiB)
+    tr = Trace(param_count=P, param_bytes=4 * P, largest_param=10_000, points=[point])
+    k = kn(micro_batch_size=2, max_length=64)
+    assert Estimator(trace=tr).activation_bytes(k) == 1500 * MiB  # global batch unknown: the larger need
+    assert Estimator(trace=tr, world_size=2, global_batch=8).activation_bytes(k) == 1500 * MiB  # 2 micro-steps
+    assert Estimator(trace=tr, world_size=2, global_batch=4).activation_bytes(k) == 1000 * MiB  # one: no grads yet
+    # interpolated points follow the same rule; a trace without the field (older tables) keeps the plain peak
+    assert Estimator(trace=tr, global_batch=64).activation_bytes(kn(micro_batch_size=8, max_length=64)) == 6000 * MiB
+    old = Trace(param_count=P, param_bytes=4 * P, largest_param=10_000,
+                points=[point.model_copy(update={"resident_activation_bytes": None})])
+    assert Estimator(trace=old).activation_bytes(k) == 1000 * MiB
+
+
 def test_calibration_learns_a_constant_overhead_and_a_scale() -> None:
     est = Estimator(trace=_trace())
     configs = [kn(micro_batch_size=m, max_length=s, zero_stage=z) for m in (2, 8) for s in (64, 128) for z in (0, 2)]

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from trials.contract import Knobs, ModelSpec
 from tuner.cli.app import app
+from tuner.batching import accumulation_steps
 from tuner.errors import ConfigError
 from tuner.budget import parse_size
 from tuner.estimator import Estimate, Estimator, trace
@@ -58,6 +59,10 @@ def estimate(
     max_length: Annotated[int, typer.Option("--max-length", min=1)] = 512,
     zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3)] = 0,
     world_size: Annotated[int, typer.Option("--world-size", min=1)] = 1,
+    global_batch: Annotated[Optional[int], typer.Option(
+        "--global-batch", min=1,
+        help="micro x accumulation x world; without it gradient accumulation is assumed (earlier micro-steps' grads "
+             "resident: the larger need)")] = None,
     engine: Annotated[str, typer.Option("--engine", help="deepspeed or torch")] = "deepspeed",
     precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16")] = "fp32",
     offload_optimizer: Annotated[bool, typer.Option("--offload-optimizer/--no-offload-optimizer")] = False,
@@ -86,13 +91,16 @@ def estimate(
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first.get("loc", ())) or "knobs"
         raise ConfigError(f"{where}: {first['msg']}") from None
+    if global_batch is not None and accumulation_steps(global_batch, micro_batch_size, world_size) is None:
+        raise ConfigError(f"--global-batch {global_batch} is not a whole number of micro batches: give a multiple of "
+                          f"--micro-batch-size x --world-size = {micro_batch_size * world_size}")
     spec = resolve_model(model)
     capacity = _parse_size(device_memory)
     calib = _calibration_rows(calibrate_from_study, storage, spec, world_size) if calibrate_from_study else []
     wanted = {(knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)}
     wanted |= {(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision) for k, _ in calib}
     tr = trace(spec, sorted(wanted))
-    est = Estimator(trace=tr, world_size=world_size)
+    est = Estimator(trace=tr, world_size=world_size, global_batch=global_batch)
     for k, peak in calib:
         est.observe(k, peak)
     result = est.predict(knobs)
