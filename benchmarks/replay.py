@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.splitlines()[0])
     ap.add_argument("tables", nargs="+", type=Path)
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1 (held-out checks)")
     ap.add_argument("--strategies", default=",".join([*STRATEGIES, *EXTRA]), help="comma-separated subset")
     ap.add_argument("--json", type=Path, help="write all numbers here")
     ap.add_argument("--truth", choices=("median", "max", "min"), default="median",
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.tables:
         table = Table.load(path, truth=args.truth)
         info = {**describe_table(table), "truth": args.truth}
-        results = replay(table, chosen, list(range(args.seeds)))
+        results = replay(table, chosen, list(range(args.first_seed, args.first_seed + args.seeds)))
         everything[table.name] = {"table": info, "results": results, "estimator": estimator_error(table),
                                   "frontier": frontier_soundness(table)}
         print(markdown(table.name, info, results))

@@ -6,11 +6,14 @@ tuner/search.py drives it with the real runner and the database; benchmarks/repl
 and a simulated clock. The phases:
 
 1. baseline: the user's current config (``--baseline``) is probed first, as trial 0.
-2. explore: TPE proposes configs; duplicates reuse the earlier measurement; configs the feasibility frontier (or the
-   memory estimate) says must OOM are recorded as PRUNED trials with cause "inferred-oom" without running. OOM probes
-   are PRUNED with a positive constraint (``trial.set_constraint``) so TPE learns the infeasible region.
+2. explore: an opening at the plainest config (the largest micro batch the memory estimate predicts stable, else a
+   micro-batch bisection), then the guide (tuner.guide: constrained expected improvement over a throughput model of
+   every probe) proposes, until no config is expected to gain 0.1%; TPE proposes only with ``Schedule(guide=False)``.
+   Duplicates reuse the earlier measurement; configs the feasibility frontier (or the memory estimate) says must OOM
+   are recorded as PRUNED trials with cause "inferred-oom" without running. OOM probes are PRUNED with a positive
+   constraint (``trial.set_constraint``) so TPE, where it proposes, learns the infeasible region.
 3. confirm: the best stable configs (finalists) are re-probed with more measured steps; selection ranks them on a
-   lower confidence bound over all their measurements (tuner.selection).
+   lower bound of their throughput given every probe's evidence (tuner.selection).
 
 The state is the list of probe rows (the shape of tuner_probes rows): ``load_rows`` replaces it with the database's
 rows so several workers and resumed searches see each other's measurements.
@@ -378,12 +381,12 @@ class Strategy:
             return None
         found = candidates(self.rows)
         confirmed = [c for c in found if c.confirmed]
-        best_confirmed = max((c.objective for c in confirmed), default=None)
+        best_confirmed = max((c.score for c in confirmed), default=None)
         for rank, cand in enumerate(c for c in found if not c.confirmed):
             if cand.config_key in self._claimed_confirm:
                 continue
             within_top = rank < self.schedule.finalists and len(confirmed) < self.schedule.finalists
-            if not within_top and (best_confirmed is None or cand.objective <= best_confirmed):
+            if not within_top and (best_confirmed is None or cand.score <= best_confirmed):
                 return None
             knobs = Knobs.model_validate(cand.knobs)
             self._claimed_confirm.add(cand.config_key)
