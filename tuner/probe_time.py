@@ -22,6 +22,7 @@ class Schedule:
     short: tuple[int, int] = (2, 4)  # (warm-up micro-steps, measured micro-steps)
     confirm: tuple[int, int] = (2, 12)
     finalists: int = 2  # stable configs re-probed at the confirm fidelity
+    max_finalists: int = 3  # more, while a config's throughput cannot be told apart from the best confirmed one's
     first_probe_s: float = 30.0  # expected seconds of a probe before any was measured
     timeout_factor: float = 3.0  # a probe's timeout: factor x the longest probe seen so far + slack
     timeout_slack_s: float = 30.0  # (probe times vary a lot on shared machines; a killed probe is wasted time)

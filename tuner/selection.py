@@ -49,6 +49,7 @@ class Candidate:
     trial_number: int | None
     rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
     score: float = 0.0  # the rank: lower bound of log throughput given the model of every probe and its own
+    upper: float = 0.0  # the matching upper bound (posterior mean + 1 std): could it still beat the leader?
 
 
 def candidates(rows: Iterable[dict[str, Any]]) -> list[Candidate]:
@@ -84,7 +85,8 @@ def candidates(rows: Iterable[dict[str, Any]]) -> list[Candidate]:
                 measurements=len(objs),
                 trial_number=first.get("trial_number"),
                 rows=group,
-                score=scores[key],
+                score=scores[key][0],
+                upper=scores[key][1],
             )
         )
     out.sort(key=lambda c: (c.confirmed, c.score), reverse=True)
@@ -92,25 +94,27 @@ def candidates(rows: Iterable[dict[str, Any]]) -> list[Candidate]:
 
 
 def _scores(stable: dict[str, list[dict[str, Any]]], groups: dict[str, list[dict[str, Any]]],
-            measured: dict[str, list[float]]) -> dict[str, float]:
-    """Per stable config, the posterior mean minus one std of its log throughput (see the module docstring)."""
+            measured: dict[str, list[float]]) -> dict[str, tuple[float, float]]:
+    """Per stable config, the posterior mean -/+ one std of its log throughput (see the module docstring)."""
     noise2 = repeat_noise(measured.values()) ** 2
     model = None
     if len(stable) > 1:  # one config: nothing to compare, its own measurements are the score
         fitted = [(Knobs.model_validate(groups[key][0]["knobs"]), y) for key in groups for y in measured[key]]
         model = Model.fit(Featurizer([k for k, _ in fitted]), [(k, math.exp(y)) for k, y in fitted],
                           slopes=SPEED_SLOPES)
-    out: dict[str, float] = {}
+    out: dict[str, tuple[float, float]] = {}
     for key, group in stable.items():
         ys = measured[key]
         if model is None:
-            out[key] = statistics.fmean(ys) - math.sqrt(noise2 / len(ys))
+            mean, sd = statistics.fmean(ys), math.sqrt(noise2 / len(ys))
+            out[key] = (mean - sd, mean + sd)
             continue
         mean, std = model.predict(Knobs.model_validate(group[0]["knobs"]))
         prior = std * std + CONFIG_SPREAD**2
         precision = 1.0 / prior + len(ys) / noise2
         post = (mean / prior + sum(ys) / noise2) / precision
-        out[key] = post - math.sqrt(1.0 / precision)
+        sd = math.sqrt(1.0 / precision)
+        out[key] = (post - sd, post + sd)
     return out
 
 

@@ -386,7 +386,11 @@ class Strategy:
             if cand.config_key in self._claimed_confirm:
                 continue
             within_top = rank < self.schedule.finalists and len(confirmed) < self.schedule.finalists
-            if not within_top and (best_confirmed is None or cand.score <= best_confirmed):
+            # beyond the top finalists: a config whose upper bound still reaches the best confirmed one's lower bound
+            # (measurements too noisy to tell them apart), up to max_finalists confirmed in all
+            contender = (best_confirmed is not None and cand.upper > best_confirmed
+                         and len(confirmed) < self.schedule.max_finalists)
+            if not within_top and not contender and (best_confirmed is None or cand.score <= best_confirmed):
                 return None
             knobs = Knobs.model_validate(cand.knobs)
             self._claimed_confirm.add(cand.config_key)

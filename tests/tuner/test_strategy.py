@@ -236,3 +236,27 @@ def test_time_too_short_for_a_confirm_goes_to_short_probes():
     s.observe(nxt, table_probe(nxt.config))
     enough = s.expected_seconds("confirm") + s.expected_seconds("short") / 2  # one confirm fits, not both
     assert s.propose(enough).fidelity == "confirm"
+
+
+def test_a_config_that_cannot_be_told_apart_from_the_best_confirmed_one_is_confirmed_too():
+    speed = {1: 5.0, 2: 9.8, 4: 10.0}  # micro 2 is within 2% of micro 4 (inside the noise); micro 1 is half as fast
+
+    def probe(config):
+        k = config.knobs
+        return ProbeResult(status="ok", samples_per_s=speed[k.micro_batch_size],
+                           tokens_per_s=speed[k.micro_batch_size] * k.max_length,
+                           ranks=[RankMemory(rank=0, peak_allocated=10 * MiB, capacity=CAPACITY)], capacity=CAPACITY,
+                           wall_s=5.0, setup_s=1.0)
+
+    def confirmed(max_finalists):
+        s = make({**SMALL, "micro_batch_size": [1, 2, 4]}, n_trials=3,
+                 schedule=Schedule(finalists=1, max_finalists=max_finalists))
+        out = []
+        while (p := s.propose(None)) is not None:
+            s.observe(p, probe(p.config))
+            if p.fidelity == "confirm":
+                out.append(p.config.knobs.micro_batch_size)
+        return out
+
+    assert confirmed(max_finalists=3) == [4, 2]  # the contender, never the config half as fast
+    assert confirmed(max_finalists=1) == [4]
