@@ -145,6 +145,8 @@ CLI_CASES: list[Cli] = [
         r"does not exist"),
     Cli("estimate-device-memory", ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "1",
                                    "--device-memory", "-3GiB"], r"memory size"),
+    Cli("estimate-global-batch", ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "4",
+                                  "--world-size", "2", "--global-batch", "12"], r"multiple of .* = 8"),
 ]
 
 # Known defects in other modules, each with its fix. Not strict: a fix landing shows as XPASS (then drop the entry)
