@@ -31,7 +31,8 @@ from tuner.selection import MEASURED, candidates
 PEAK_NOISE_FLOOR = 0.03  # the same for log peak memory: measured peaks are deterministic, only the model misfits
 UNKNOWN_FIT = 0.6  # P(stable) of a config with no estimate and no frontier verdict
 # prior mean per doubling (log units): memory grows with the micro batch and the length (the speed prior: regression)
-PEAK_SLOPES = {"micro_batch_size": 0.5, "max_length": 0.5}
+PEAK_SLOPES = {"micro_batch_size": 0.5, "max_length": 0.5, "reduce_bucket_size": 0.3, "allgather_bucket_size": 0.3}
+BUCKETS = ("reduce_bucket_size", "allgather_bucket_size")  # sizes, for the memory model (tuner.regression.Featurizer)
 LOCALITY = 0.5  # score factor per knob (besides the micro batch) beyond the first that differs from the incumbent
 MICRO_STEP = 0.5  # a doubling of the micro batch away from the incumbent, in knobs
 ESTIMATE_ERROR = 0.05  # relative error of a calibrated memory estimate (measured: median 1-2%, max ~6%)
@@ -66,11 +67,13 @@ class PeakModel:
     model states plus micro batch x per-sample activations, so a few peaks predict the rest of the space; a
     prediction's doubt (model + residual noise) widens the chance either way, so far extrapolations stay uncertain
     (the frontier then settles them with a cheap OOM probe). An OOM probe counts as a peak at the capacity, a lower
-    bound of its need. Needs two peaks."""
+    bound of its need. Bucket sizes enter as log2 of the size (``BUCKETS``): DeepSpeed allocates whole buckets, so
+    what an OOM at one size taught carries over to the larger ones. Needs two peaks."""
 
     def __init__(self, configs: Sequence[Knobs], peaks: Sequence[tuple[Knobs, float]], limit: float) -> None:
         self.limit = math.log(limit)
-        self.model = Model.fit(Featurizer(configs), peaks, PEAK_NOISE_FLOOR, PEAK_SLOPES) if len(peaks) >= 2 else None
+        featurize = Featurizer(configs, sizes=BUCKETS)
+        self.model = Model.fit(featurize, peaks, PEAK_NOISE_FLOOR, PEAK_SLOPES) if len(peaks) >= 2 else None
 
     def __call__(self, knobs: Knobs) -> float:
         if self.model is None:

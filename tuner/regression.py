@@ -28,15 +28,19 @@ SPEED_SLOPES = {"micro_batch_size": 0.15}
 
 
 class Featurizer:
-    """Knobs -> feature vector over the knobs that vary among ``configs``."""
+    """Knobs -> feature vector over the knobs that vary among ``configs``. ``sizes``: knobs (bucket sizes) that enter
+    as log2(value / smallest value), 0 where unset (ZeRO stage 0 has no buckets: the stage's own feature carries
+    that), instead of one level each, so what one bucket size taught carries over to the others (memory)."""
 
-    def __init__(self, configs: Sequence[Knobs]) -> None:
+    def __init__(self, configs: Sequence[Knobs], sizes: Sequence[str] = ()) -> None:
         dumps = [k.model_dump(mode="json") for k in configs]
         names = sorted(dumps[0]) if dumps else []
         self.numeric = [n for n in NUMERIC if len({d[n] for d in dumps}) > 1]
+        self.sizes = {n: float(min(set_values)) for n in sizes
+                      if len(set_values := {d.get(n) for d in dumps if d.get(n)}) > 1}
         self.levels: dict[str, list[str]] = {}
         for name in names:
-            if name in NUMERIC:
+            if name in NUMERIC or name in self.sizes:
                 continue
             values = sorted({repr(d.get(name)) for d in dumps})
             if len(values) > 1:
@@ -48,14 +52,19 @@ class Featurizer:
         n = len(self.numeric)
         second = n + (1 if n == 2 else 0)
         onehots = sum(len(v) for v in self.levels.values())
-        return np.asarray([OFFSET_SCALE] + [PRIOR_SCALE] * n + [CURVATURE_SCALE] * second + [PRIOR_SCALE] * onehots,
-                          dtype=float)
+        return np.asarray([OFFSET_SCALE] + [PRIOR_SCALE] * n + [CURVATURE_SCALE] * second
+                          + [PRIOR_SCALE] * len(self.sizes) + [PRIOR_SCALE] * onehots, dtype=float)
 
     def prior_means(self, slopes: dict[str, float]) -> np.ndarray:
-        """Prior mean per feature: zero, except the first-order term of the numeric knobs named in ``slopes``."""
+        """Prior mean per feature: zero, except the first-order term of the numeric and size knobs named in
+        ``slopes``."""
         mean = np.zeros(len(self.prior_scales()))
         for i, name in enumerate(self.numeric):
             mean[1 + i] = slopes.get(name, 0.0)
+        n = len(self.numeric)
+        first_size = 1 + n + n + (1 if n == 2 else 0)
+        for i, name in enumerate(self.sizes):
+            mean[first_size + i] = slopes.get(name, 0.0)
         return mean
 
     def __call__(self, knobs: Knobs) -> np.ndarray:
@@ -66,6 +75,7 @@ class Featurizer:
         out.extend(x * x for x in logs)
         if len(logs) == 2:
             out.append(logs[0] * logs[1])
+        out.extend(math.log2(d[n] / smallest) if d.get(n) else 0.0 for n, smallest in self.sizes.items())
         for name, levels in self.levels.items():
             value = repr(d.get(name))
             out.extend(1.0 if value == level else 0.0 for level in levels)

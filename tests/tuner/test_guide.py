@@ -94,6 +94,21 @@ def test_peak_model_predicts_the_memory_boundary_from_measured_peaks():
     assert PeakModel(grid, measured[:1], limit=60e6)(k(4)) == pytest.approx(0.6)  # one peak: the prior
 
 
+def test_peak_model_carries_what_one_bucket_size_taught_over_to_the_others():
+    def z1(micro, bucket):
+        return Knobs(micro_batch_size=micro, max_length=128, zero_stage=1, reduce_bucket_size=bucket,
+                     allgather_bucket_size=10**7)
+
+    grid = [z1(m, b) for m in (1, 2, 4) for b in (10**7, 5 * 10**7, 2 * 10**8)] + [k(m) for m in (1, 2, 4)]
+    # ZeRO-1 with the 1e7 bucket peaks at 70 MB, the 5e7 bucket ran out of memory (a need of at least 100 MB)
+    measured = [(k(1), 30e6), (k(4), 40e6), (z1(1, 10**7), 70e6), (z1(4, 10**7), 75e6), (z1(1, 5 * 10**7), 100e6)]
+    model = PeakModel(grid, measured, limit=90e6)
+    assert model(z1(2, 10**7)) > 0.8
+    # never probed: the 2e8 bucket is 4x the 5e7 one that did not fit, so it does not fit either (as one level of its
+    # own it would be a coin flip)
+    assert model(z1(1, 2 * 10**8)) < 0.1 and model(z1(4, 2 * 10**8)) < 0.1
+
+
 def test_the_incumbent_pulls_the_search_towards_one_knob_moves():
     measured = [(k(4), 100.0), (k(2), 80.0)]
     near, far = k(4, stage=2), k(4, 64, 2, True)
