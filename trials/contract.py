@@ -93,6 +93,7 @@ class RankMemory(_Strict):
     peak_rss: int | None = None  # bytes above the pre-model baseline, CPU only, for reference
     capacity: int | None = None  # bytes the rank could use (device_memory or the device's total)
     alloc_retries: int = 0  # CUDA num_alloc_retries (cudaMalloc retries after freeing the cache)
+    oom_need: int | None = None  # emulated device, after an OOM: live bytes + the refused allocation (at least needed)
 
 
 class StepStats(_Strict):
@@ -135,6 +136,11 @@ class ProbeResult(_Strict):
     @property
     def peak_allocated(self) -> int | None:
         return max((r.peak_allocated for r in self.ranks), default=None)
+
+    @property
+    def oom_need(self) -> int | None:
+        """After an OOM on the emulated device: the most bytes a rank was refused at (a lower bound of the need)."""
+        return max((r.oom_need for r in self.ranks if r.oom_need), default=None)
 
     @property
     def peak_reserved(self) -> int | None:

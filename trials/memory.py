@@ -42,6 +42,7 @@ class LiveTensorTracker(TorchDispatchMode):
         self._host: set[int] = set()  # storages moved off the emulated device (offloaded optimizer state)
         self._paused = 0
         self._lock = threading.Lock()
+        self.oom_need: int | None = None  # live bytes + the allocation refused at the capacity (a lower bound)
 
     # -- accounting -------------------------------------------------------------------------------------------------
     def track(self, tensors: Iterable[Any]) -> None:
@@ -77,6 +78,7 @@ class LiveTensorTracker(TorchDispatchMode):
             if over:
                 self.live -= delta
                 self._sizes[key] = nbytes - delta
+                self.oom_need = max(self.oom_need or 0, self.live + delta)
             elif self.live > self.peak:
                 self.peak = self.live
         if over:

@@ -231,7 +231,8 @@ class Probe:
                               alloc_retries=int(stats.get("num_alloc_retries", 0)))
         peak = self.tracker.peak if self.tracker is not None else 0
         return RankMemory(rank=self.rank, peak_allocated=peak, peak_reserved=peak, capacity=self.capacity,
-                          peak_rss=max(0, memory.peak_rss() - self.baseline_rss))
+                          peak_rss=max(0, memory.peak_rss() - self.baseline_rss),
+                          oom_need=self.tracker.oom_need if self.tracker is not None else None)
 
     def _stats(self) -> StepStats:
         accum = self.config.gradient_accumulation_steps

@@ -188,11 +188,15 @@ def guide_step(
 
 
 def _need(row: dict[str, Any], capacity: int) -> float | None:
-    """Memory a measured row needed: its peak when it finished; at least the capacity when it ran out of memory."""
+    """Memory a measured row needed: its peak when it finished; when it ran out of memory, at least the capacity, or
+    what the emulated device was asked for when it refused (live bytes + the allocation: a 763 MiB bucket on a 160 MiB
+    device says much more than "over 160 MiB")."""
     if row.get("status") == "ok" and row.get("peak_allocated"):
         return float(row["peak_allocated"])
     if row.get("status") == "oom" and capacity:
-        return float(max(int(row.get("peak_allocated") or 0), capacity))
+        refused = max((int(r.get("oom_need") or 0) for r in (row.get("result") or {}).get("ranks", [])),
+                      default=0)
+        return float(max(int(row.get("peak_allocated") or 0), capacity, refused))
     return None
 
 

@@ -38,6 +38,7 @@ def test_capacity_raises_torch_out_of_memory_and_keeps_the_books() -> None:
         with pytest.raises(torch.OutOfMemoryError, match="emulated device out of memory"):
             torch.empty(1000)  # would make 12000
         assert tracker.live == 8000
+        assert tracker.oom_need == 12_000  # what it was asked for: a lower bound of the step's need
         small = torch.empty(500)  # 2000 bytes fit exactly
         assert tracker.live == tracker.peak == 10_000
     del keep, small

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from trials.contract import Knobs
-from tuner.guide import Featurizer, Model, PeakModel, expected_improvement, next_config, p_stable
+from tuner.guide import Featurizer, Model, PeakModel, _need, expected_improvement, next_config, p_stable
 
 
 def k(micro, length=128, stage=0, ckpt=False):
@@ -137,3 +137,12 @@ def test_switching_zero_on_with_the_smallest_buckets_is_one_move():
     assert _distance(z(1, 8_000_000), z(0, None), plain) == 3  # the stage and both buckets
     assert _distance(z(1, 2_000_000, overlap=True), z(0, None), plain) == 2
     assert _distance(z(0, None, micro=16), z(0, None), plain) == pytest.approx(1.0)  # two doublings, half a knob each
+
+
+def test_an_oom_needs_what_the_device_refused_not_just_the_capacity():
+    oom = {"status": "oom", "peak_allocated": 50 * 2**20,
+           "result": {"ranks": [{"rank": 0, "oom_need": 800 * 2**20}, {"rank": 1, "oom_need": None}]}}
+    assert _need(oom, capacity=160 * 2**20) == 800 * 2**20
+    assert _need({**oom, "result": None}, capacity=160 * 2**20) == 160 * 2**20  # CUDA, older rows: the capacity
+    assert _need({"status": "ok", "peak_allocated": 70}, capacity=100) == 70
+    assert _need({"status": "error"}, capacity=100) is None

@@ -114,6 +114,7 @@ def test_too_small_device_memory_is_oom(tmp_path: Path) -> None:
     assert "out of memory" in (result.cause or "")
     assert result.capacity == 8_000_000
     assert result.samples_per_s is None
+    assert result.oom_need is not None and result.oom_need > 8_000_000  # what the refused allocation asked for
 
 
 def test_two_rank_oom_ends_the_whole_group(tmp_path: Path) -> None:
