@@ -130,7 +130,11 @@ def test_cli_estimate_through_the_entry_point(tmp_path: Path) -> None:
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["param_count"] > 0 and out["activations"] > 0
     assert out["raw"] == out["params"] + out["grads"] + out["optimizer"] + out["buffers"] + out["activations"]
-    assert out["verdict"] == "fits"
+    assert out["verdict"] == "fits" and out["gradient_accumulation"] is True  # no --global-batch: the larger need
+    one_step = subprocess.run(args + ["--global-batch", "4", "--json"], capture_output=True, text=True, timeout=120)
+    assert one_step.returncode == 0, one_step.stderr
+    single = json.loads(one_step.stdout.strip().splitlines()[-1])
+    assert single["gradient_accumulation"] is False and single["activations"] < out["activations"]
     bad = subprocess.run(args + ["--zero-stage", "0", "--offload-optimizer"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "offload_optimizer needs zero_stage >= 1" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1

@@ -104,17 +104,17 @@ def estimate(
     for k, peak in calib:
         est.observe(k, peak)
     result = est.predict(knobs)
-    _print(result, tr.param_count, est, capacity, margin, as_json, tr.trace_s)
+    _print(result, est.accumulates(knobs), tr.param_count, est, capacity, margin, as_json, tr.trace_s)
 
 
-def _print(result: Estimate, params: int, est: Estimator, capacity: int | None, margin: float, as_json: bool,
-           trace_s: float) -> None:
+def _print(result: Estimate, accumulates: bool, params: int, est: Estimator, capacity: int | None, margin: float,
+           as_json: bool, trace_s: float) -> None:
     verdict = None if capacity is None else ("fits" if result.calibrated * (1 + margin) <= capacity else "over budget")
     if as_json:
         out: dict[str, Any] = {
             "param_count": params,
             "params": result.states.params, "grads": result.states.grads, "optimizer": result.states.optimizer,
-            "buffers": result.states.buffers, "activations": result.activations,
+            "buffers": result.states.buffers, "activations": result.activations, "gradient_accumulation": accumulates,
             "raw": result.raw, "calibrated": result.calibrated, "calibration": list(result.calibration),
             "calibration_probes": len(est.observations), "capacity": capacity, "verdict": verdict,
         }
@@ -128,7 +128,8 @@ def _print(result: Estimate, params: int, est: Estimator, capacity: int | None, 
     _row(t, "gradients", result.states.grads)
     _row(t, "optimizer state", result.states.optimizer, "host memory" if result.states.optimizer == 0 else "")
     _row(t, "ZeRO buffers", result.states.buffers)
-    _row(t, "activations + temporaries", result.activations, "fake-tensor trace")
+    _row(t, "activations + temporaries", result.activations,
+         "fake-tensor trace" + ("; the grads of earlier micro-steps resident" if accumulates else ""))
     _row(t, "estimate", result.raw, "uncalibrated")
     if est.observations:
         a, b, c = result.calibration
