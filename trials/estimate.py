@@ -32,7 +32,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trials.contract import ModelSpec
-from trials.memory import LiveTensorTracker, module_tensors
+from trials.memory import LiveTensorTracker
 
 
 def _build(spec: ModelSpec) -> torch.nn.Module:

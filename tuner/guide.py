@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
 
 from trials.contract import Knobs
 from tuner.frontier import Frontier

@@ -31,13 +31,14 @@ from optuna.trial import TrialState
 from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
 from tuner.batching import accumulation_steps
 from tuner.errors import TunerError
-from tuner.frontier import Frontier, describe
+from tuner.frontier import Frontier
 from tuner.guide import guide_step
 from tuner.objective import Objective
 from tuner.probe_time import Schedule, expected_seconds, timeout_for
-from tuner.selection import MEASURED, best_stable, candidates, is_stable
+from tuner.selection import MEASURED, best_stable, candidates
 from tuner.sampling import PlainSuggester, fixed_params, make_sampler
 from tuner.space import Space, config_key
+from tuner.trial_rows import inferred_row, probe_row, tell, tell_skipped
 
 def _fits(row: dict[str, Any]) -> bool | None:
     """What a measured row tells the frontier: fits (stable), does not fit (OOM or above the headroom), or nothing."""
@@ -58,9 +59,6 @@ class EstimatorLike(Protocol):
     def predict(self, knobs: Knobs) -> Any: ...  # an object with ``.calibrated`` bytes
 
     def observe(self, knobs: Knobs, measured_peak: int) -> None: ...
-
-OOM_CONSTRAINT = 1.0
-
 
 @dataclass
 class Proposal:
@@ -400,30 +398,9 @@ class Strategy:
 
     # -- observing ---------------------------------------------------------------------------------------------------
     def row_for(self, proposal: Proposal, result: ProbeResult) -> dict[str, Any]:
-        knobs = proposal.config.knobs
-        capacity = result.capacity or self.device_memory
-        stable = is_stable(result.status, result.peak_allocated, capacity, self.headroom, result.alloc_retries)
-        return {
-            "trial_number": proposal.trial_number,
-            "fidelity": proposal.fidelity,
-            "config_key": proposal.config_key,
-            "knobs": knobs.model_dump(mode="json"),
-            "config": proposal.config.model_dump(mode="json"),
-            "status": result.status,
-            "cause": result.cause,
-            "samples_per_s": result.samples_per_s,
-            "tokens_per_s": result.tokens_per_s,
-            "objective": self.objective.of(result, knobs.max_length),
-            "peak_allocated": result.peak_allocated,
-            "peak_reserved": result.peak_reserved,
-            "capacity": capacity,
-            "alloc_retries": result.alloc_retries,
-            "stable": stable,
-            "estimate_bytes": proposal.estimate_bytes,
-            "probe_seconds": result.wall_s,
-            "setup_s": result.setup_s,
-            "result": result.model_dump(mode="json"),
-        }
+        return probe_row(proposal.config, result, trial_number=proposal.trial_number, fidelity=proposal.fidelity,
+                         config_key=proposal.config_key, estimate_bytes=proposal.estimate_bytes,
+                         objective=self.objective, device_memory=self.device_memory, headroom=self.headroom)
 
     def observe(self, proposal: Proposal, result: ProbeResult) -> Outcome:
         """Records a probe's result: the trial is told COMPLETE, PRUNED (OOM) or FAIL (error/timeout)."""
@@ -448,39 +425,10 @@ class Strategy:
             self._tell_skipped(proposal.trial, cause)
 
     def _tell_skipped(self, trial: optuna.trial.Trial, cause: str = "being probed by another worker") -> None:
-        trial.set_user_attr("status", "skipped")
-        trial.set_user_attr("cause", cause)
-        self.study.tell(trial, state=TrialState.FAIL)
-
-    def _constraint(self, row: dict[str, Any]) -> float:
-        if row["status"] == "oom" or str(row["status"]).startswith("inferred"):
-            return OOM_CONSTRAINT
-        peak, capacity = row.get("peak_allocated"), row.get("capacity")
-        if peak is None or not capacity:
-            return 0.0
-        return min(peak / (self.headroom * capacity) - 1.0, OOM_CONSTRAINT)
+        tell_skipped(self.study, trial, cause)
 
     def _tell(self, trial: optuna.trial.Trial, row: dict[str, Any]) -> TrialState:
-        """Tells Optuna. The "memory" constraint is set before the state: TPESampler (optuna 5, _split_trials) puts
-        every finished trial whose constraints sum above 0 in the infeasible part of the "above" (bad) group, after
-        the feasible COMPLETE and PRUNED trials, so OOMs (pruned, +1) and over-headroom peaks (complete, > 0) steer
-        the sampler away from that region while stable trials (<= 0) rank by their throughput."""
-        for name in ("status", "cause", "objective", "samples_per_s", "peak_allocated", "capacity", "stable"):
-            trial.set_user_attr(name, row.get(name))
-        trial.set_user_attr("knobs", row["knobs"])
-        trial.set_user_attr("config_key", row["config_key"])
-        trial.set_user_attr("probe_seconds", row.get("probe_seconds"))
-        status = row["status"]
-        if status in ("oom", "inferred-oom"):
-            trial.set_constraint("memory", OOM_CONSTRAINT)
-            self.study.tell(trial, state=TrialState.PRUNED)
-            return TrialState.PRUNED
-        if status == "ok" and row.get("objective") is not None:
-            trial.set_constraint("memory", self._constraint(row))
-            self.study.tell(trial, row["objective"])
-            return TrialState.COMPLETE
-        self.study.tell(trial, state=TrialState.FAIL)
-        return TrialState.FAIL
+        return tell(self.study, trial, row, self.headroom)
 
     def _tell_reused(self, trial: optuna.trial.Trial, row: dict[str, Any]) -> TrialState:
         trial.set_user_attr("reused_from", row.get("trial_number"))
@@ -490,18 +438,7 @@ class Strategy:
     def _tell_inferred(
         self, trial: optuna.trial.Trial, config: ProbeConfig, key: str, cause: str | None, estimate: int | None
     ) -> None:
-        row = {
-            "trial_number": trial.number,
-            "fidelity": "inferred",
-            "config_key": key,
-            "knobs": config.knobs.model_dump(mode="json"),
-            "config": config.model_dump(mode="json"),
-            "status": "inferred-oom",
-            "cause": cause or f"inferred-oom: {describe(config.knobs.model_dump())}",
-            "stable": False,
-            "estimate_bytes": estimate,
-            "capacity": self.device_memory,
-        }
+        row = inferred_row(trial.number, config, key, cause, estimate, self.device_memory)
         self._tell(trial, row)
         self.rows.append(row)
         self.events.append(row)
