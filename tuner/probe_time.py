@@ -15,6 +15,9 @@ from tuner.selection import MEASURED
 Rows = Sequence[dict[str, Any]]
 
 
+MIN_TIMEOUT_S = 1.0  # no probe runs with a shorter timeout (so none starts with less budget left)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Probe lengths per fidelity and the time model that keeps every probe inside the budget."""
@@ -93,4 +96,4 @@ def timeout_for(
     timeout = min(timeout, schedule.max_timeout_s)
     if seconds_left is not None:
         timeout = min(timeout, seconds_left)
-    return max(timeout, 1.0)
+    return max(timeout, MIN_TIMEOUT_S)

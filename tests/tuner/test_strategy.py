@@ -238,6 +238,16 @@ def test_time_too_short_for_a_confirm_goes_to_short_probes():
     assert s.propose(enough).fidelity == "confirm"
 
 
+def test_a_budget_shorter_than_the_first_probe_guess_still_runs_the_first_probe_within_it():
+    s = make(SMALL)
+    assert Schedule().first_probe_s > 10  # the guess before anything was measured
+    first = s.propose(10.0)
+    assert first is not None and first.config.timeout_s <= 10.0  # killed at the budget if it does not finish
+    assert make(SMALL).propose(0.5) is None  # less than the shortest timeout: nothing starts
+    s.observe(first, table_probe(first.config))  # measured: from now on the measured times decide
+    assert s.propose(s.expected_seconds("short") / 2) is None
+
+
 def test_a_config_that_cannot_be_told_apart_from_the_best_confirmed_one_is_confirmed_too():
     speed = {1: 5.0, 2: 9.8, 4: 10.0}  # micro 2 is within 2% of micro 4 (inside the noise); micro 1 is half as fast
 
