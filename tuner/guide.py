@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-
 from trials.contract import Knobs
 from tuner.frontier import Frontier
 from tuner.regression import NOISE_FLOOR, SPEED_SLOPES, Featurizer, Model

@@ -63,6 +63,14 @@ def expected_seconds(rows: Rows, schedule: Schedule, fidelity: str) -> float:
     return setup + max(short - setup, 0.0) * ratio
 
 
+def budgeted_seconds(rows: Rows, schedule: Schedule, fidelity: str, seconds_left: float) -> float:
+    """Expected seconds of the next probe, as the budget sees it. Before any probe was measured the model only has a
+    guess (``first_probe_s``): it does not keep the first probe from starting, which then runs with the budget left as
+    its timeout (a tiny model's whole search may take less than the guess)."""
+    expected = expected_seconds(rows, schedule, fidelity)
+    return expected if walls(rows) else min(expected, max(seconds_left, MIN_TIMEOUT_S))
+
+
 def scaled_seconds(rows: Rows, schedule: Schedule, knobs: Knobs | None, fidelity: str) -> float:
     """The slowest measured seconds per (sample x token x step), scaled to ``knobs`` (bigger configs run longer)."""
     if knobs is None:

@@ -97,19 +97,19 @@ def _scores(stable: dict[str, list[dict[str, Any]]], groups: dict[str, list[dict
             measured: dict[str, list[float]]) -> dict[str, tuple[float, float]]:
     """Per stable config, the posterior mean -/+ one std of its log throughput (see the module docstring)."""
     noise2 = repeat_noise(measured.values()) ** 2
+    knobs = {key: Knobs.model_validate(group[0]["knobs"]) for key, group in groups.items() if measured[key]}
     model = None
     if len(stable) > 1:  # one config: nothing to compare, its own measurements are the score
-        fitted = [(Knobs.model_validate(groups[key][0]["knobs"]), y) for key in groups for y in measured[key]]
-        model = Model.fit(Featurizer([k for k, _ in fitted]), [(k, math.exp(y)) for k, y in fitted],
-                          slopes=SPEED_SLOPES)
+        fitted = [(knobs[key], math.exp(y)) for key in knobs for y in measured[key]]
+        model = Model.fit(Featurizer(list(knobs.values())), fitted, slopes=SPEED_SLOPES)
     out: dict[str, tuple[float, float]] = {}
-    for key, group in stable.items():
+    for key in stable:
         ys = measured[key]
         if model is None:
             mean, sd = statistics.fmean(ys), math.sqrt(noise2 / len(ys))
             out[key] = (mean - sd, mean + sd)
             continue
-        mean, std = model.predict(Knobs.model_validate(group[0]["knobs"]))
+        mean, std = model.predict(knobs[key])
         prior = std * std + CONFIG_SPREAD**2
         precision = 1.0 / prior + len(ys) / noise2
         post = (mean / prior + sum(ys) / noise2) / precision

@@ -34,7 +34,7 @@ from tuner.errors import TunerError
 from tuner.frontier import Frontier
 from tuner.guide import guide_step
 from tuner.objective import Objective
-from tuner.probe_time import MIN_TIMEOUT_S, Schedule, expected_seconds, timeout_for, walls
+from tuner.probe_time import Schedule, budgeted_seconds, expected_seconds, timeout_for
 from tuner.selection import MEASURED, best_stable, candidates
 from tuner.sampling import PlainSuggester, fixed_params, make_sampler
 from tuner.space import Space, config_key
@@ -192,14 +192,9 @@ class Strategy:
         )
 
     def _fits_in(self, fidelity: Fidelity, seconds_left: float | None) -> bool:
-        return seconds_left is None or self._expected_within(fidelity, seconds_left) <= seconds_left
-
-    def _expected_within(self, fidelity: Fidelity, seconds_left: float) -> float:
-        """Expected seconds of the next probe, as the budget sees it. Before any probe was measured the time model
-        only has a guess (Schedule.first_probe_s): it does not keep the first probe from starting, which then runs
-        with the budget left as its timeout (a tiny model's whole search may take less than the guess)."""
-        expected = self.expected_seconds(fidelity)
-        return min(expected, max(seconds_left, MIN_TIMEOUT_S)) if not walls(self.rows) else expected
+        if seconds_left is None:
+            return True
+        return budgeted_seconds(self.rows, self.schedule, fidelity, seconds_left) <= seconds_left
 
     def _baseline_pending(self) -> bool:
         if self.baseline is None:
@@ -216,7 +211,7 @@ class Strategy:
         pending = len([c for c in candidates(self.rows) if not c.confirmed][: self.schedule.finalists])
         confirm_s = self.expected_seconds("confirm")
         reserve = min(pending, int(seconds_left // confirm_s)) * confirm_s if confirm_s > 0 else 0.0
-        return seconds_left - reserve < self._expected_within("short", seconds_left)
+        return seconds_left - reserve < budgeted_seconds(self.rows, self.schedule, "short", seconds_left)
 
     def propose(self, seconds_left: float | None = None) -> Proposal | None:
         """The next probe to run, or None when the search is done (budget, trials or space exhausted)."""
