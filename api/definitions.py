@@ -1,5 +1,5 @@
 """Turns a POST /studies body into the exact study definition `tuner search --study NAME` writes and resumes from
-(tuner.search.SearchRequest.definition), so workers joining an API-created study read what they expect.
+(tuner.search.driver.SearchRequest.definition), so workers joining an API-created study read what they expect.
 
 Only inline data is accepted: a local model directory names a path on the worker hosts, which this server neither
 reads nor checks (it would be a path of the caller's choosing), so the API takes built-in presets and hub ids only."""
@@ -11,14 +11,14 @@ from typing import Any
 
 from api.schemas import StudyCreate
 from trials.contract import BUILTIN_PREFIX, Knobs, ModelSpec
-from tuner.batching import default_global_batch, require_reachable
-from tuner.budget import parse_size
+from tuner.job.batching import default_global_batch, require_reachable
+from tuner.units import parse_size
 from tuner.errors import BaselineError, ModelSourceError, SpaceError
-from tuner.models import resolve_model
-from tuner.objective import objective_for
-from tuner.search import SearchRequest
-from tuner.space import Space, default_space, space_from_dict
-from tuner.strategy import Schedule
+from tuner.job.model_source import resolve_model
+from tuner.job.objective import objective_for
+from tuner.search.driver import SearchRequest
+from tuner.job.space import Space, default_space, space_from_dict
+from tuner.search.strategy import Schedule
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 
@@ -56,7 +56,7 @@ def _baseline(
     """The user's current config, parsed exactly as `tuner search --baseline FILE` parses the file's content."""
     if not ds_config and not hf_args:
         return None, None, None
-    from tuner.baseline import parse_baseline
+    from tuner.interop.baseline import parse_baseline
 
     base = parse_baseline(ds_config, hf_args, world_size=world_size, max_length=max_length)
     return Knobs.model_validate(base.knobs), base.global_batch, base.ds_config

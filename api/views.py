@@ -20,12 +20,12 @@ from api.schemas import (
     TrialPageOut,
 )
 from tuner.errors import NoStableConfig, StudyNotFound
-from tuner.selection import Candidate, best_stable
+from tuner.search.selection import Candidate, best_stable
 from tuner.storage import Store
 
 DEFAULT_HEADROOM = 0.9
 RUN_GRACE = dt.timedelta(minutes=10)  # a "running" run this far past its deadline is a killed worker
-HEARTBEAT_STALE = dt.timedelta(seconds=120)  # workers beat every ~10 s, also during a probe (tuner.search)
+HEARTBEAT_STALE = dt.timedelta(seconds=120)  # workers beat every ~10 s, also during a probe (tuner.search.driver)
 END_STATES = ("finished", "interrupted", "failed")
 
 

@@ -55,8 +55,8 @@ import sys
 from pathlib import Path
 
 from trials.contract import ProbeConfig
-from tuner.runner import run_probe
-from tuner.selection import best_stable
+from tuner.probing.runner import run_probe
+from tuner.search.selection import best_stable
 from tuner.storage.store import Store
 
 url, steps, work = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])

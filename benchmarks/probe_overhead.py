@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from trials.contract import Knobs, ModelSpec, ProbeConfig
-from tuner import launch_forkserver
-from tuner.runner import probe_env, run_probe
+from tuner.probing import forkserver as launch_forkserver
+from tuner.probing.runner import probe_env, run_probe
 
 CASES: dict[str, ProbeConfig] = {
     "1 rank torch": ProbeConfig(model=ModelSpec(), knobs=Knobs(micro_batch_size=4, max_length=64, engine="torch"),

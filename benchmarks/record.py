@@ -1,7 +1,7 @@
 """Records a table of REAL probes over a full grid, for benchmarks/replay.py.
 
 Every config of the grid (a search-space YAML/TOML, or JSON on the command line) is probed ``--repeats`` times through
-``tuner.runner.run_probe`` — passes over the whole grid, so the machine's load drifts across the repeats rather than
+``tuner.probing.runner.run_probe`` — passes over the whole grid, so the machine's load drifts across the repeats rather than
 within one config. Each repeat keeps status, samples/s, peak memory, probe seconds and the whole ProbeResult. The table
 is saved after every probe (``benchmarks/tables/<name>.json`` + ``.csv``); rerunning the same command resumes it.
 A fake-tensor memory trace of the grid's (micro, max_length, checkpointing, precision) points is stored with it so the
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from trials.contract import ModelSpec, ProbeConfig, ProbeResult
-from tuner.batching import accumulation_steps
+from tuner.job.batching import accumulation_steps
 from tuner.cli.estimate import _parse_size
-from tuner.estimator import trace
-from tuner.frontier import describe
-from tuner.space import Space, config_key, load_space, space_from_dict
+from tuner.memory.estimator import trace
+from tuner.memory.frontier import describe
+from tuner.job.space import Space, config_key, load_space, space_from_dict
 
 TABLES = Path(__file__).with_name("tables")
 BASE_GRID: dict[str, Any] = {  # knobs a --grid leaves out are fixed here, not at the search's defaults
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="trace again (both traces) even if the table has them, e.g. after the trace gained a field")
     args = ap.parse_args(argv)
 
-    from tuner.runner import run_probe  # the real runner (helper A)
+    from tuner.probing.runner import run_probe  # the real runner (helper A)
 
     overrides = {k: int(v) for k, v in (o.split("=", 1) for o in args.override)}
     model = ModelSpec(source=args.model, overrides=overrides)
@@ -180,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"traced {len(points)} points in {time.perf_counter() - t0:.0f} s", flush=True)
         save(table, path)
     if not args.no_trace and table.get("search_trace") is None:
-        # what `tuner search` itself traces for this space (tuner.tracing.trace_points), and how long it takes: the
+        # what `tuner search` itself traces for this space (tuner.memory.tracing.trace_points), and how long it takes: the
         # replay charges these seconds to the strategies that use the estimate, before their first probe
-        from tuner.tracing import trace_points
+        from tuner.memory.tracing import trace_points
 
         points = trace_points(space)
         t0 = time.perf_counter()

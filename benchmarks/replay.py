@@ -138,9 +138,9 @@ def estimator_error(table: Table) -> dict[str, Any] | None:
 
 def frontier_soundness(table: Table) -> dict[str, Any]:
     """Feeds every config's table verdict to a Frontier in grid order; counts inferences the table contradicts."""
-    from tuner.frontier import Frontier
+    from tuner.memory.frontier import Frontier
 
-    from tuner.estimator import zero_stage_need
+    from tuner.memory.estimator import zero_stage_need
 
     est = table.estimator()
     need = zero_stage_need(est.trace.param_count, table.world_size, table.configs()) if est else None

@@ -2,7 +2,7 @@
 
 A probe is a table lookup: one recorded repeat of the config, drawn by the seeded RNG on every visit (so strategies
 see the timing noise), charged its recorded probe seconds. The table's truth for a config is the median objective
-over its repeats; a config is stable only if every repeat was (tuner.selection's rule).
+over its repeats; a config is stable only if every repeat was (tuner.search.selection's rule).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from trials.contract import Knobs, ModelSpec, ProbeResult
-from tuner.estimator import Estimator, Trace
-from tuner.objective import Objective
-from tuner.selection import is_stable
-from tuner.space import Space, knobs_key
+from tuner.memory.estimator import Estimator, Trace
+from tuner.job.objective import Objective
+from tuner.search.selection import is_stable
+from tuner.job.space import Space, knobs_key
 
 
 class OutOfBudget(Exception):
@@ -116,7 +116,7 @@ class Table:
                 if tr else None)
 
     def search_estimator(self) -> tuple[Estimator, float] | None:
-        """What `tuner search` would have: the trace of tuner.tracing.trace_points only, and its wall seconds."""
+        """What `tuner search` would have: the trace of tuner.memory.tracing.trace_points only, and its wall seconds."""
         st = self.raw.get("search_trace")
         if not st:
             return None

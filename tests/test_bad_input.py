@@ -30,8 +30,8 @@ TOKEN = "bad-input-token"
 UNREACHABLE_PG = "postgresql+psycopg://nobody:hunter2@127.0.0.1:9/nodb?connect_timeout=2"
 
 
-def _populate():  # noqa: ANN202 - the shared fixture builder of tests/tuner/test_report.py
-    spec = importlib.util.spec_from_file_location("report_fixture", REPO / "tests" / "tuner" / "test_report.py")
+def _populate():  # noqa: ANN202 - the shared fixture builder of tests/tuner/reporting/test_report.py
+    spec = importlib.util.spec_from_file_location("report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

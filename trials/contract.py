@@ -30,7 +30,7 @@ class _Strict(BaseModel):
 
 
 class Knobs(_Strict):
-    """The tunable training knobs of one configuration (flat names; tuner/export maps them to each tool)."""
+    """The tunable training knobs of one configuration (flat names; tuner/interop/export maps them to each tool)."""
 
     micro_batch_size: int = Field(ge=1)
     max_length: int = Field(ge=1)

@@ -103,7 +103,7 @@ class TorchEngine:
 
 
 def deepspeed_config(knobs: Knobs, accum: int, world_size: int, lr: float) -> dict[str, Any]:
-    """The DeepSpeed JSON for these knobs (tuner/export writes the same mapping for users)."""
+    """The DeepSpeed JSON for these knobs (tuner/interop/export writes the same mapping for users)."""
     zero: dict[str, Any] = {
         "stage": knobs.zero_stage,
         "overlap_comm": knobs.overlap_comm,

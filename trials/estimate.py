@@ -14,7 +14,7 @@ padded shapes, then one more forward+backward that accumulates into the step's g
 - ``step_temp_bytes``: the optimizer step's temporaries above params + grads + state,
 - ``peak_bytes``: the whole step's peak (what the plain torch engine needs).
 
-``python -m trials.estimate --request JSON --out FILE`` writes a ``tuner.estimator.Trace``-shaped JSON to FILE (exit 3:
+``python -m trials.estimate --request JSON --out FILE`` writes a ``tuner.memory.estimator.Trace``-shaped JSON to FILE (exit 3:
 bad model source). Omits CUDA context, allocator fragmentation and cuBLAS workspace: tuner calibrates with probes.
 """
 

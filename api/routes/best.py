@@ -19,9 +19,9 @@ MEDIA = {"json": "application/json", "deepspeed": "application/json", "hf": "app
 
 def render(fmt: str, knobs: dict[str, Any], *, world_size: int, gradient_accumulation_steps: int, definition: dict) -> str:
     try:
-        from tuner import export
+        from tuner.interop import export
     except ModuleNotFoundError as err:
-        if err.name != "tuner.export":
+        if err.name != "tuner.interop.export":
             raise
         raise HTTPException(501, f"format {fmt!r} is not available in this build; use format=json") from None
     source = definition.get("baseline_source")  # the user's DeepSpeed JSON: its optimizer/scheduler are kept

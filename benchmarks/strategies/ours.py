@@ -1,8 +1,8 @@
-"""Ours: tuner.strategy.Strategy as `tuner search` drives it, on an in-memory Optuna study with the table as the probe
-and probe-seconds as the clock. The opening at the plainest config, then the guide (tuner.guide: a throughput model
+"""Ours: tuner.search.strategy.Strategy as `tuner search` drives it, on an in-memory Optuna study with the table as the probe
+and probe-seconds as the clock. The opening at the plainest config, then the guide (tuner.search.guide: a throughput model
 fitted to the measured probes, constrained expected improvement), the feasibility frontier (ZeRO stages ordered by
-tuner.estimator.zero_stage_need when the estimate is on, as tuner.search does), the memory estimate from the trace
-`tuner search` runs for this space (tuner.tracing.trace_points; its recorded seconds are charged before the first
+tuner.memory.estimator.zero_stage_need when the estimate is on, as tuner.search.driver does), the memory estimate from the trace
+`tuner search` runs for this space (tuner.memory.tracing.trace_points; its recorded seconds are charged before the first
 probe), and short->confirm finalists. Confirm probes draw a fresh recorded repeat, charged setup + measuring time x
 (confirm steps / short steps). The pick is Strategy.best() (confirmed finalists first, on a lower confidence bound)."""
 
@@ -12,9 +12,9 @@ import optuna
 
 from benchmarks.table import Env, OutOfBudget
 from trials.contract import Knobs
-from tuner.estimator import zero_stage_need
-from tuner.frontier import Frontier
-from tuner.strategy import Schedule, Strategy, make_sampler
+from tuner.memory.estimator import zero_stage_need
+from tuner.memory.frontier import Frontier
+from tuner.search.strategy import Schedule, Strategy, make_sampler
 
 
 def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
@@ -45,7 +45,7 @@ def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
         estimator=estimator,
         seed=env.seed,
     )
-    if estimator is not None:  # as tuner.search.Search.attach_estimator: the frontier then orders ZeRO stages
+    if estimator is not None:  # as tuner.search.driver.Search.attach_estimator: the frontier then orders ZeRO stages
         need = zero_stage_need(estimator.trace.param_count, t.world_size, list(t.space.configs()),
                                estimator.trace.largest_param)
         if need:
@@ -68,7 +68,7 @@ def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
 
 def ours_default(env: Env) -> None:
     """What `tuner search` does at these budgets: the memory estimate is on by default only for budgets of 10 minutes
-    or more (tuner.tracing.ESTIMATE_AUTO_MIN_BUDGET_S), and every recorded grid costs less than that. So no trace:
+    or more (tuner.memory.tracing.ESTIMATE_AUTO_MIN_BUDGET_S), and every recorded grid costs less than that. So no trace:
     the guide's P(stable) comes from a model of the measured peaks, ZeRO stages are unordered in the frontier."""
     ours(env, use_estimator=False)
 

@@ -9,7 +9,7 @@ import optuna
 from optuna.trial import TrialState
 
 from benchmarks.table import Env, OutOfBudget, Tracker
-from tuner.space import knobs_key
+from tuner.job.space import knobs_key
 
 
 def plain_tpe(env: Env) -> None:

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from trials.contract import ModelSpec
-from tuner.search import SearchRequest, request_from_definition
+from tuner.search.driver import SearchRequest, request_from_definition
 from tuner.settings import Settings
 from tuner.storage import Store
 
@@ -18,8 +18,8 @@ BODY = {"name": "team-a.flan_t5-large", "model": "google/flan-t5-large", "world_
 
 
 def _any_request(url: str) -> SearchRequest:
-    from tuner.objective import objective_for
-    from tuner.space import default_space
+    from tuner.job.objective import objective_for
+    from tuner.job.space import default_space
 
     space = default_space()
     return SearchRequest(study_name="x", storage=url, model=ModelSpec(), space=space, world_size=1, global_batch=8,

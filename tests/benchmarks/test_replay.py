@@ -12,7 +12,7 @@ import pytest
 from benchmarks.replay import main, run_one, summarize
 from benchmarks.strategies import EXTRA, STRATEGIES
 from benchmarks.table import Env, Table
-from tuner.space import knobs_key
+from tuner.job.space import knobs_key
 
 TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "tables" / "tiny-1rank.json"
 

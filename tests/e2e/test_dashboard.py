@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-def _populate():  # noqa: ANN202 - the shared fixture builder of tests/tuner/test_report.py
-    spec = importlib.util.spec_from_file_location("report_fixture", REPO / "tests" / "tuner" / "test_report.py")
+def _populate():  # noqa: ANN202 - the shared fixture builder of tests/tuner/reporting/test_report.py
+    spec = importlib.util.spec_from_file_location("report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -216,13 +216,13 @@ def test_kill_9_mid_probe_resumes_without_orphans_or_lost_trials(tmp_path: Path)
 
 # -- a hanging rank ----------------------------------------------------------------------------------------------------
 def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: Path) -> None:
-    from tuner.batching import default_global_batch  # noqa: F401 - the search's own modules, real runner
-    from tuner.models import resolve_model
-    from tuner.objective import objective_for
-    from tuner.runner import run_probe
-    from tuner.search import Search, SearchRequest
-    from tuner.space import load_space
-    from tuner.strategy import Schedule
+    from tuner.job.batching import default_global_batch  # noqa: F401 - the search's own modules, real runner
+    from tuner.job.model_source import resolve_model
+    from tuner.job.objective import objective_for
+    from tuner.probing.runner import run_probe
+    from tuner.search.driver import Search, SearchRequest
+    from tuner.job.space import load_space
+    from tuner.search.strategy import Schedule
 
     space_file = tmp_path / "space.yaml"
     space_file.write_text(SPACE)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tuner.report import write_report
+from tuner.reporting.html import write_report
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _populate():  # noqa: ANN202 - the shared fixture builder of tests/tuner/test_report.py
-    spec = importlib.util.spec_from_file_location("report_fixture", REPO / "tests" / "tuner" / "test_report.py")
+def _populate():  # noqa: ANN202 - the shared fixture builder of tests/tuner/reporting/test_report.py
+    spec = importlib.util.spec_from_file_location("report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

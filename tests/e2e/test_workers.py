@@ -16,7 +16,7 @@ from composefile import local_process
 from servers import TUNER_BIN, stop
 from test_service import COMPOSE_ENV, SPACE, TOKEN, start_api
 
-from tuner.selection import best_stable
+from tuner.search.selection import best_stable
 from tuner.storage import Store
 
 STUDY = "e2e-workers"

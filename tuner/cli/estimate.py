@@ -12,11 +12,11 @@ from rich.table import Table
 
 from trials.contract import Knobs, ModelSpec
 from tuner.cli.app import app
-from tuner.batching import accumulation_steps
+from tuner.job.batching import accumulation_steps
 from tuner.errors import ConfigError
-from tuner.budget import parse_size
-from tuner.estimator import Estimate, Estimator, trace
-from tuner.models import resolve_model
+from tuner.units import parse_size
+from tuner.memory.estimator import Estimate, Estimator, trace
+from tuner.job.model_source import resolve_model
 from tuner.settings import load_settings
 
 MAX_CALIBRATION_POINTS = 8
@@ -24,7 +24,7 @@ MiB = 1 << 20
 
 
 def _parse_size(text: str | None) -> int | None:
-    """"40GiB", "512MiB", "2e8" or plain bytes; positive (tuner.budget.parse_size is the one parser)."""
+    """"40GiB", "512MiB", "2e8" or plain bytes; positive (tuner.units.parse_size is the one parser)."""
     return None if text is None else parse_size(text)
 
 

@@ -36,9 +36,9 @@ def export(
 ) -> None:
     """Export the best stable config of a study. With --format accelerate -o FILE the DeepSpeed JSON it points at is
     written next to FILE as FILE-stem.deepspeed.json."""
-    from tuner.export import FORMATS, render, to_deepspeed
-    from tuner.export.accelerate import render_yaml, to_accelerate
-    from tuner.selection import best_stable
+    from tuner.interop.export import FORMATS, render, to_deepspeed
+    from tuner.interop.export.accelerate import render_yaml, to_accelerate
+    from tuner.search.selection import best_stable
     from tuner.settings import load_settings
     from tuner.storage import Store
 
@@ -84,8 +84,8 @@ def doctor(
     """Check an existing setup for the known OOM traps; say what to try and how `tuner search` would test it."""
     import os
 
-    from tuner.baseline import file_kind, read_json
-    from tuner.doctor import diagnose, visible_gpus
+    from tuner.interop.baseline import file_kind, read_json
+    from tuner.interop.doctor import diagnose, visible_gpus
 
     if ds_config is None and training_args is None:
         raise ConfigError("give --ds-config FILE and/or --training-args FILE")

@@ -18,10 +18,9 @@ from tuner.settings import load_settings
 @app.command("prepare")
 def prepare() -> None:
     """Compile the DeepSpeed ops the probes load into the op cache (once per Python environment)."""
-    from tuner.launch_ops import ensure_ops, missing_ops, needed_ops
-    from tuner.runner import probe_env
-    from tuner import launch_forkserver
-
+    from tuner.probing.ops import ensure_ops, missing_ops, needed_ops
+    from tuner.probing.runner import probe_env
+    from tuner.probing import forkserver as launch_forkserver
     config = ProbeConfig(knobs=Knobs(micro_batch_size=1, max_length=8, zero_stage=1, offload_optimizer=True))
     ext_dir = load_settings().torch_extensions_dir
     start = time.monotonic()

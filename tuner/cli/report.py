@@ -18,7 +18,7 @@ def report(
 ) -> None:
     """Writes one self-contained HTML page: throughput and memory plots, the OOM frontier, the chosen config and its
     export, per-rank peaks with imbalance flags."""
-    from tuner.report import write_report  # plotly/optuna load only for this command
+    from tuner.reporting.html import write_report  # plotly/optuna load only for this command
 
     url = load_settings(storage=storage).storage
     path = write_report(url, study, output)

@@ -9,13 +9,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuner.budget import format_size
+from tuner.units import format_size
 from tuner.cli.app import app
 from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
-from tuner.frontier import describe
-from tuner.objective import Objective
-from tuner.progress import fmt_num
-from tuner.selection import best_stable
+from tuner.memory.frontier import describe
+from tuner.job.objective import Objective
+from tuner.cli.progress import fmt_num
+from tuner.search.selection import best_stable
 from tuner.settings import load_settings
 from tuner.storage import Store
 
@@ -39,7 +39,7 @@ def pick_study(store: Store, study: str | None) -> tuple[str, dict[str, Any]]:
 
 
 def _formats() -> tuple[str, ...]:
-    from tuner.export import FORMATS
+    from tuner.interop.export import FORMATS
 
     return FORMATS
 
@@ -52,7 +52,7 @@ def best(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to this file instead of stdout")] = None,
 ) -> None:
     """Print (or write) the best stable config of a study."""
-    from tuner.export import render
+    from tuner.interop.export import render
 
     if fmt not in _formats():
         raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(_formats())}")
@@ -140,7 +140,7 @@ def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
 
 def rank_note(row: dict[str, Any]) -> str:
     """Per-rank peaks of a multi-rank probe, with the imbalance flag (> 20% spread) and its likely causes."""
-    from tuner.imbalance import probe_imbalance
+    from tuner.memory.imbalance import probe_imbalance
 
     imb = probe_imbalance(row)
     if imb is None:

@@ -11,14 +11,14 @@ import typer
 from rich.console import Console
 
 from trials.contract import Knobs, ProbeConfig, ProbeResult
-from tuner.batching import default_global_batch, require_reachable
-from tuner.budget import parse_duration, parse_size
+from tuner.job.batching import default_global_batch, require_reachable
+from tuner.units import parse_duration, parse_size
 from tuner.cli.app import app
 from tuner.errors import BaselineError, ConfigError
-from tuner.models import resolve_model
-from tuner.objective import load_lengths, objective_for
-from tuner.progress import LiveProgress, summary_table
-from tuner.search import (
+from tuner.job.model_source import resolve_model
+from tuner.job.objective import load_lengths, objective_for
+from tuner.cli.progress import LiveProgress, summary_table
+from tuner.search.driver import (
     ESTIMATE_AUTO_MIN_BUDGET_S,
     Search,
     SearchRequest,
@@ -27,9 +27,9 @@ from tuner.search import (
     request_from_definition,
 )
 from tuner.settings import load_settings
-from tuner.space import load_space
+from tuner.job.space import load_space
 from tuner.storage import Store
-from tuner.strategy import Schedule
+from tuner.search.strategy import Schedule
 
 console = Console(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
@@ -37,9 +37,9 @@ if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns f
 
 
 def _baseline(path: Path, world_size: int | None, max_length: int) -> tuple[Knobs, int | None, int | None, dict[str, Any]]:
-    """The user's current config (DeepSpeed JSON or HF training-args JSON, parsed by tuner.baseline): its knobs, global
+    """The user's current config (DeepSpeed JSON or HF training-args JSON, parsed by tuner.interop.baseline): its knobs, global
     batch, world size and the DeepSpeed source the exports keep optimizer/scheduler from."""
-    from tuner.baseline import load_baseline
+    from tuner.interop.baseline import load_baseline
 
     base = load_baseline(path, world_size=world_size, max_length=max_length)
     knobs = Knobs.model_validate(base.knobs)
@@ -136,7 +136,7 @@ def resolve(request: SearchRequest, explicit: set[str], store: Store) -> tuple[S
 
 
 def real_probe(config: ProbeConfig) -> ProbeResult:
-    from tuner.runner import run_probe
+    from tuner.probing.runner import run_probe
 
     return run_probe(config)
 
@@ -203,7 +203,7 @@ def search(
     if summary.best is None:
         console.print("no stable config found: give a larger --device-memory or --budget, or a smaller space")
         return
-    from tuner.export import render
+    from tuner.interop.export import render
 
     best = summary.best
     console.print("best config:")

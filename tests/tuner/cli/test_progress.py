@@ -1,0 +1,68 @@
+"""The live display's content (rendered to text) and the final summary table."""
+
+import io
+
+from rich.console import Console
+
+from trials.contract import Knobs, ProbeConfig
+from tuner.units import Deadline
+from tuner.job.objective import Objective
+from tuner.cli.progress import LiveProgress, summary_table
+from tuner.search.driver import SearchSummary
+from tuner.search.selection import best_stable
+from tuner.search.strategy import Outcome, Proposal
+
+MiB = 2**20
+
+
+def _row(status, objective=None, stable=False, micro=4):
+    return {
+        "id": micro,
+        "trial_number": micro,
+        "fidelity": "short",
+        "config_key": f"k{micro}",
+        "knobs": Knobs(micro_batch_size=micro, max_length=128).model_dump(mode="json"),
+        "config": {"world_size": 1, "gradient_accumulation_steps": 32 // micro},
+        "status": status,
+        "cause": "OutOfMemoryError: emulated device" if status == "oom" else None,
+        "objective": objective,
+        "samples_per_s": objective,
+        "peak_allocated": 50 * MiB,
+        "capacity": 160 * MiB,
+        "stable": stable,
+        "probe_seconds": 6.5,
+    }
+
+
+def _proposal(micro):
+    config = ProbeConfig(knobs=Knobs(micro_batch_size=micro, max_length=128), gradient_accumulation_steps=32 // micro)
+    return Proposal(config=config, fidelity="short", config_key=f"k{micro}", trial=None, expected_s=6.0)
+
+
+def test_live_panel_counts_ooms_inferred_and_the_best():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=160, color_system=None)
+    now = [0.0]
+    progress = LiveProgress(console, Deadline(180, clock=lambda: now[0]), Objective(), "demo")
+    progress.started(_proposal(4))
+    progress.finished(_proposal(4), Outcome(row=_row("ok", 12.5, True), state=None, objective=12.5, stable=True))
+    progress.finished(_proposal(32), Outcome(row=_row("oom", micro=32), state=None, objective=None, stable=False))
+    progress.inferred({**_row("inferred-oom", micro=64), "trial_number": 7})
+    now[0] = 60.0
+    console.print(progress.__rich__())
+    text = out.getvalue()
+    assert "OOM-pruned 1" in text and "inferred 1" in text and "stable 1" in text
+    assert "best so far: 12.5 samples/s" in text and "time left 2m00s" in text
+    assert "inferred-oom" in text and "micro=32" in text
+
+
+def test_summary_table_shows_best_and_baseline_speedup():
+    rows = [_row("ok", 12.5, True, micro=4), {**_row("ok", 5.0, True, micro=2), "fidelity": "baseline"}]
+    summary = SearchSummary(
+        study_name="demo", run_id=1, elapsed_s=100, stop_reason="budget", counts={"ok": 2}, best=best_stable(rows),
+        baseline=rows[1], probes_run=2, probe_seconds=13, trials=2,
+    )
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(summary_table(summary, Objective()))
+    text = out.getvalue()
+    assert "12.5 samples/s" in text and "x2.50" in text and "micro=4" in text and "accum=8" in text

@@ -1,0 +1,177 @@
+"""`tuner doctor` (each trap, table-driven; then through the real CLI) and `tuner export` over a real storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.interop.doctor import diagnose, visible_gpus
+from tuner.errors import BaselineError
+
+DS = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "overlap_comm": True,
+                            "reduce_bucket_size": 2e8, "allgather_bucket_size": 2e8}}  # fmt: skip
+ARGS = {"per_device_train_batch_size": 4, "per_device_eval_batch_size": 4, "max_source_length": 512,
+        "logging_steps": 50}  # fmt: skip
+QUIET_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def codes(ds: dict | None, hf: dict | None, env: dict | None = None, gpus: int | None = 0) -> set[str]:
+    _, findings = diagnose(ds, hf, env=env if env is not None else QUIET_ENV, gpus=gpus)
+    return {f.code for f in findings}
+
+
+def zero(**kw: Any) -> dict:
+    return {**DS, "zero_optimization": {**DS["zero_optimization"], **kw}}
+
+
+@pytest.mark.parametrize(
+    ("ds", "hf", "env", "gpus", "present", "absent"),
+    [
+        # the team's trap: ZeRO-2 offload + overlap_comm + 2e8 buckets
+        (DS, ARGS, None, 0, {"overlap-comm-buckets"}, {"eval-batch-generate", "no-truncation"}),
+        (zero(overlap_comm=False), ARGS, None, 0, set(), {"overlap-comm-buckets"}),
+        (zero(reduce_bucket_size=5e7, allgather_bucket_size=5e7), ARGS, None, 0, set(), {"overlap-comm-buckets"}),
+        (zero(offload_optimizer={"device": "none"}), ARGS, None, 0, set(), {"overlap-comm-buckets"}),
+        # unset buckets are DeepSpeed's 5e8 default: flagged
+        ({**DS, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}, "overlap_comm": True}},
+         ARGS, None, 0, {"overlap-comm-buckets"}, set()),
+        # eval batch far above the train batch with generate
+        (DS, {**ARGS, "per_device_eval_batch_size": 32, "predict_with_generate": True}, None, 0,
+         {"eval-batch-generate", "eval-accumulation"}, set()),
+        (DS, {**ARGS, "per_device_eval_batch_size": 32}, None, 0, set(), {"eval-batch-generate"}),
+        (DS, {**ARGS, "per_device_eval_batch_size": 4, "predict_with_generate": True, "eval_accumulation_steps": 4},
+         None, 0, set(), {"eval-batch-generate", "eval-accumulation"}),
+        (DS, {**ARGS, "eval_strategy": "steps"}, None, 0, {"eval-accumulation"}, set()),
+        # the Trainer's default eval batch (8) against micro 2, with generate
+        (None, {"per_device_train_batch_size": 2, "max_seq_length": 64, "predict_with_generate": True}, None, 0,
+         {"eval-batch-generate"}, {"overlap-comm-buckets"}),
+        # truncation
+        (DS, {k: v for k, v in ARGS.items() if k != "max_source_length"}, None, 0, {"no-truncation"}, set()),
+        # logging every step, in the Trainer or in DeepSpeed
+        (DS, {**ARGS, "logging_steps": 1}, None, 0, {"logging-every-step"}, {"deepspeed-logging"}),
+        ({**DS, "steps_per_print": 1}, ARGS, None, 0, {"deepspeed-logging"}, {"logging-every-step"}),
+        ({**DS, "wall_clock_breakdown": True}, ARGS, None, 0, {"deepspeed-logging"}, set()),
+        # several GPUs and no launcher; with a launcher's env it is fine
+        (DS, ARGS, {}, 4, {"gpus-without-launcher", "allocator-fragmentation"}, set()),
+        (DS, ARGS, {"WORLD_SIZE": "4", "LOCAL_RANK": "0", **QUIET_ENV}, 4, set(),
+         {"gpus-without-launcher", "allocator-fragmentation"}),
+        (DS, ARGS, {}, 1, {"allocator-fragmentation"}, {"gpus-without-launcher"}),
+        (DS, ARGS, {}, None, set(), {"gpus-without-launcher", "allocator-fragmentation"}),
+        # "auto" without training args: the ZeRO checks still run, the batch checks say what they need
+        ({**zero(), "train_micro_batch_size_per_gpu": "auto"}, None, None, 0,
+         {"overlap-comm-buckets", "auto-needs-training-args", "no-training-args"}, set()),
+        # a clean setup has no warnings at all
+        (zero(overlap_comm=False), {**ARGS, "eval_accumulation_steps": 8}, None, 0, set(),
+         {"overlap-comm-buckets", "eval-batch-generate", "eval-accumulation", "no-truncation", "logging-every-step"}),
+    ],
+)
+def test_traps(ds: dict | None, hf: dict | None, env: dict | None, gpus: int | None, present: set, absent: set) -> None:
+    got = codes(ds, hf, env, gpus)
+    assert present <= got, got
+    assert not (absent & got), got
+
+
+def test_every_finding_says_what_to_try_and_how_the_search_tests_it() -> None:
+    hf = {**{k: v for k, v in ARGS.items() if k != "max_source_length"}, "per_device_eval_batch_size": 32,
+          "predict_with_generate": True, "logging_steps": 1, "bf16": True}  # fmt: skip
+    _, findings = diagnose({**DS, "steps_per_print": 1, "bf16": {"enabled": True}}, hf, env={}, gpus=4)
+    assert len(findings) >= 8
+    for f in findings:
+        assert f.title and f.why and f.fix and f.search, f.code
+    overlap = next(f for f in findings if f.code == "overlap-comm-buckets")
+    assert "overlap_comm: [false, true]" in overlap.search and "1.7 GiB" in overlap.why  # 4.5 x 2e8 x 2 bytes
+    assert [f.severity for f in findings] == sorted((f.severity for f in findings), key=lambda s: s != "warn")
+
+
+def test_fp32_doubles_the_overlap_buffers() -> None:
+    _, findings = diagnose(DS, ARGS, env=QUIET_ENV, gpus=0)
+    assert "3.4 GiB" in next(f for f in findings if f.code == "overlap-comm-buckets").why
+
+
+def test_broken_config_is_an_error_not_a_finding() -> None:
+    with pytest.raises(BaselineError, match="zero_optimization.bogus"):
+        diagnose(zero(bogus=1), ARGS, env={}, gpus=0)
+
+
+@pytest.mark.parametrize(
+    ("env", "gpu_dirs", "expect"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 0, 4),
+        ({"CUDA_VISIBLE_DEVICES": "2"}, 8, 1),
+        ({"CUDA_VISIBLE_DEVICES": ""}, 8, 0),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, 8, 0),
+        ({}, 8, 8),
+        ({}, 0, None),
+    ],
+)
+def test_visible_gpus(tmp_path: Path, env: dict, gpu_dirs: int, expect: int | None) -> None:
+    for i in range(gpu_dirs):  # the layout the NVIDIA driver exposes under /proc
+        (tmp_path / "proc" / "driver" / "nvidia" / "gpus" / f"0000:{i:02x}:00.0").mkdir(parents=True)
+    assert visible_gpus(env, root=tmp_path) == expect
+
+
+# -- through the real entry point ------------------------------------------------------------------------------------
+TUNER = [sys.executable, "-c", "from tuner.cli import main; main()"]
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "LOCAL_RANK", "RANK")}
+    return subprocess.run([*TUNER, *args], capture_output=True, text=True, env={**full, **(env or {})}, timeout=120)
+
+
+def write(path: Path, data: Any) -> Path:
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def test_doctor_cli(tmp_path: Path) -> None:
+    ds = write(tmp_path / "ds.json", DS)
+    args = write(tmp_path / "args.json", {**ARGS, "per_device_eval_batch_size": 32, "predict_with_generate": True})
+    proc = run("doctor", "--ds-config", str(ds), "--training-args", str(args), env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "overlap-comm-buckets" in proc.stdout and "eval-batch-generate" in proc.stdout
+    assert "gpus-without-launcher" in proc.stdout and "tuner search:" in proc.stdout
+    assert run("doctor", "--ds-config", str(ds), "--strict").returncode == 1
+    clean = write(tmp_path / "clean.json", zero(overlap_comm=False))
+    assert run("doctor", "--ds-config", str(clean), "--strict", env={"CUDA_VISIBLE_DEVICES": ""}).returncode == 0
+    out = run("doctor", "--ds-config", str(ds), "--training-args", str(args), "--json", env={"CUDA_VISIBLE_DEVICES": ""})
+    doc = json.loads(out.stdout)
+    # training args naming their DeepSpeed file (relative to themselves) are enough
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub" / "z.json", DS)
+    named = write(tmp_path / "sub" / "a.json", {**ARGS, "deepspeed": "z.json"})
+    alone = run("doctor", "--training-args", str(named), "--json", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert "overlap-comm-buckets" in {f["code"] for f in json.loads(alone.stdout)["findings"]}, alone.stderr
+    assert doc["knobs"]["zero_stage"] == 2 and {"overlap-comm-buckets", "eval-batch-generate"} <= {
+        f["code"] for f in doc["findings"]
+    }
+
+
+@pytest.mark.parametrize(
+    ("files", "match"),
+    [
+        ({}, "give --ds-config FILE and/or --training-args FILE"),
+        ({"--ds-config": "{broken"}, "not valid JSON"),
+        ({"--ds-config": ARGS}, "looks like training args"),
+        ({"--ds-config": zero(stage=5)}, "stage must be 0, 1, 2 or 3"),
+        ({"--ds-config": {**DS, "train_batch_size": 7}}, "train_batch_size=7"),
+        ({"--ds-config": "missing"}, "cannot read"),
+    ],
+)
+def test_doctor_cli_mistakes_are_one_line_exit_2(tmp_path: Path, files: dict, match: str) -> None:
+    argv: list[str] = []
+    for option, content in files.items():
+        path = tmp_path / "f.json"
+        if content != "missing":
+            write(path, content)
+        argv += [option, str(path)]
+    proc = run("doctor", *argv)
+    assert proc.returncode == 2
+    assert match in proc.stderr and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

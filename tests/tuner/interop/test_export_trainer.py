@@ -1,0 +1,89 @@
+"""The hf export trains: Seq2SeqTrainer with Seq2SeqTrainingArguments(**to_hf(...)) runs a few optimizer steps of a
+tiny random-init T5 on CPU -- once plain (engine torch) and once through the Trainer's own DeepSpeed integration
+(ZeRO-2, the DeepSpeed section of the export). Each run is its own process: the DeepSpeed run initialises a one-rank
+process group (RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, no launcher needed). Optimizer offload is left out
+here: DeepSpeedCPUAdam compiles on first use (minutes on a loaded 2-core box); test_export_tools covers its config."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.settings import load_settings
+
+SCRIPT = r"""
+import json, sys, tempfile
+import torch
+from transformers import T5Config, T5ForConditionalGeneration, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from tuner.interop.export import to_hf
+
+knobs, accum = json.loads(sys.argv[1]), int(sys.argv[2])
+kwargs = to_hf(knobs, world_size=1, gradient_accumulation_steps=accum)
+cfg = T5Config(vocab_size=64, d_model=32, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2, d_kv=16,
+               decoder_start_token_id=0, pad_token_id=0)
+torch.manual_seed(0)
+model = T5ForConditionalGeneration(cfg)
+L = knobs["max_length"]
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"input_ids": torch.randint(1, 64, (L,), generator=g), "attention_mask": torch.ones(L, dtype=torch.long),
+                "labels": torch.randint(1, 64, (L,), generator=g)}
+
+args = Seq2SeqTrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=True, max_steps=3, report_to=[],
+                                save_strategy="no", learning_rate=1e-3, logging_steps=1, **kwargs)
+trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=Data())
+out = trainer.train()
+info = {"steps": trainer.state.global_step, "loss": out.training_loss, "deepspeed": trainer.is_deepspeed_enabled,
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
+if trainer.is_deepspeed_enabled:
+    engine = trainer.model_wrapped
+    info.update(stage=engine.zero_optimization_stage(), micro=engine.train_micro_batch_size_per_gpu(),
+                accum=engine.gradient_accumulation_steps(), bucket=engine.zero_reduce_bucket_size())
+with open(sys.argv[3], "w") as f:
+    json.dump(info, f)
+"""
+
+
+def run_trainer(tmp_path: Path, knobs: dict, accum: int) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    # the probes' op cache and the venv's ninja first (another ninja invalidates the cache: a rebuild of minutes)
+    env["TORCH_EXTENSIONS_DIR"] = str(load_settings().torch_extensions_dir)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(knobs), str(accum), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_seq2seq_trainer_trains_with_the_hf_export(tmp_path: Path) -> None:
+    knobs = {"micro_batch_size": 2, "max_length": 16, "engine": "torch", "gradient_checkpointing": True,
+             "eval_batch_size": 2, "generate": True}  # fmt: skip
+    info = run_trainer(tmp_path, knobs, accum=2)
+    assert info["steps"] == 3 and not info["deepspeed"]
+    assert len(info["losses"]) == 3 and all(0 < float(x) < 100 for x in info["losses"])
+
+
+@pytest.mark.slow
+def test_seq2seq_trainer_trains_with_the_hf_export_through_deepspeed(tmp_path: Path) -> None:
+    knobs = {"micro_batch_size": 2, "max_length": 16, "zero_stage": 2, "overlap_comm": True,
+             "reduce_bucket_size": 10_000_000}  # fmt: skip
+    info = run_trainer(tmp_path, knobs, accum=2)
+    assert info["steps"] == 3 and info["deepspeed"]
+    assert (info["stage"], info["micro"], info["accum"], info["bucket"]) == (2, 2, 2, 10_000_000)
+    assert all(0 < float(x) < 100 for x in info["losses"])

@@ -1,0 +1,122 @@
+import pytest
+
+from trials.contract import Knobs
+from tuner.errors import SpaceError
+from tuner.job.space import config_key, default_space, load_space, space_from_dict
+
+
+class Fixed:
+    """Answers suggest_categorical with the first choice, recording what was asked."""
+
+    def __init__(self, picks=None):
+        self.picks = picks or {}
+        self.asked = []
+
+    def suggest_categorical(self, name, choices):
+        self.asked.append(name)
+        return self.picks.get(name, list(choices)[0])
+
+
+def test_default_space_is_valid_and_conditional():
+    space = default_space()
+    assert space.micro_batch_size == [1, 2, 4, 8, 16, 32]
+    configs = list(space.configs())
+    assert len(configs) == space.size() > 10
+    assert len({config_key(k, 1, 1) for k in configs}) == len(configs)
+    for k in configs:
+        if k.zero_stage == 0:
+            assert k.allgather_bucket_size is None and not k.overlap_comm and not k.offload_optimizer
+    assert any(k.zero_stage == 2 and k.overlap_comm and k.offload_optimizer for k in configs)
+
+
+def test_zero_knobs_are_only_suggested_for_zero_stage_1_and_up():
+    space = default_space()
+    t = Fixed({"zero_stage": 0})
+    space.sample(t)
+    assert "zero_stage" in t.asked and "overlap_comm" not in t.asked and "reduce_bucket_size" not in t.asked
+    t = Fixed({"zero_stage": 2})
+    knobs = space.sample(t)
+    assert {"overlap_comm", "reduce_bucket_size", "allgather_bucket_size", "offload_optimizer"} <= set(t.asked)
+    assert isinstance(knobs, Knobs)
+    t = Fixed({"zero_stage": 3})
+    space.sample(t)
+    assert "allgather_bucket_size" not in t.asked and "reduce_bucket_size" in t.asked
+
+
+def test_yaml_file_overrides_knob_by_knob(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("micro_batch_size: [2, 4]\nzero_stage: 2\nreduce_bucket_size: [5e8, '2e8']\n")
+    space = load_space(p)
+    assert space.micro_batch_size == [2, 4]
+    assert space.zero_stage == [2]
+    assert space.reduce_bucket_size == [500000000, 200000000]
+    assert space.gradient_checkpointing == default_space().gradient_checkpointing
+
+
+def test_toml_file_and_ranges(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text("max_length = [64, 128]\n[micro_batch_size]\nlow = 4\nhigh = 20\nscale = 'linear'\nstep = 8\n")
+    space = load_space(p)
+    assert space.micro_batch_size == [4, 12, 20]
+    assert space.max_length == [64, 128]
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("micro_batchsize: [1]\n", "unknown knob 'micro_batchsize'"),
+        ("micro_batch_size: []\n", "'micro_batch_size'"),
+        ("micro_batch_size: [0, 2]\n", "'micro_batch_size'"),
+        ("micro_batch_size: {low: 64, high: 8}\n", "above high"),
+        ("micro_batch_size: {low: 5, high: 7}\n", "no power of two"),
+        ("zero_stage: [0, 4]\n", "zero_stage"),
+        ("overlap_comm: [maybe]\n", "'overlap_comm'"),
+        ("max_length: ['long']\n", "'max_length'"),
+        ("max_length: [99999999]\n", "max_length"),
+        ("micro_batch_size: [1, 1]\n", "repeats"),
+        ("precision: [fp8]\n", "'precision'"),
+        ("micro_batch_size: {low: 1, high: 100, scale: linear}\n", "at most 64"),
+        ("- 1\n- 2\n", "mapping"),
+        ("micro_batch_size: [1\n", "not valid"),
+    ],
+)
+def test_invalid_space_is_one_line_naming_the_key(tmp_path, body, needle):
+    p = tmp_path / "bad.yaml"
+    p.write_text(body)
+    with pytest.raises(SpaceError) as err:
+        load_space(p)
+    msg = str(err.value)
+    assert needle in msg
+    assert "\n" not in msg
+
+
+def test_missing_binary_or_directory_file(tmp_path):
+    with pytest.raises(SpaceError, match="does not exist"):
+        load_space("/no/such/space.yaml")
+    with pytest.raises(SpaceError, match="is a directory"):
+        load_space(tmp_path)
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SpaceError, match="not UTF-8"):
+        load_space(binary)
+
+
+def test_torch_engine_without_zero(tmp_path):
+    space = space_from_dict({"micro_batch_size": [1], "max_length": [8], "engine": ["torch"], "zero_stage": [0]})
+    (k,) = list(space.configs())
+    assert k.engine == "torch" and k.zero_stage == 0
+    with pytest.raises(SpaceError, match="zero_stage"):
+        space_from_dict({"micro_batch_size": [1], "max_length": [8], "engine": ["torch"], "zero_stage": [0, 2]})
+
+
+def test_mixed_engines_skip_zero_for_torch():
+    space = space_from_dict({"micro_batch_size": [1], "max_length": [8], "engine": ["torch", "deepspeed"], "zero_stage": [0, 2]})
+    configs = list(space.configs())
+    assert sum(k.engine == "torch" for k in configs) == 1
+    assert all(k.zero_stage == 0 for k in configs if k.engine == "torch")
+
+
+def test_config_key_depends_on_world_and_accumulation():
+    k = Knobs(micro_batch_size=2, max_length=8)
+    assert config_key(k, 1, 4) != config_key(k, 2, 2)
+    assert config_key(k, 1, 4) == config_key(Knobs(micro_batch_size=2, max_length=8), 1, 4)

@@ -1,0 +1,51 @@
+import pytest
+
+from tuner.units import Deadline, format_duration, parse_duration, parse_size
+from tuner.errors import BudgetError, ConfigError
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400), ("1h30m15s", 5415), ("45", 45), (" 2H ", 7200), ("1.5h", 5400)],
+)
+def test_parse_duration_accepts_the_documented_forms(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "2x", "h", "30m2h", "2 hours", "-5m", "0s", "1h-30m", "abc"])
+def test_parse_duration_rejects_with_one_line(text):
+    with pytest.raises(BudgetError) as err:
+        parse_duration(text)
+    assert "\n" not in str(err.value)
+    assert "90s" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("160MiB", 160 * 2**20), ("2GiB", 2 * 2**30), ("80GB", 80 * 10**9), ("1.5GiB", int(1.5 * 2**30)), ("4096", 4096), ("512 kib", 512 * 1024)],
+)
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["2GB?", "GiB", "-1GiB", "0MiB", "2 gigs", ""])
+def test_parse_size_rejects(text):
+    with pytest.raises(ConfigError) as err:
+        parse_size(text)
+    assert "160MiB" in str(err.value)
+
+
+def test_deadline_on_a_fake_clock():
+    now = [100.0]
+    d = Deadline(60, clock=lambda: now[0])
+    assert d.left == 60
+    now[0] = 130.0
+    assert d.left == 30 and d.elapsed == 30 and not d.expired()
+    now[0] = 200.0
+    assert d.left == 0 and d.expired()
+
+
+def test_format_duration():
+    assert format_duration(5415) == "1h30m"
+    assert format_duration(95) == "1m35s"
+    assert format_duration(7) == "7s"

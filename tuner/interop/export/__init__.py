@@ -1,0 +1,69 @@
+"""Exports of a tuned configuration: deepspeed (JSON), hf (TrainingArguments kwargs), accelerate (YAML), env, json.
+
+``render(fmt, knobs, world_size=, gradient_accumulation_steps=, baseline=)`` returns the text a user saves; the
+``to_*`` functions return the structures. Pure functions: no torch import. ``baseline`` is the user's DeepSpeed JSON
+(``tuner.interop.baseline.Baseline.ds_config``), whose optimizer/scheduler/clipping the exports keep.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from tuner.errors import ConfigError
+from tuner.interop.export.accelerate import render_yaml, to_accelerate
+from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
+from tuner.interop.export.env import render_env, to_env
+from tuner.interop.export.hf import to_hf
+
+FORMATS: tuple[str, ...] = ("json", "deepspeed", "hf", "accelerate", "env")
+# What a saved export is usually called (the CLI's default file name for -o DIR, the API's Content-Disposition).
+SUFFIX = {"json": "json", "deepspeed": "json", "hf": "json", "accelerate": "yaml", "env": "sh"}
+
+__all__ = ["FORMATS", "SUFFIX", "render", "to_accelerate", "to_deepspeed", "to_env", "to_hf", "to_summary"]
+
+
+def to_summary(
+    knobs: Mapping[str, Any], *, world_size: int, gradient_accumulation_steps: int, baseline: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The json format: the flat knobs, the batch arithmetic and every other export in one document."""
+    k = validate_knobs(knobs)
+    args = {"world_size": world_size, "gradient_accumulation_steps": gradient_accumulation_steps, "baseline": baseline}
+    out: dict[str, Any] = {
+        "knobs": k.model_dump(),
+        "world_size": world_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "global_batch": k.micro_batch_size * gradient_accumulation_steps * world_size,
+    }
+    if k.engine == "deepspeed":
+        out["deepspeed"] = to_deepspeed(k.model_dump(), allow_auto=True, **args)
+    out["hf"] = to_hf(k.model_dump(), **args)
+    out["env"] = to_env(k.model_dump(), **args)
+    return out
+
+
+def render(
+    fmt: str,
+    knobs: Mapping[str, Any],
+    *,
+    world_size: int,
+    gradient_accumulation_steps: int,
+    baseline: Mapping[str, Any] | None = None,
+) -> str:
+    """The export of ``knobs`` in format ``fmt`` as text (JSON, YAML or shell), ending in a newline."""
+    args: dict[str, Any] = {
+        "world_size": world_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "baseline": baseline,
+    }
+    if fmt == "json":
+        return json.dumps(to_summary(knobs, **args), indent=2) + "\n"
+    if fmt == "deepspeed":
+        return json.dumps(to_deepspeed(knobs, **args), indent=2) + "\n"
+    if fmt == "hf":
+        return json.dumps(to_hf(knobs, **args), indent=2) + "\n"
+    if fmt == "accelerate":
+        return render_yaml(to_accelerate(knobs, **args))
+    if fmt == "env":
+        return render_env(to_env(knobs, **args))
+    raise ConfigError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")

@@ -1,0 +1,101 @@
+"""Knobs -> a full DeepSpeed JSON (what `deepspeed.initialize(config=...)` and `--deepspeed ds_config.json` take)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from tuner.errors import ConfigError
+from tuner.interop.export.mapping import (
+    AUTO,
+    DS_BATCH_KEYS,
+    DS_DEFAULT_BUCKET,
+    DS_FIELDS,
+    auto_paths,
+    encode_offload,
+    precision_blocks,
+    set_path,
+)
+from trials.contract import Knobs
+
+# Keys of the baseline's zero_optimization that the tuned knobs replace (plus the legacy spelling of offload).
+_TUNED_ZERO_KEYS = {f.path[-1] for f in DS_FIELDS if f.path[0] == "zero_optimization"} | {"cpu_offload"}
+_BUCKET_KNOBS = ("allgather_bucket_size", "reduce_bucket_size")
+
+
+def validate_knobs(knobs: Mapping[str, Any]) -> Knobs:
+    """The knobs as a checked Knobs model; a ConfigError naming the field otherwise."""
+    try:
+        return Knobs.model_validate(dict(knobs))
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "knobs"
+        raise ConfigError(f"invalid knobs: {where}: {first['msg']}") from None
+
+
+def check_batch(world_size: int, gradient_accumulation_steps: int) -> None:
+    for name, value in (("world_size", world_size), ("gradient_accumulation_steps", gradient_accumulation_steps)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def to_deepspeed(
+    knobs: Mapping[str, Any],
+    *,
+    world_size: int,
+    gradient_accumulation_steps: int,
+    baseline: Mapping[str, Any] | None = None,
+    allow_auto: bool = False,
+) -> dict[str, Any]:
+    """A complete DeepSpeed config for ``knobs`` at ``world_size`` ranks.
+
+    ``baseline`` is the user's own DeepSpeed JSON (``Baseline.ds_config``): its optimizer, scheduler, gradient
+    clipping, precision options and any other sections are kept; the batch fields, the ZeRO stage and the tuned ZeRO
+    keys and the precision switch come from ``knobs``. With ``allow_auto`` False (the deepspeed format) any "auto"
+    left in a kept section is a ConfigError; the HF Trainer fills those itself, so the hf/accelerate exports allow them.
+    """
+    k = validate_knobs(knobs)
+    check_batch(world_size, gradient_accumulation_steps)
+    base: dict[str, Any] = copy.deepcopy(dict(baseline or {}))
+    for key in DS_BATCH_KEYS:
+        base.pop(key, None)
+    legacy_bf16 = base.pop("bfloat16", None)  # DeepSpeed's old spelling of the bf16 block
+    if legacy_bf16 is not None and "bf16" not in base:
+        base["bf16"] = legacy_bf16
+    base_zero = dict(base.pop("zero_optimization", None) or {})
+    base_offload = base_zero.get("offload_optimizer") if isinstance(base_zero.get("offload_optimizer"), dict) else {}
+
+    out: dict[str, Any] = {
+        "train_batch_size": k.micro_batch_size * gradient_accumulation_steps * world_size,
+        "train_micro_batch_size_per_gpu": k.micro_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "gradient_clipping": base.pop("gradient_clipping", 1.0),
+    }
+    zero = {key: value for key, value in base_zero.items() if key not in _TUNED_ZERO_KEYS}
+    for field in DS_FIELDS:
+        if field.path[0] != "zero_optimization" or k.zero_stage < field.min_stage:
+            continue
+        value: Any = getattr(k, field.knob)
+        if field.knob in _BUCKET_KNOBS and value is None:
+            value = DS_DEFAULT_BUCKET  # DeepSpeed's default, and what the probe ran with
+        if field.knob == "offload_optimizer":  # the baseline's own offload options (pin_memory, ratio ...) stay
+            value = {**encode_offload(True), **base_offload, "device": "cpu"} if value else encode_offload(False)
+        set_path(out, field.path, value)
+    out["zero_optimization"] = {"stage": k.zero_stage, **{key: v for key, v in out.get("zero_optimization", {}).items()
+                                                          if key != "stage"}, **zero}
+    blocks = precision_blocks(k.precision, base)
+    base.pop("bf16", None)
+    base.pop("fp16", None)
+    out.update(blocks)
+    out.update(base)  # optimizer, scheduler, steps_per_print ... exactly as the user had them
+    if not allow_auto:
+        left = auto_paths(out)
+        if left:
+            raise ConfigError(
+                f"the baseline DeepSpeed config leaves {', '.join(left)} as {AUTO!r} and nothing here resolves it "
+                "(the HF Trainer fills it from the dataset size or the model); write a number there, give the "
+                "training-args JSON (max_steps), or export --format hf, whose DeepSpeed section keeps 'auto'"
+            )
+    return out

@@ -1,0 +1,59 @@
+"""Knobs -> environment variables (allocator settings, and the tuned values for scripts that read the env)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any, Mapping
+
+from tuner.errors import ConfigError
+from tuner.interop.export.deepspeed import check_batch, validate_knobs
+from tuner.interop.export.mapping import ALLOC_CONF_ENV
+
+# PYTORCH_CUDA_ALLOC_CONF syntax: comma-separated option:value pairs (expandable_segments:True,max_split_size_mb:128)
+_ALLOC_CONF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*:[^,:\s]+(,[A-Za-z_][A-Za-z0-9_]*:[^,:\s]+)*$")
+_MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+
+
+def to_env(
+    knobs: Mapping[str, Any],
+    *,
+    world_size: int,
+    gradient_accumulation_steps: int,
+    baseline: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """Variable -> value. The allocator config goes to both names PyTorch reads; ACCELERATE_MIXED_PRECISION is what
+    ``Accelerator()`` picks up by default; TUNER_* carry every tuned value for a training script to read."""
+    k = validate_knobs(knobs)
+    check_batch(world_size, gradient_accumulation_steps)
+    env: dict[str, str] = {}
+    if k.alloc_conf:
+        if not _ALLOC_CONF.match(k.alloc_conf):
+            raise ConfigError(
+                f"alloc_conf {k.alloc_conf!r} is not PyTorch allocator syntax; write option:value pairs separated "
+                "by commas, e.g. expandable_segments:True,max_split_size_mb:128"
+            )
+        for name in ALLOC_CONF_ENV:
+            env[name] = k.alloc_conf
+    env["ACCELERATE_MIXED_PRECISION"] = _MIXED[k.precision]
+    values: dict[str, Any] = {
+        "MICRO_BATCH_SIZE": k.micro_batch_size,
+        "GRADIENT_ACCUMULATION_STEPS": gradient_accumulation_steps,
+        "WORLD_SIZE": world_size,
+        "GLOBAL_BATCH": k.micro_batch_size * gradient_accumulation_steps * world_size,
+        "MAX_LENGTH": k.max_length,
+        "ENGINE": k.engine,
+        "ZERO_STAGE": k.zero_stage,
+        "OFFLOAD_OPTIMIZER": int(k.offload_optimizer),
+        "GRADIENT_CHECKPOINTING": int(k.gradient_checkpointing),
+        "PRECISION": k.precision,
+        "EVAL_BATCH_SIZE": k.eval_batch_size or k.micro_batch_size,
+        "PREDICT_WITH_GENERATE": int(k.generate),
+    }
+    env.update({f"TUNER_{name}": str(value) for name, value in values.items()})
+    return env
+
+
+def render_env(env: Mapping[str, str]) -> str:
+    """POSIX shell: `eval "$(tuner export --format env ...)"` or `source` the file."""
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())

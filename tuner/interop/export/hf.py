@@ -1,0 +1,66 @@
+"""Knobs -> keyword arguments of transformers.(Seq2Seq)TrainingArguments, with the DeepSpeed section inline."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
+from tuner.interop.export.mapping import AUTO, DS_BATCH_KEYS, HF_ARGS, HF_DS_FILL, get_path, set_path
+
+
+def to_hf(
+    knobs: Mapping[str, Any],
+    *,
+    world_size: int,
+    gradient_accumulation_steps: int,
+    baseline: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """TrainingArguments kwargs for ``knobs``; ``Seq2SeqTrainingArguments(**to_hf(...), output_dir=...)`` builds.
+
+    The kwargs are the single source of truth: inside the ``deepspeed`` dict the batch fields, the precision switches
+    and every field the Trainer fills from its arguments (gradient clipping, optimizer lr/betas/eps/weight decay) are
+    "auto", and the baseline's explicit values for those move into the kwargs (max_grad_norm, learning_rate ...), so
+    the Trainer's "DeepSpeed config values that mismatch TrainingArguments" check can never fire. ``world_size`` is
+    the launcher's business (the Trainer reads it from the process group); it only sizes the DeepSpeed section.
+    ``max_length`` is not a TrainingArguments field: truncate the tokenizer to it (the json and env exports carry it).
+    """
+    k = validate_knobs(knobs)
+    kwargs: dict[str, Any] = {
+        HF_ARGS["micro_batch_size"]: k.micro_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        HF_ARGS["gradient_checkpointing"]: k.gradient_checkpointing,
+        "bf16": k.precision == "bf16",
+        "fp16": k.precision == "fp16",
+        # unset, the Trainer evaluates at batch 8 whatever the train batch is; no larger than what was probed
+        HF_ARGS["eval_batch_size"]: k.eval_batch_size or k.micro_batch_size,
+    }
+    if k.generate:
+        kwargs[HF_ARGS["generate"]] = True  # a Seq2SeqTrainingArguments field
+    if k.engine != "deepspeed":
+        return kwargs
+    ds = to_deepspeed(
+        k.model_dump(),
+        world_size=world_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        baseline=baseline,
+        allow_auto=True,
+    )
+    for key in DS_BATCH_KEYS:
+        ds[key] = AUTO
+    for block in ("bf16", "fp16"):
+        ds[block]["enabled"] = AUTO
+    for path, hf_keys in HF_DS_FILL:
+        value = get_path(ds, path)
+        if value is None:
+            continue
+        if value != AUTO:
+            if len(hf_keys) == 2 and isinstance(value, (list, tuple)) and len(value) == 2:
+                kwargs.setdefault(hf_keys[0], value[0])
+                kwargs.setdefault(hf_keys[1], value[1])
+            elif len(hf_keys) == 1:
+                kwargs.setdefault(hf_keys[0], value)
+            else:
+                continue  # a shape the Trainer would not fill either: leave it as the user wrote it
+        set_path(ds, path, AUTO)
+    kwargs["deepspeed"] = ds
+    return kwargs

@@ -1,0 +1,273 @@
+"""The search space: which values each knob (a trials.contract.Knobs field) may take, loaded from YAML or TOML.
+
+Every knob is a list of choices. A file may write a knob as a list, a single value (fixed), or an integer range
+``{low: 1, high: 64, scale: pow2}`` (``scale: linear`` with ``step`` for evenly spaced values). Knobs left out keep the
+built-in default's choices. Conditional knobs are only sampled where they apply: ZeRO settings only for the DeepSpeed
+engine; bucket sizes, overlap_comm, contiguous_gradients and offload only for ZeRO stage >= 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator, Literal, Protocol
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trials.contract import Engine, Knobs, Precision
+from tuner.errors import SpaceError
+
+DEFAULT_SPACE_FILE = Path(__file__).with_name("default_space.yaml")
+MAX_CHOICES = 64
+ZERO_KNOBS = ("allgather_bucket_size", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "offload_optimizer")
+
+class Suggester(Protocol):
+    """What Space.sample needs from an Optuna trial (optuna.Trial satisfies it)."""
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any: ...
+
+class IntRange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    low: int = Field(ge=1)
+    high: int = Field(ge=1)
+    scale: Literal["pow2", "linear"] = "pow2"
+    step: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntRange:
+        if self.low > self.high:
+            raise ValueError(f"range low {self.low} is above high {self.high}")
+        return self
+
+    def values(self) -> list[int]:
+        if self.scale == "linear":
+            return list(range(self.low, self.high + 1, self.step))
+        out, v = [], 1
+        while v <= self.high:
+            if v >= self.low:
+                out.append(v)
+            v *= 2
+        if not out:
+            raise ValueError(f"no power of two lies in [{self.low}, {self.high}]")
+        return out
+
+def _as_list(value: Any) -> Any:
+    if isinstance(value, dict):
+        return IntRange.model_validate(value).values()
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+def _to_int(value: Any) -> Any:
+    """Accepts 2e8 / "5e8" spellings for bucket sizes (YAML reads 5e8 as a string)."""
+    if isinstance(value, str):
+        try:
+            as_float = float(value)
+        except ValueError:
+            return value
+        return int(as_float) if as_float.is_integer() else value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+class Space(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    micro_batch_size: list[int] = Field(min_length=1)
+    max_length: list[int] = Field(min_length=1)
+    engine: list[Engine] = Field(default=["deepspeed"], min_length=1)
+    zero_stage: list[int] = Field(default=[0, 1, 2, 3], min_length=1)
+    allgather_bucket_size: list[int | None] = Field(default=[None], min_length=1)
+    reduce_bucket_size: list[int | None] = Field(default=[None], min_length=1)
+    overlap_comm: list[bool] = Field(default=[False], min_length=1)
+    contiguous_gradients: list[bool] = Field(default=[True], min_length=1)
+    offload_optimizer: list[bool] = Field(default=[False], min_length=1)
+    gradient_checkpointing: list[bool] = Field(default=[False], min_length=1)
+    precision: list[Precision] = Field(default=["fp32"], min_length=1)
+    alloc_conf: list[str | None] = Field(default=[None], min_length=1)
+    eval_batch_size: list[int | None] = Field(default=[None], min_length=1)
+    generate: list[bool] = Field(default=[False], min_length=1)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        return _as_list(value)
+
+    @field_validator("allgather_bucket_size", "reduce_bucket_size", mode="before")
+    @classmethod
+    def _bucket_ints(cls, value: Any) -> Any:
+        return [_to_int(v) for v in value]
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _distinct(cls, value: list[Any]) -> list[Any]:
+        if len(value) > MAX_CHOICES:
+            raise ValueError(f"{len(value)} choices; at most {MAX_CHOICES} per knob")
+        if len(set(map(repr, value))) != len(value):
+            raise ValueError("repeats a value")
+        return value
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Space:
+        checks = {
+            "micro_batch_size": (1, 65536),
+            "max_length": (1, 1048576),
+            "zero_stage": (0, 3),
+            "eval_batch_size": (1, 65536),
+            "allgather_bucket_size": (1, 10**11),
+            "reduce_bucket_size": (1, 10**11),
+        }
+        for name, (low, high) in checks.items():
+            for v in getattr(self, name):
+                if v is not None and not low <= v <= high:
+                    raise ValueError(f"knob {name!r}: value {v} is outside [{low}, {high}]")
+        if "torch" in self.engine and "deepspeed" not in self.engine and any(self.zero_stage):
+            raise ValueError("knob 'zero_stage': engine 'torch' has no ZeRO stage; list engine: [deepspeed] or zero_stage: [0]")
+        return self
+
+    # -- sampling ----------------------------------------------------------------------------------------------------
+    def _pick(self, trial: Suggester, name: str) -> Any:
+        choices = getattr(self, name)
+        if len(choices) == 1:
+            return choices[0]
+        return trial.suggest_categorical(name, choices)
+
+    def sample(self, trial: Suggester) -> Knobs:
+        """Draws one config, suggesting only the knobs that apply given the ones drawn before."""
+        values: dict[str, Any] = {"engine": self._pick(trial, "engine")}
+        for name in ("micro_batch_size", "max_length", "gradient_checkpointing", "precision"):
+            values[name] = self._pick(trial, name)
+        if values["engine"] == "deepspeed":
+            values["zero_stage"] = self._pick(trial, "zero_stage")
+        if values.get("zero_stage", 0) >= 1:
+            for name in ZERO_KNOBS:
+                if name == "allgather_bucket_size" and values["zero_stage"] == 3:
+                    continue  # stage 3 gathers by its own prefetch buckets
+                values[name] = self._pick(trial, name)
+        for name in ("alloc_conf", "eval_batch_size"):
+            values[name] = self._pick(trial, name)
+        if values["eval_batch_size"] is not None:
+            values["generate"] = self._pick(trial, "generate")
+        return Knobs(**values)
+
+    def configs(self) -> Iterator[Knobs]:
+        """Every distinct config of the space (the full grid), conditional knobs respected."""
+        seen: set[str] = set()
+        stack: list[dict[str, Any]] = [{}]
+        while stack:
+            fixed = stack.pop()
+            probe = _GridTrial(fixed)
+            knobs = self.sample(probe)
+            if probe.branch is not None:
+                name, choices = probe.branch
+                for c in reversed(choices):
+                    stack.append({**fixed, name: c})
+                continue
+            key = knobs_key(knobs)
+            if key not in seen:
+                seen.add(key)
+                yield knobs
+
+    def size(self) -> int:
+        return sum(1 for _ in self.configs())
+
+    def contains(self, knobs: Knobs) -> bool:
+        return any(knobs_key(k) == knobs_key(knobs) for k in self.configs())
+
+    def restrict(self, **choices: list[Any]) -> Space:
+        return Space.model_validate({**self.model_dump(), **choices})
+
+    def varying(self) -> list[str]:
+        return [name for name, values in self.model_dump().items() if len(values) > 1]
+
+class _GridTrial:
+    """Walks the conditional tree: answers fixed choices, stops at the first unanswered one."""
+
+    def __init__(self, fixed: dict[str, Any]) -> None:
+        self.fixed = fixed
+        self.branch: tuple[str, list[Any]] | None = None
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        if name in self.fixed:
+            return self.fixed[name]
+        if self.branch is None:
+            self.branch = (name, list(choices))
+        return list(choices)[0]
+
+def knobs_key(knobs: Knobs) -> str:
+    return json.dumps(knobs.model_dump(mode="json"), sort_keys=True)
+
+def config_key(knobs: Knobs, world_size: int, gradient_accumulation_steps: int) -> str:
+    """Stable hash of what decides a probe's memory and speed: the knobs, world size and accumulation."""
+    payload = {"knobs": knobs.model_dump(mode="json"), "world_size": world_size, "accum": gradient_accumulation_steps}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise SpaceError(f"space file {path} {what}; give a YAML or TOML file (see tuner/job/default_space.yaml)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as err:
+        reason = "is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else f"cannot be read ({err.strerror})"
+        raise SpaceError(f"space file {path} {reason}; give a YAML or TOML file") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            data = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as err:
+        first = str(err).strip().splitlines()[0]
+        raise SpaceError(f"space file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {first}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpaceError(f"space file {path} must be a mapping of knob name to choices, e.g. 'micro_batch_size: [1, 2, 4]'")
+    return data
+
+def _one_line(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    loc = [str(p) for p in first["loc"] if not isinstance(p, int)]
+    key = loc[0] if loc else "space"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        known = ", ".join(Space.model_fields)
+        return f"{source}: unknown knob {key!r}; known knobs: {known}"
+    if key == "space" and ":" in msg:
+        return f"{source}: {msg}"
+    return f"{source}: knob {key!r}: {msg}"
+
+def space_from_dict(data: dict[str, Any], source: str = "space") -> Space:
+    try:
+        return Space.model_validate(data)
+    except ValidationError as err:
+        raise SpaceError(_one_line(err, source)) from None
+
+def default_space() -> Space:
+    return space_from_dict(_read(DEFAULT_SPACE_FILE), str(DEFAULT_SPACE_FILE.name))
+
+def load_space(path: str | Path | None = None) -> Space:
+    """The built-in default, overridden knob by knob by the file at ``path`` (YAML or TOML)."""
+    base = _read(DEFAULT_SPACE_FILE)
+    if path is None:
+        return space_from_dict(base, DEFAULT_SPACE_FILE.name)
+    path = Path(path)
+    user = _read(path)
+    unknown = sorted(set(user) - set(Space.model_fields))
+    if unknown:
+        raise SpaceError(f"{path}: unknown knob {unknown[0]!r}; known knobs: {', '.join(Space.model_fields)}")
+    return space_from_dict({**base, **user}, str(path))
+
+def space_from_definition(data: dict[str, Any]) -> Space:
+    return space_from_dict(data, "stored study space")
+
+def all_combinations(space: Space) -> int:
+    """The size of the unconditional product (an upper bound of ``size()``)."""
+    n = 1
+    for values in space.model_dump().values():
+        n *= len(values)
+    return n
+

@@ -1,0 +1,44 @@
+"""The memory estimate for a search: a fake-tensor trace of the user's model at a few shapes (tuner.memory.estimator)."""
+
+from __future__ import annotations
+
+import time
+
+from tuner.memory.estimator import Estimator, trace, zero_stage_need
+from tuner.errors import TunerError
+from tuner.search.request import SearchRequest
+from tuner.job.space import Space
+
+ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a share of the budget
+
+
+def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
+    """The smallest and largest micro batch per (max_length, checkpointing, precision): the estimator scales
+    activations linearly in the micro batch and fits the length curve, so these few points cover the space."""
+    micros = sorted({min(space.micro_batch_size), max(space.micro_batch_size)})
+    return [
+        (m, length, ckpt, prec)
+        for m in micros
+        for length in space.max_length
+        for ckpt in space.gradient_checkpointing
+        for prec in space.precision
+    ]
+
+
+def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator | None, str]:
+    """tuner.memory.estimator's fake-tensor trace of the model (a subprocess), or None with the reason it is unavailable."""
+    started = time.monotonic()
+    try:
+        traced = trace(request.model, trace_points(request.space), timeout_s=timeout_s)
+    except (TunerError, RuntimeError, OSError) as err:
+        return None, f"memory estimate unavailable ({str(err).splitlines()[0] if str(err) else type(err).__name__}); probing without it"
+    took = time.monotonic() - started
+    return Estimator(traced, world_size=request.world_size, global_batch=request.global_batch), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params)"
+
+
+def stage_order(estimator: Estimator, request: SearchRequest) -> dict[int, int] | None:
+    """The ZeRO stages ordered by memory need for this model, world size and space (tuner.memory.estimator), or None when no
+    single order holds; the frontier then compares configs across stages too (Frontier(stage_need=...))."""
+    return zero_stage_need(
+        estimator.trace.param_count, request.world_size, list(request.space.configs()), estimator.trace.largest_param
+    )

@@ -1,0 +1,74 @@
+"""DeepSpeed JIT ops a probe needs, compiled once before any probe's clock starts (``python -m trials.ops``).
+
+A first-use compile costs 25-40 s on an idle machine, minutes on a busy one: inside a probe it eats the timeout, and
+a probe killed mid-build leaves torch's build lock behind so every later load waits on it. Builds are serialised
+across runner processes with an flock; a build this runner had to kill has its stale lock removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from trials.contract import ProbeConfig
+from tuner.probing import forkserver as launch_forkserver
+BUILD_TIMEOUT_S = 1800.0
+# op key (trials.ops) -> the extension's directory and library name under TORCH_EXTENSIONS_DIR
+OP_LIBS = {"cpu_adam": "cpu_adam", "shm_comm": "deepspeed_shm_comm"}
+
+
+def needed_ops(config: ProbeConfig, gpu_host: bool) -> list[str]:
+    knobs = config.knobs
+    if knobs.engine != "deepspeed":
+        return []
+    ops = ["cpu_adam"] if knobs.offload_optimizer else []
+    if not gpu_host:
+        ops.append("shm_comm")  # DeepSpeed's CPU accelerator loads it in init_distributed
+    return ops
+
+
+def missing_ops(ops: list[str], ext_dir: Path) -> list[str]:
+    return [op for op in ops if not (ext_dir / OP_LIBS[op] / f"{OP_LIBS[op]}.so").exists()]
+
+
+@contextlib.contextmanager
+def _build_lock(ext_dir: Path) -> Iterator[None]:
+    ext_dir.mkdir(parents=True, exist_ok=True)
+    with open(ext_dir / "tuner-build.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_ops(config: ProbeConfig, env: dict[str, str]) -> list[str]:
+    """Builds the ops ``config`` needs that are not in the cache yet; returns the ones built (best effort: a failed
+    build is left for the probe to report as its own error)."""
+    ext_dir = Path(env["TORCH_EXTENSIONS_DIR"])
+    todo = missing_ops(needed_ops(config, not launch_forkserver.usable()), ext_dir)
+    if not todo:
+        return []
+    with _build_lock(ext_dir):
+        todo = missing_ops(todo, ext_dir)  # another runner may have built them while we waited
+        if not todo:
+            return []
+        for op in todo:  # a lock left by a build that died (runner killed from outside): under our flock, stale
+            (ext_dir / OP_LIBS[op] / "lock").unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-m", "trials.ops", *todo], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            for op in todo:  # torch's FileBaton of the build we killed: nobody else builds under our flock
+                (ext_dir / OP_LIBS[op] / "lock").unlink(missing_ok=True)
+    return [op for op in todo if op not in missing_ops(todo, ext_dir)]

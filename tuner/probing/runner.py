@@ -1,0 +1,304 @@
+"""Launches one probe (1..N ranks of ``python -m trials``), enforces its timeout, merges the rank results.
+
+Every rank is launched directly by this runner with the torch.distributed env (RANK, LOCAL_RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT) — what torchrun does on one node — each in its own session (process group), so that:
+
+* the runner sees every rank's own exit status: a rank killed by SIGKILL (the host OOM killer) is told apart from a
+  rank that failed or was stopped by us, without parsing any launcher's output;
+* at the timeout, or a few seconds after any rank fails (its peers may be blocked in a collective), every group is
+  killed with SIGKILL: no hung survivors, children (op compiles) included.
+
+Status comes from exit codes and the rank result files only; stderr's last lines are kept as context for errors.
+``run_probe`` never raises for a probe's failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from trials.contract import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_OOM,
+    EXIT_TIMEOUT,
+    ProbeConfig,
+    ProbeResult,
+    RankResult,
+    Status,
+)
+from tuner.probing import forkserver as launch_forkserver
+from tuner.errors import ConfigError
+from tuner.probing.ops import ensure_ops
+from tuner.settings import load_settings
+
+LAUNCH_ENV = "TUNER_PROBE_LAUNCH_T"  # == trials.probe.LAUNCH_ENV (tuner/ imports only trials.contract)
+FAILURE_GRACE_S = 5.0  # after a rank fails, how long its peers get to write their own result before the group kill
+POLL_S = 0.05
+LAUNCHERS = ("auto", "spawn", "forkserver")
+STDERR_TAIL_LINES = 8
+_RANK = {"ok": 0, "timeout": 1, "error": 2, "oom": 3}  # which rank's status names the probe's: oom is the root cause
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def probe_env(world_size: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every rank inherits: op caches, the venv's tools first on PATH, sane thread counts."""
+    env = dict(os.environ if base is None else base)
+    settings = load_settings()
+    ext = settings.torch_extensions_dir
+    ext.mkdir(parents=True, exist_ok=True)
+    env["TORCH_EXTENSIONS_DIR"] = str(ext)
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+    if "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // world_size))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    return env
+
+
+def rank_out_path(out: Path, rank: int, world_size: int) -> Path:
+    """Mirror of trials.probe.rank_out_path (``out`` for one rank, ``<stem>.rank<r>.json`` for several)."""
+    return out if world_size == 1 else out.with_name(f"{out.stem}.rank{rank}{out.suffix or '.json'}")
+
+
+class _Proc(Protocol):
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int | None: ...
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: _Proc
+    out: Path
+    err: Path
+    killed_by_us: bool = False
+    result: RankResult | None = field(default=None)
+
+    def read(self) -> RankResult | None:
+        if self.result is None and self.out.exists():
+            try:
+                self.result = RankResult.model_validate_json(self.out.read_text())
+            except ValueError:
+                return None  # written atomically, so only a foreign file gets here
+        return self.result
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def choose_launcher(launcher: str | None = None) -> str:
+    """"spawn" or "forkserver" from the argument or the TUNER_PROBE_LAUNCHER setting ("auto" decides per host)."""
+    choice = (launcher or load_settings().probe_launcher).strip().lower()
+    if choice not in LAUNCHERS:
+        raise ConfigError(f"unknown probe launcher {choice!r}; use one of {', '.join(LAUNCHERS)} "
+                          "(TUNER_PROBE_LAUNCHER)")
+    if choice == "auto":
+        return "forkserver" if launch_forkserver.usable() else "spawn"
+    return choice
+
+
+def _server(launcher: str, explicit: bool) -> launch_forkserver.ForkServer | None:
+    if launcher != "forkserver":
+        return None
+    try:
+        return launch_forkserver.get_server(probe_env(1))
+    except OSError:
+        if explicit:
+            raise
+        return None  # "auto": fall back to fresh interpreters
+
+
+def _launch(config: ProbeConfig, work: Path, launch_t: float, server: launch_forkserver.ForkServer | None,
+            ) -> list[_Rank]:
+    cfg_path = work / "probe.json"
+    cfg_path.write_text(config.model_dump_json(indent=1))
+    out = work / "result.json"
+    world = config.world_size
+    env = probe_env(world)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
+               LOCAL_WORLD_SIZE=str(world))
+    env[LAUNCH_ENV] = repr(launch_t)
+    ranks: list[_Rank] = []
+    try:
+        for r in range(world):
+            rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+            path = rank_out_path(out, r, world)
+            path.unlink(missing_ok=True)
+            so, se = work / f"rank{r}.stdout", work / f"rank{r}.stderr"
+            proc: _Proc
+            if server is not None:
+                proc = server.spawn({"config": str(cfg_path), "out": str(out), "env": rank_env, "cwd": str(work),
+                                     "stdout": str(so), "stderr": str(se)})
+            else:
+                with open(so, "wb") as fo, open(se, "wb") as fe:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "trials", "--config", str(cfg_path), "--out", str(out)],
+                        env=rank_env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, start_new_session=True,
+                        cwd=str(work),
+                    )
+            pid_tmp = work / f"rank{r}.pid.tmp"
+            pid_tmp.write_text(str(proc.pid))
+            os.replace(pid_tmp, work / f"rank{r}.pid")  # the rank's pid is also its process group id
+            ranks.append(_Rank(r, proc, path, se))
+    except OSError:
+        for launched in ranks:
+            _kill_group(launched.proc.pid)
+            launched.proc.wait()
+        raise
+    return ranks
+
+
+def _supervise(ranks: Sequence[_Rank], deadline: float) -> bool:
+    """Waits for every rank; kills all groups at the deadline or FAILURE_GRACE_S after a failure. True = timed out."""
+    failed_at: float | None = None
+    timed_out = False
+    while True:
+        running = [r for r in ranks if r.proc.poll() is None]
+        if not running:
+            break
+        now = time.monotonic()
+        if failed_at is None:
+            for r in ranks:
+                res = r.read()
+                if (r.proc.returncode not in (None, EXIT_OK)) or (res is not None and res.status != "ok"):
+                    failed_at = now
+                    break
+        if now >= deadline:
+            timed_out = True
+        if timed_out or (failed_at is not None and now - failed_at >= FAILURE_GRACE_S):
+            for r in running:
+                r.killed_by_us = True
+                _kill_group(r.proc.pid)
+            for r in running:
+                r.proc.wait()
+            break
+        time.sleep(POLL_S)
+    for r in ranks:  # stray children (compile jobs) of ranks that exited on their own
+        _kill_group(r.proc.pid)
+    return timed_out
+
+
+def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text[-lines:] if line.strip())
+
+
+def _rank_status(r: _Rank, timed_out: bool) -> tuple[Status | None, str | None]:
+    """(status, cause) of one rank; (None, None) for a rank we stopped because a peer failed first."""
+    res = r.read()
+    code = r.proc.returncode
+    if res is not None:
+        cause = res.cause
+        if res.status == "error":
+            tail = _tail(r.err)
+            cause = f"{cause} [stderr: {tail}]" if tail and cause else (cause or tail or None)
+        return res.status, cause
+    if r.killed_by_us:
+        return ("timeout", None) if timed_out else (None, None)
+    if code == -signal.SIGKILL:
+        return "oom", f"rank {r.rank} was killed by SIGKILL (host out of memory: the kernel's OOM killer)"
+    expected = {EXIT_OOM: "oom", EXIT_TIMEOUT: "timeout"}
+    status: Status = expected.get(code, "error")  # type: ignore[assignment]
+    detail = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    tail = _tail(r.err)
+    return status, f"rank {r.rank} ended with {detail} and no result file" + (f" [stderr: {tail}]" if tail else "")
+
+
+def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: float) -> ProbeResult:
+    statuses = [(r, *_rank_status(r, timed_out)) for r in ranks]
+    results = [r.read() for r in ranks]
+    memories = [res.memory for res in results if res is not None and res.memory is not None]
+    first = next((res for res in results if res is not None), None)
+    timed = [res for res in results if res is not None and res.setup_s is not None]
+    slowest = max(timed, key=lambda res: res.setup_s or 0.0, default=None)
+    failures = [(r, s, c) for r, s, c in statuses if s not in (None, "ok")]
+    common = dict(
+        ranks=memories, capacity=next((m.capacity for m in memories if m.capacity), None),
+        versions=first.versions if first else {}, fingerprint=first.fingerprint if first else {},
+        wall_s=wall_s, setup_s=slowest.setup_s if slowest else None,
+        setup_phases=slowest.setup_phases if slowest else {},
+    )
+    if timed_out and not any(s in ("oom", "error") for _, s, _ in failures):
+        return ProbeResult(status="timeout", cause=f"probe passed its {config.timeout_s:g} s timeout; all ranks "
+                           "were killed", **common)  # type: ignore[arg-type]
+    if failures:
+        r, status, cause = max(failures, key=lambda f: (_RANK[f[1]], -f[0].rank))
+        return ProbeResult(status=status, cause=cause or f"rank {r.rank}: {status}", **common)  # type: ignore[arg-type]
+    if any(s is None for _, s, _ in statuses) or results[0] is None or results[0].steps is None:
+        return ProbeResult(status="error", cause="probe ended without results from every rank", **common)  # type: ignore[arg-type]
+    steps = results[0].steps
+    samples = config.global_batch / steps.cycle_s if steps.cycle_s > 0 else None
+    return ProbeResult(status="ok", samples_per_s=samples,
+                       tokens_per_s=samples * config.knobs.max_length if samples else None,
+                       steps=steps, **common)  # type: ignore[arg-type]
+
+
+def prepare_probes(config: ProbeConfig, *, launcher: str | None = None) -> None:
+    """Pays the one-off costs ahead of the first probe (op compiles, the fork server's start); optional — run_probe
+    does the same lazily. Raises ConfigError for an unknown launcher, never for anything else."""
+    how = choose_launcher(launcher)
+    ensure_ops(config, probe_env(config.world_size))
+    _server(how, explicit=False)
+
+
+def run_probe(config: ProbeConfig, workdir: Path | None = None, *, launcher: str | None = None) -> ProbeResult:
+    """Runs one probe in its own process group(s) and returns its merged result; never raises for probe failures.
+
+    ``workdir`` keeps the config, per-rank results, pids and stdout/stderr (a temporary directory, removed, when None).
+    ``launcher``: "spawn" (a fresh ``python -m trials`` per rank), "forkserver" (ranks forked from a preloaded server)
+    or "auto" (default: the TUNER_PROBE_LAUNCHER setting). DeepSpeed ops the config needs are compiled before the
+    probe's clock starts.
+    """
+    how = choose_launcher(launcher)
+    ensure_ops(config, probe_env(config.world_size))
+    try:  # started (once per runner process) before the probe's clock
+        server = _server(how, explicit=(launcher or load_settings().probe_launcher) == "forkserver")
+    except OSError as exc:
+        return ProbeResult(status="error", cause=f"could not start the probe fork server: {exc}")
+    own = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="tuner-probe-")) if own else Path(workdir)  # type: ignore[arg-type]
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        launch_t = time.time()
+        start = time.monotonic()
+        try:
+            ranks = _launch(config, work, launch_t, server)
+        except OSError as exc:
+            return ProbeResult(status="error", cause=f"could not launch the probe: {exc}")
+        timed_out = _supervise(ranks, start + config.timeout_s)
+        return merge(config, ranks, timed_out, time.monotonic() - start)
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+__all__ = ["run_probe", "prepare_probes", "probe_env", "free_port", "choose_launcher", "EXIT_ERROR"]

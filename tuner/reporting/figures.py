@@ -1,0 +1,217 @@
+"""The report's plotly figures, each built from stored probe rows (tuner.storage.schema.probes) — pure, no I/O."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable, Mapping
+
+import plotly.graph_objects as go
+
+from tuner.memory.imbalance import probe_imbalance
+
+MiB = float(1 << 20)
+MEASURED = ("baseline", "short", "confirm")
+OOM_STATUSES = ("oom", "inferred-oom")
+STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (marker symbol, colour)
+    "ok": ("circle", "#1f77b4"),
+    "inferred-ok": ("circle-open", "#1f77b4"),
+    "oom": ("x", "#d62728"),
+    "inferred-oom": ("x-open", "#ff9896"),
+    "timeout": ("triangle-up", "#9467bd"),
+    "error": ("diamond", "#7f7f7f"),
+}
+STAGE_COLOURS = ("#1f77b4", "#2ca02c", "#ff7f0e", "#d62728")
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
+    fig.update_layout(
+        title=title,
+        xaxis_title=x,
+        yaxis_title=y,
+        template="plotly_white",
+        height=420,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        legend={"orientation": "h", "y": -0.2},
+    )
+    return fig
+
+
+def _knob(row: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    knobs = row.get("knobs") or {}
+    return knobs.get(name, default)
+
+
+def _hover(row: Mapping[str, Any]) -> str:
+    knobs = row.get("knobs") or {}
+    parts = [f"{k}={v}" for k, v in sorted(knobs.items()) if v is not None]
+    head = f"trial {row.get('trial_number')} · {row.get('fidelity')} · {row.get('status')}"
+    cause = row.get("cause")
+    tail = f"<br>cause: {str(cause)[:120]}" if cause else ""
+    return head + "<br>" + "<br>".join(parts) + tail
+
+
+def throughput_over_time(rows: list[Mapping[str, Any]]) -> go.Figure:
+    """Each probe's throughput at its finish time, by status; failures sit at 0. Plus the best-so-far line."""
+    fig = go.Figure()
+    measured = [r for r in rows if r.get("fidelity") in MEASURED]
+    by_status: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in measured:
+        by_status[str(row.get("status"))].append(row)
+    for status, group in sorted(by_status.items()):
+        symbol, colour = STATUS_STYLE.get(status, ("circle", "#333"))
+        fig.add_trace(
+            go.Scatter(
+                x=[r["created_at"] for r in group],
+                y=[float(r.get("samples_per_s") or 0.0) for r in group],
+                mode="markers",
+                name=status,
+                marker={"symbol": symbol, "color": colour, "size": 9},
+                text=[_hover(r) for r in group],
+                hoverinfo="text+y",
+            )
+        )
+    best, xs, ys = 0.0, [], []
+    for row in sorted(measured, key=lambda r: r["created_at"]):
+        if row.get("stable") and row.get("samples_per_s"):
+            best = max(best, float(row["samples_per_s"]))
+        if best:
+            xs.append(row["created_at"])
+            ys.append(best)
+    if xs:
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"shape": "hv", "color": "#2ca02c"}, name="best stable"))
+    return _layout(fig, "Throughput per probe over time", "finished at", "samples/s (global batch)")
+
+
+def throughput_vs_micro_batch(rows: list[Mapping[str, Any]]) -> go.Figure:
+    """samples/s against micro batch size, one trace per ZeRO stage; OOMs as red crosses on the x axis."""
+    fig = go.Figure()
+    measured = [r for r in rows if r.get("fidelity") in MEASURED or r.get("status") in OOM_STATUSES]
+    stages = sorted({int(_knob(r, "zero_stage", 0) or 0) for r in measured})
+    for stage in stages:
+        ok = [r for r in measured if int(_knob(r, "zero_stage", 0) or 0) == stage and r.get("status") == "ok"]
+        oom = [r for r in measured if int(_knob(r, "zero_stage", 0) or 0) == stage and r.get("status") in OOM_STATUSES]
+        colour = STAGE_COLOURS[stage % len(STAGE_COLOURS)]
+        if ok:
+            fig.add_trace(
+                go.Scatter(
+                    x=[_knob(r, "micro_batch_size") for r in ok],
+                    y=[float(r.get("samples_per_s") or 0.0) for r in ok],
+                    mode="markers",
+                    name=f"ZeRO-{stage}",
+                    marker={"color": colour, "size": 9},
+                    text=[_hover(r) for r in ok],
+                    hoverinfo="text+y",
+                )
+            )
+        if oom:
+            fig.add_trace(
+                go.Scatter(
+                    x=[_knob(r, "micro_batch_size") for r in oom],
+                    y=[0.0] * len(oom),
+                    mode="markers",
+                    name=f"ZeRO-{stage} OOM",
+                    marker={"color": colour, "symbol": "x", "size": 11},
+                    text=[_hover(r) for r in oom],
+                    hoverinfo="text",
+                )
+            )
+    fig.update_xaxes(type="log", dtick=0.30102999566)
+    return _layout(fig, "Throughput vs micro batch, per ZeRO stage", "micro batch size (log)", "samples/s")
+
+
+def memory_vs_micro_batch(rows: list[Mapping[str, Any]], capacity: int | None, headroom: float) -> go.Figure:
+    """Peak allocated (max over ranks) against micro batch per ZeRO stage, with capacity and headroom lines."""
+    fig = go.Figure()
+    measured = [r for r in rows if r.get("fidelity") in MEASURED and r.get("peak_allocated")]
+    for stage in sorted({int(_knob(r, "zero_stage", 0) or 0) for r in measured}):
+        group = [r for r in measured if int(_knob(r, "zero_stage", 0) or 0) == stage]
+        fig.add_trace(
+            go.Scatter(
+                x=[_knob(r, "micro_batch_size") for r in group],
+                y=[int(r["peak_allocated"]) / MiB for r in group],
+                mode="markers",
+                name=f"ZeRO-{stage}",
+                marker={
+                    "color": STAGE_COLOURS[stage % len(STAGE_COLOURS)],
+                    "symbol": [STATUS_STYLE.get(str(r.get("status")), ("circle", ""))[0] for r in group],
+                    "size": 9,
+                },
+                text=[_hover(r) for r in group],
+                hoverinfo="text+y",
+            )
+        )
+    if capacity:
+        fig.add_hline(y=capacity / MiB, line={"color": "#d62728", "dash": "solid"}, annotation_text="capacity")
+        fig.add_hline(
+            y=headroom * capacity / MiB,
+            line={"color": "#ff7f0e", "dash": "dash"},
+            annotation_text=f"headroom {headroom:.0%}",
+            annotation_position="bottom right",
+        )
+    fig.update_xaxes(type="log", dtick=0.30102999566)
+    return _layout(fig, "Peak memory vs micro batch", "micro batch size (log)", "peak allocated per rank (MiB)")
+
+
+def oom_frontier(rows: list[Mapping[str, Any]]) -> go.Figure:
+    """Every config tried in the (micro batch, max_length) plane per ZeRO stage; the line is the largest micro batch
+    that fitted at each max_length."""
+    fig = go.Figure()
+    tried = [r for r in rows if _knob(r, "micro_batch_size") is not None]
+    stages = sorted({int(_knob(r, "zero_stage", 0) or 0) for r in tried})
+    for stage in stages:
+        group = [r for r in tried if int(_knob(r, "zero_stage", 0) or 0) == stage]
+        colour = STAGE_COLOURS[stage % len(STAGE_COLOURS)]
+        fits = [r for r in group if r.get("status") in ("ok", "inferred-ok")]
+        ooms = [r for r in group if r.get("status") in OOM_STATUSES]
+        for label, members, symbol in (("fits", fits, "circle"), ("OOM", ooms, "x")):
+            if members:
+                fig.add_trace(
+                    go.Scatter(
+                        x=[_knob(r, "micro_batch_size") for r in members],
+                        y=[_knob(r, "max_length") for r in members],
+                        mode="markers",
+                        name=f"ZeRO-{stage} {label}",
+                        marker={"color": colour, "symbol": symbol, "size": 10},
+                        text=[_hover(r) for r in members],
+                        hoverinfo="text",
+                    )
+                )
+        largest: dict[int, int] = {}
+        for row in fits:
+            length, micro = int(_knob(row, "max_length")), int(_knob(row, "micro_batch_size"))
+            largest[length] = max(micro, largest.get(length, 0))
+        if largest:
+            lengths = sorted(largest)
+            fig.add_trace(
+                go.Scatter(
+                    x=[largest[n] for n in lengths],
+                    y=lengths,
+                    mode="lines",
+                    line={"color": colour, "dash": "dot"},
+                    name=f"ZeRO-{stage} frontier",
+                )
+            )
+    fig.update_xaxes(type="log", dtick=0.30102999566)
+    return _layout(fig, "OOM frontier: what fits and what does not", "micro batch size (log)", "max_length")
+
+
+def rank_peaks(rows: Iterable[Mapping[str, Any]]) -> go.Figure | None:
+    """Grouped bars of each rank's peak for multi-rank probes; flagged (imbalanced) probes are named with a '!'."""
+    labels: list[str] = []
+    per_rank: dict[int, list[float | None]] = defaultdict(list)
+    for row in rows:
+        imb = probe_imbalance(row)
+        if imb is None:
+            continue
+        label = f"#{row.get('id')} t{row.get('trial_number')}" + (" !" if imb.flagged else "")
+        labels.append(label)
+        for rank in set(per_rank) | set(imb.peaks):
+            per_rank[rank].extend([None] * (len(labels) - 1 - len(per_rank[rank])))
+            per_rank[rank].append(imb.peaks[rank] / MiB if rank in imb.peaks else None)
+    if not labels:
+        return None
+    fig = go.Figure()
+    for rank in sorted(per_rank):
+        fig.add_trace(go.Bar(x=labels, y=per_rank[rank], name=f"rank {rank}"))
+    fig.update_layout(barmode="group")
+    return _layout(fig, "Peak memory per rank (probes marked ! are imbalanced > 20%)", "probe", "peak allocated (MiB)")

@@ -1,0 +1,244 @@
+"""`tuner report`: one self-contained HTML page of a study — plots (plotly, inlined once), the chosen config and its
+export, per-rank peaks with imbalance flags. Every stored string is HTML-escaped before it reaches the page."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import plotly.graph_objects as go
+
+from tuner.reporting import figures as figs
+from tuner.errors import ConfigError, StudyNotFound
+from tuner.memory.imbalance import probe_imbalance
+from tuner.search.selection import Candidate, best_stable
+from tuner.storage.store import Store
+
+DEFAULT_HEADROOM = 0.90
+MiB = float(1 << 20)
+
+
+@dataclass
+class ReportData:
+    study: str
+    definition: dict[str, Any]
+    rows: list[dict[str, Any]]
+    optuna_study: Any | None  # optuna.Study when Optuna has the study
+    best: Candidate | None
+    exports: dict[str, str] = field(default_factory=dict)  # format -> text (tuner.interop.export.render)
+
+    @property
+    def headroom(self) -> float:
+        value = self.definition.get("headroom", DEFAULT_HEADROOM)
+        return float(value) if isinstance(value, (int, float)) else DEFAULT_HEADROOM
+
+    @property
+    def capacity(self) -> int | None:
+        caps = [int(r["capacity"]) for r in self.rows if r.get("capacity")]
+        if caps:
+            return max(caps)
+        dm = self.definition.get("device_memory")
+        return int(dm) if isinstance(dm, int) else None
+
+
+def _load_optuna_study(url: str, name: str) -> Any | None:
+    import optuna
+
+    from tuner.storage.db import optuna_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna_storage(url, heartbeat_interval=None, grace_period=None)
+    if name not in {s.study_name for s in storage.get_all_studies()}:
+        return None
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _exports(best: Candidate, definition: Mapping[str, Any]) -> dict[str, str]:
+    """The chosen config in each export format (tuner.interop.export), exactly as `GET /best-config` hands it out."""
+    from tuner.interop.export import render
+
+    source = definition.get("baseline_source")
+    args = {
+        "world_size": int(best.config.get("world_size") or 1),
+        "gradient_accumulation_steps": int(best.config.get("gradient_accumulation_steps") or 1),
+        "baseline": source if isinstance(source, dict) else None,
+    }
+    out: dict[str, str] = {}
+    for fmt in ("deepspeed", "hf", "accelerate", "env", "json"):
+        try:
+            out[fmt] = render(fmt, best.knobs, **args)
+        except (TypeError, ValueError, KeyError, ConfigError) as err:  # a stored config the export cannot map
+            out[fmt] = f"(cannot render {fmt}: {err})"
+    return out
+
+
+def load(url: str, study: str) -> ReportData:
+    """Reads everything the report shows; StudyNotFound when neither our tables nor Optuna know ``study``."""
+    store = Store(url)
+    definition = store.study_definition(study)
+    optuna_study = _load_optuna_study(url, study)
+    if definition is None and optuna_study is None:
+        raise StudyNotFound(f"no study named {study!r} in this storage; `tuner studies` lists the known ones")
+    rows = store.probes(study)
+    best = best_stable(rows)
+    exports = _exports(best, definition or {}) if best is not None else {}
+    return ReportData(study, definition or {}, rows, optuna_study, best, exports)
+
+
+# -- HTML ----------------------------------------------------------------------------------------------------------
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
+h1{margin-bottom:4px} .sub{color:#666;margin-top:0} table{border-collapse:collapse;margin:8px 0 16px}
+td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;font-size:14px} th{background:#f4f4f4}
+pre{background:#f7f7f7;padding:10px;overflow-x:auto;font-size:13px} .flag{color:#b00020;font-weight:600}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:12px} .card{border:1px solid #eee;border-radius:6px;padding:6px}
+.empty{color:#888;font-style:italic} details{margin:6px 0}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class _Figures:
+    """Turns figures into divs; the first one carries plotly.js inline so the page needs no network."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def div(self, fig: go.Figure | None, empty: str = "nothing to plot yet") -> str:
+        if fig is None or not fig.data:
+            return f'<div class="card empty">{_e(empty)}</div>'
+        first = self.count == 0
+        self.count += 1
+        inner = fig.to_html(
+            full_html=False,
+            include_plotlyjs=True if first else False,
+            div_id=f"plot-{self.count}",
+            config={"displaylogo": False, "responsive": True},
+        )
+        return f'<div class="card plot">{inner}</div>'
+
+
+def _optuna_figures(study: Any) -> list[go.Figure]:
+    """Optuna's own views, when the study has finished trials to show."""
+    import optuna
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    out: list[go.Figure] = []
+    if trials:
+        out.append(optuna.visualization.plot_timeline(study))
+    if any(t.state == TrialState.COMPLETE for t in trials):
+        out.append(optuna.visualization.plot_optimization_history(study, target_name="objective"))
+    return out
+
+
+def _summary(data: ReportData) -> str:
+    counts: dict[str, int] = {}
+    for row in data.rows:
+        counts[str(row.get("status"))] = counts.get(str(row.get("status")), 0) + 1
+    items = [["probes", len(data.rows)], *[[k, v] for k, v in sorted(counts.items())]]
+    if data.optuna_study is not None:
+        items.append(["optuna trials", len(data.optuna_study.get_trials(deepcopy=False))])
+    if data.capacity:
+        items.append(["capacity per rank", f"{data.capacity / MiB:,.0f} MiB"])
+    items.append(["headroom", f"{data.headroom:.0%}"])
+    return _table(["", ""], items)
+
+
+def _best_section(data: ReportData) -> str:
+    best = data.best
+    if best is None:
+        return '<p class="empty">No stable config yet: no probe finished under the headroom without allocator retries.</p>'
+    peak = f"{best.peak_allocated / MiB:,.1f} MiB"
+    if best.capacity:
+        peak += f" ({best.peak_allocated / best.capacity:.0%} of capacity)"
+    facts = [
+        ["objective", f"{best.objective:,.2f}"],
+        ["samples/s", f"{best.samples_per_s:,.2f}"],
+        ["peak allocated", peak],
+        ["confirmed (re-probed longer)", "yes" if best.confirmed else "no"],
+        ["measurements", best.measurements],
+        ["trial", best.trial_number],
+    ]
+    knobs = [[k, v] for k, v in sorted(best.knobs.items()) if v is not None]
+    exports = "".join(
+        f"<details{' open' if i == 0 else ''}><summary>{_e(fmt)}</summary><pre>{_e(text)}</pre></details>"
+        for i, (fmt, text) in enumerate(data.exports.items())
+    )
+    return _table(["", ""], facts) + _table(["knob", "value"], knobs) + "<h3>Export</h3>" + exports
+
+
+def _ranks_section(data: ReportData, figures: _Figures) -> str:
+    lines: list[list[Any]] = []
+    for row in data.rows:
+        imb = probe_imbalance(row)
+        if imb is None:
+            continue
+        peaks = ", ".join(f"r{r}: {p / MiB:,.1f}" for r, p in imb.peaks.items())
+        lines.append([row.get("id"), row.get("trial_number"), row.get("status"), peaks, imb.summary()])
+    if not lines:
+        return '<p class="empty">No multi-rank probes in this study.</p>'
+    table = _table(["probe", "trial", "status", "peak MiB per rank", "imbalance"], lines)
+    table = table.replace("<td>IMBALANCE", '<td class="flag">IMBALANCE')
+    causes = sorted({c for row in data.rows if (i := probe_imbalance(row)) and i.flagged for c in i.causes})
+    hint = "".join(f"<li>{_e(c)}</li>" for c in causes)
+    hint = f"<p>Likely causes of the flagged spreads:</p><ul>{hint}</ul>" if hint else ""
+    return figures.div(figs.rank_peaks(data.rows)) + table + hint
+
+
+def render_html(data: ReportData) -> str:
+    figures = _Figures()
+    rows = data.rows
+    plots = [
+        figures.div(figs.throughput_over_time(rows), "no measured probes yet"),
+        figures.div(figs.throughput_vs_micro_batch(rows), "no measured probes yet"),
+        figures.div(figs.memory_vs_micro_batch(rows, data.capacity, data.headroom), "no peak memory recorded yet"),
+        figures.div(figs.oom_frontier(rows), "no configs tried yet"),
+    ]
+    optuna_plots = [figures.div(f) for f in _optuna_figures(data.optuna_study)] if data.optuna_study else []
+    generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    definition = json.dumps(data.definition, indent=2, sort_keys=True, default=str)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>tuner report: {_e(data.study)}</title><style>{CSS}</style></head><body>",
+        f"<h1>Study {_e(data.study)}</h1><p class='sub'>generated {generated} by tuner report</p>",
+        "<h2>Summary</h2>",
+        _summary(data),
+        "<h2>Chosen config</h2>",
+        _best_section(data),
+        "<h2>Throughput and memory</h2>",
+        f'<div class="grid">{"".join(plots)}</div>',
+        "<h2>Per-rank peak memory</h2>",
+        _ranks_section(data, figures),
+    ]
+    if optuna_plots:
+        parts += ["<h2>Optuna views</h2>", f'<div class="grid">{"".join(optuna_plots)}</div>']
+    parts += [f"<h2>Study definition</h2><pre>{_e(definition)}</pre>", "</body></html>"]
+    return "\n".join(parts)
+
+
+def write_report(url: str, study: str, output: Path) -> Path:
+    """Renders the report of ``study`` to ``output`` (parent folders must exist); returns the path written."""
+    if output.exists() and output.is_dir():
+        raise ConfigError(f"-o {output} is a directory; give a file name such as {output / 'report.html'}")
+    if not output.parent.exists():
+        raise ConfigError(f"-o {output}: folder {output.parent} does not exist; create it or choose another path")
+    page = render_html(load(url, study))
+    try:
+        output.write_text(page, encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot write the report to {output}: {err.strerror}; choose a writable path") from None
+    return output

@@ -1,0 +1,352 @@
+"""The search driver: runs the strategy's proposals as real probes inside a wall-clock budget, on the database.
+
+Everything with a side effect lives here: the Optuna RDB study, the project's tables (study definition, search run,
+claims, probe rows), the probe runner and the trial heartbeat. The decisions are tuner.search.strategy's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from sqlalchemy.exc import DBAPIError, InvalidatePoolError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from trials.contract import ProbeConfig, ProbeResult
+from tuner.units import Deadline
+from tuner.errors import StorageError
+from tuner.memory.estimator import Estimator
+from tuner.memory.frontier import Frontier
+from tuner.probing.forkserver import pid_alive
+from tuner.search.request import ESSENTIAL, SearchRequest, check_resume, request_from_definition
+from tuner.search.selection import Candidate, best_stable
+from tuner.storage import Store, optuna_storage
+from tuner.search.strategy import EstimatorLike, Outcome, Proposal, Strategy, make_sampler
+from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator, stage_order, trace_points
+
+# re-exported: callers import the request and the trace helpers from here too
+__all__ = [
+    "ESSENTIAL", "ESTIMATE_AUTO_MIN_BUDGET_S", "Listener", "Outcome", "Proposal", "Search", "SearchRequest",
+    "SearchSummary", "build_estimator", "check_resume", "request_from_definition", "stage_order", "trace_points",
+]
+
+Probe = Callable[[ProbeConfig], ProbeResult]
+HEARTBEAT_S = 10.0
+# we keep trials alive with our own heartbeat thread (ask/tell has none): optuna's reminder does not apply
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+STALE_CLAIM_S = 120.0  # a claim whose worker sent no heartbeat for this long is taken over
+# the database went away (restart, network): retried with backoff this long before the search stops on one line
+STORAGE_PATIENCE_S = 600.0
+STORAGE_ERRORS: tuple[type[BaseException], ...] = (
+    OperationalError, DBAPIError, InvalidatePoolError, PoolTimeout, StorageError,
+    optuna.exceptions.StorageInternalError,
+)
+
+
+class Listener(Protocol):
+    """What the driver tells the progress display."""
+
+    def started(self, proposal: Proposal) -> None: ...
+
+    def finished(self, proposal: Proposal, outcome: Outcome) -> None: ...
+
+    def inferred(self, row: dict[str, Any]) -> None: ...
+
+    def note(self, message: str) -> None: ...
+
+
+@dataclass
+class SearchSummary:
+    study_name: str
+    run_id: int
+    elapsed_s: float
+    stop_reason: str
+    counts: dict[str, int]
+    best: Candidate | None
+    baseline: dict[str, Any] | None  # the baseline's probe row, if one was probed
+    probes_run: int
+    probe_seconds: float
+    trials: int
+
+
+class _Heartbeat:
+    """Keeps the running Optuna trial and our search run alive in the database while a probe runs."""
+
+    def __init__(self, storage: Any, trial_id: int | None, store: Store, run_id: int) -> None:
+        self.storage, self.trial_id, self.store, self.run_id = storage, trial_id, store, run_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tuner-heartbeat", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                if self.trial_id is not None:
+                    self.storage.record_heartbeat(self.trial_id)
+                self.store.heartbeat(self.run_id)
+            except STORAGE_ERRORS:
+                continue  # the database is away: the next beat tries again; the search loop handles the outage
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def open_study(name: str, url: str, seed: int | None) -> optuna.Study:
+    with warnings.catch_warnings():  # heartbeats and fail_stale_trials are "experimental" in optuna 5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna_storage(url)
+        study = optuna.create_study(
+            study_name=name, storage=storage, direction="maximize", sampler=make_sampler(seed), load_if_exists=True
+        )
+        optuna.storages.fail_stale_trials(study)  # RUNNING trials of a killed worker become FAIL
+    return study
+
+
+def reap_dead_local_workers(store: Store, study: optuna.Study, me: str) -> list[str]:
+    """Closes the runs of workers on this host whose process is gone (kill -9, the OOM killer) now, instead of after
+    the heartbeat grace period: each RUNNING trial they claimed fails with the cause, their claims are released.
+    Returns the causes recorded."""
+    host = socket.gethostname()
+    name = study.study_name
+    causes: list[str] = []
+    for run in store.runs(name):
+        worker = str(run["worker"])
+        w_host, _, pid = worker.rpartition(":")
+        if run["status"] != "running" or w_host != host or not pid.isdigit() or worker == me or pid_alive(int(pid)):
+            continue
+        cause = f"interrupted: worker {worker} died during the probe (killed); failed on resume by {me}"
+        running = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        claimed = store.worker_claims(name, worker)
+        # its trials: the ones it claimed, and the ones it asked for but was killed before claiming
+        mine = {c["trial_number"] for c in claimed} | {
+            n for n, t in running.items() if t.user_attrs.get("worker") == worker
+        }
+        for number in sorted(n for n in mine if n in running):
+            trial = running[number]
+            study._storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
+            study._storage.set_trial_user_attr(trial._trial_id, "cause", cause)
+            study.tell(trial.number, state=TrialState.FAIL)
+            causes.append(f"trial {trial.number}: {cause}")
+        for claim in claimed:
+            store.release_claim(name, claim["config_key"], claim["fidelity"])
+        store.finish_run(int(run["id"]), "interrupted", cause)
+    return causes
+
+
+class Search:
+    def __init__(
+        self,
+        request: SearchRequest,
+        probe: Probe,
+        *,
+        listener: Listener | None = None,
+        estimator: EstimatorLike | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.request = request
+        self.probe = probe
+        self.listener = listener
+        self.deadline = Deadline(request.budget_s, clock=clock)
+        self.store = Store(request.storage)
+        self.study = open_study(request.study_name, request.storage, request.seed)
+        self.worker = worker_name()
+        self.reaped = reap_dead_local_workers(self.store, self.study, self.worker)
+        self.strategy = Strategy(
+            study=self.study,
+            space=request.space,
+            model=request.model,
+            world_size=request.world_size,
+            global_batch=request.global_batch,
+            objective=request.objective,
+            device_memory=request.device_memory,
+            headroom=request.headroom,
+            schedule=request.schedule,
+            baseline=request.baseline,
+            n_trials=request.n_trials,
+            estimator=estimator,
+            seed=request.seed,
+            worker=self.worker,
+        )
+        self.probes_run = 0
+        self.probe_seconds = 0.0
+
+    def attach_estimator(self, estimator: Estimator | None) -> None:
+        """Adds the memory estimate, and with it the ZeRO stage order the frontier may use."""
+        self.strategy.estimator = estimator
+        order = stage_order(estimator, self.request) if estimator is not None else None
+        if order:
+            self.strategy.use_frontier(Frontier(stage_need=order))
+
+    def _sync(self) -> None:
+        self.strategy.load_rows(self.store.probes(self.request.study_name))
+
+    def _record(self, row: dict[str, Any], run_id: int) -> None:
+        self.store.record_probe({**row, "study_name": self.request.study_name, "run_id": run_id})
+
+    def run(self) -> SearchSummary:
+        name = self.request.study_name
+        run_id = self.store.start_run(name, self.worker, self.request.budget_s, None)
+        reason, status = "budget", "finished"
+        try:
+            reason = self._loop_through_outages(run_id)
+        except KeyboardInterrupt:
+            status, reason = "interrupted", "interrupted"
+            raise
+        except Exception as err:
+            status, reason = "failed", f"{type(err).__name__}: {err}"
+            raise
+        finally:
+            try:
+                self.store.finish_run(run_id, status, reason)
+            except STORAGE_ERRORS:
+                pass  # still unreachable: the run stays "running" until its heartbeat goes stale
+        return self.summary(run_id, reason)
+
+    def _loop_through_outages(self, run_id: int) -> str:
+        """Runs the loop; when the database goes away, waits for it with backoff (finished probes are committed, the
+        loop re-reads them) and goes on, or stops with one clear line after STORAGE_PATIENCE_S."""
+        while True:
+            try:
+                return self._loop(run_id)
+            except STORAGE_ERRORS as err:
+                self._wait_for_storage(err)
+
+    def _wait_for_storage(self, err: BaseException) -> None:
+        root: BaseException = err
+        while root.__cause__ is not None or getattr(root, "orig", None) is not None:  # optuna wraps the driver's error
+            root = getattr(root, "orig", None) or root.__cause__  # type: ignore[assignment]
+        first = (str(root).strip().splitlines() or [type(root).__name__])[0]
+        if self.listener:
+            self.listener.note(f"storage unreachable ({first[:120]}); retrying with backoff")
+        start, delay = time.monotonic(), 1.0
+        while True:
+            time.sleep(delay)
+            try:
+                with self.store.engine.connect() as conn:
+                    conn.exec_driver_sql("SELECT 1")
+                return
+            except STORAGE_ERRORS:
+                pass
+            if time.monotonic() - start > min(STORAGE_PATIENCE_S, max(self.deadline.left, 0.0)):
+                raise StorageError(
+                    f"storage unreachable for {time.monotonic() - start:.0f} s ({first[:160]}); every finished probe "
+                    "is stored: re-run the same command to resume"
+                ) from None
+            delay = min(delay * 2, 30.0)
+
+    def _loop(self, run_id: int) -> str:
+        name = self.request.study_name
+        while True:
+            self._sync()
+            left = self.deadline.left
+            proposal = self.strategy.propose(left)
+            for row in self.strategy.drain():
+                self._record(row, run_id)
+                if self.listener:
+                    self.listener.inferred(row)
+            if proposal is None:
+                return self._why_stopped()
+            if not self._claim(proposal):
+                self._lost_claim(proposal)
+                continue
+            self._run_one(proposal, run_id)
+
+    def _claim(self, proposal: Proposal) -> bool:
+        name = self.request.study_name
+        args = (name, proposal.config_key, proposal.fidelity, proposal.trial_number, self.worker)
+        if self.store.claim(*args):
+            return True
+        owner = self.store.claim_owner(name, proposal.config_key, proposal.fidelity)
+        done = any(
+            r["config_key"] == proposal.config_key and r["fidelity"] == proposal.fidelity for r in self.strategy.rows
+        )
+        if owner is not None and not done and self._stale(owner):
+            # the claim of a worker that died mid-probe: take it over
+            self.store.release_claim(name, proposal.config_key, proposal.fidelity)
+            return self.store.claim(*args)
+        return False
+
+    def _stale(self, owner: str) -> bool:
+        runs = [r for r in self.store.runs(self.request.study_name) if r["worker"] == owner]
+        if not runs or runs[-1]["status"] != "running":
+            return True
+        beat = runs[-1]["heartbeat_at"]
+        if beat is None:
+            return True
+        if beat.tzinfo is None:  # SQLite hands back naive UTC
+            beat = beat.replace(tzinfo=dt.timezone.utc)
+        return (dt.datetime.now(dt.timezone.utc) - beat).total_seconds() > STALE_CLAIM_S
+
+    def _why_stopped(self) -> str:
+        s = self.strategy
+        if s.converged:
+            return f"converged: no config left is expected to gain {100 * s.schedule.min_expected_gain:g}%"
+        if s._exhausted:
+            return "space exhausted"
+        if self.request.n_trials is not None and s.explored >= self.request.n_trials:
+            return f"{self.request.n_trials} trials done"
+        return "budget"
+
+    def _lost_claim(self, proposal: Proposal) -> None:
+        rows = self.store.probes(self.request.study_name)
+        done = [r for r in rows if r["config_key"] == proposal.config_key and r["fidelity"] == proposal.fidelity]
+        if done:
+            self.strategy.observe_row(proposal, done[-1])
+        else:
+            self.strategy.abandon(proposal, "being probed by another worker")
+
+    def _run_one(self, proposal: Proposal, run_id: int) -> None:
+        if self.listener:
+            self.listener.started(proposal)
+        trial_id = proposal.trial._trial_id if proposal.trial is not None else None
+        try:
+            with _Heartbeat(self.study._storage, trial_id, self.store, run_id):
+                result = self.probe(proposal.config)
+        except BaseException:
+            # interrupted or the runner itself broke: leave no RUNNING trial and no claim behind
+            if proposal.trial is not None:
+                proposal.trial.set_user_attr("status", "interrupted")
+                self.study.tell(proposal.trial, state=TrialState.FAIL)
+            self.store.release_claim(self.request.study_name, proposal.config_key, proposal.fidelity)
+            raise
+        self.probes_run += 1
+        self.probe_seconds += result.wall_s
+        outcome = self.strategy.observe(proposal, result)
+        self._record(outcome.row, run_id)
+        self.store.heartbeat(run_id)
+        if self.listener:
+            self.listener.finished(proposal, outcome)
+
+    def summary(self, run_id: int, reason: str) -> SearchSummary:
+        rows = self.store.probes(self.request.study_name)
+        counts = self.store.count_probes(self.request.study_name)
+        base = [r for r in rows if r["fidelity"] == "baseline"]
+        return SearchSummary(
+            study_name=self.request.study_name,
+            run_id=run_id,
+            elapsed_s=self.deadline.elapsed,
+            stop_reason=reason,
+            counts=counts,
+            best=best_stable(rows),
+            baseline=base[0] if base else None,
+            probes_run=self.probes_run,
+            probe_seconds=self.probe_seconds,
+            trials=len(self.study.get_trials(deepcopy=False, states=None)),
+        )
