@@ -7,7 +7,7 @@ a client never sees a stale best config."""
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import sqlalchemy as sa
 

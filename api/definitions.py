@@ -11,14 +11,14 @@ from typing import Any
 
 from api.schemas import StudyCreate
 from trials.contract import BUILTIN_PREFIX, Knobs, ModelSpec
-from tuner.job.batching import default_global_batch, require_reachable
-from tuner.units import parse_size
 from tuner.errors import BaselineError, ModelSourceError, SpaceError
+from tuner.job.batching import default_global_batch, require_reachable
 from tuner.job.model_source import resolve_model
 from tuner.job.objective import objective_for
-from tuner.search.driver import SearchRequest
 from tuner.job.space import Space, default_space, space_from_dict
+from tuner.search.driver import SearchRequest
 from tuner.search.strategy import Schedule
+from tuner.units import parse_size
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 

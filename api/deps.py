@@ -29,7 +29,9 @@ class Services:
         if self._store is None:
             with self._lock:
                 if self._store is None:
-                    self._store = Store(self.settings.storage)  # StorageError (503) while unreachable; retried next call
+                    self._store = Store(
+                        self.settings.storage
+                    )  # StorageError (503) while unreachable; retried next call
         return self._store
 
     def optuna(self) -> Any:

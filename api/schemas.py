@@ -76,7 +76,9 @@ class StudyOut(StudySummaryOut):
     progress: ProgressOut
     best: BestSoFarOut | None = Field(None, description="the best stable config so far; null when none yet")
     trial_states: dict[str, int] = Field(description="Optuna trials by state (COMPLETE, PRUNED, FAIL, RUNNING ...)")
-    probe_statuses: dict[str, int] = Field(description="probe rows by status/cause (ok, oom, timeout, error, inferred-oom)")
+    probe_statuses: dict[str, int] = Field(
+        description="probe rows by status/cause (ok, oom, timeout, error, inferred-oom)"
+    )
     runs: list[RunOut]
 
 
@@ -137,7 +139,9 @@ class BaselineOut(BaseModel):
     objective: float | None = None
     peak_allocated: int | None = None
     stable: bool
-    speedup: float | None = Field(None, description="best objective / baseline objective; null when the baseline failed")
+    speedup: float | None = Field(
+        None, description="best objective / baseline objective; null when the baseline failed"
+    )
 
 
 class BestConfigOut(BaseModel):
@@ -166,7 +170,9 @@ class BestConfigOut(BaseModel):
 
 
 class StudyCreate(BaseModel):
-    """A study definition that `tuner search --study NAME` workers then join. Inline data only: no paths, no commands."""
+    """A study definition that `tuner search --study NAME` workers then join.
+
+    Inline data only: no paths, no commands."""
 
     model_config = ConfigDict(extra="forbid")
 

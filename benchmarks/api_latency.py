@@ -53,28 +53,54 @@ def populate(url: str, n_probes: int, seed: int = 0) -> None:
     capacity = 80 * 1024 * MiB
     for number in range(n_probes):
         micro, zero = rng.choice([1, 2, 4, 8, 16]), rng.randint(0, 3)
-        knobs = Knobs(micro_batch_size=micro, max_length=512, zero_stage=zero, gradient_checkpointing=rng.random() < .5)
+        knobs = Knobs(
+            micro_batch_size=micro, max_length=512, zero_stage=zero, gradient_checkpointing=rng.random() < 0.5
+        )
         accum = max(1, 64 // (micro * 4))
         peak = int(capacity * rng.uniform(0.3, 1.2))
         status = "oom" if peak > capacity else "ok"
         samples = rng.uniform(5, 50) if status == "ok" else None
         key = hashlib.sha256(json.dumps([knobs.model_dump(), number]).encode()).hexdigest()[:32]
-        store.record_probe({
-            "study_name": STUDY, "trial_number": number, "run_id": run, "fidelity": "short", "config_key": key,
-            "knobs": knobs.model_dump(), "status": status,
-            "config": ProbeConfig(knobs=knobs, world_size=4, gradient_accumulation_steps=accum).model_dump(mode="json"),
-            "cause": "torch.OutOfMemoryError: CUDA out of memory" if status == "oom" else None,
-            "samples_per_s": samples, "tokens_per_s": samples * 512 if samples else None,
-            "objective": samples * 512 if samples else None, "peak_allocated": min(peak, capacity),
-            "peak_reserved": min(peak, capacity), "capacity": capacity, "alloc_retries": 0,
-            "stable": status == "ok" and peak <= 0.9 * capacity, "probe_seconds": 40.0, "setup_s": 12.0,
-            "result": {"status": status, "ranks": [{"rank": r, "peak_allocated": min(peak, capacity)} for r in range(4)],
-                       "versions": {"torch": "2.13.0"}, "fingerprint": {"gpu": "A100-SXM4-80GB", "count": 4}},
-        })
+        store.record_probe(
+            {
+                "study_name": STUDY,
+                "trial_number": number,
+                "run_id": run,
+                "fidelity": "short",
+                "config_key": key,
+                "knobs": knobs.model_dump(),
+                "status": status,
+                "config": ProbeConfig(knobs=knobs, world_size=4, gradient_accumulation_steps=accum).model_dump(
+                    mode="json"
+                ),
+                "cause": "torch.OutOfMemoryError: CUDA out of memory" if status == "oom" else None,
+                "samples_per_s": samples,
+                "tokens_per_s": samples * 512 if samples else None,
+                "objective": samples * 512 if samples else None,
+                "peak_allocated": min(peak, capacity),
+                "peak_reserved": min(peak, capacity),
+                "capacity": capacity,
+                "alloc_retries": 0,
+                "stable": status == "ok" and peak <= 0.9 * capacity,
+                "probe_seconds": 40.0,
+                "setup_s": 12.0,
+                "result": {
+                    "status": status,
+                    "ranks": [{"rank": r, "peak_allocated": min(peak, capacity)} for r in range(4)],
+                    "versions": {"torch": "2.13.0"},
+                    "fingerprint": {"gpu": "A100-SXM4-80GB", "count": 4},
+                },
+            }
+        )
         state = TrialState.COMPLETE if status == "ok" else TrialState.PRUNED
-        study.add_trial(optuna.trial.create_trial(
-            state=state, value=samples * 512 if samples else None,
-            params={"micro_batch_size": micro, "zero_stage": zero}, distributions=dist))
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=state,
+                value=samples * 512 if samples else None,
+                params={"micro_batch_size": micro, "zero_stage": zero},
+                distributions=dist,
+            )
+        )
     store.finish_run(run, "finished")
 
 
@@ -96,8 +122,11 @@ def cpu_seconds(pid: int) -> float | None:
 def start_server(url: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNER_")}
-    proc = subprocess.Popen([TUNER, "serve", "--storage", url, "--port", str(port), "--log-level", "warning"],
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [TUNER, "serve", "--storage", url, "--port", str(port), "--log-level", "warning"],
+        env=env,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -147,11 +176,21 @@ def bench(url: str, backend: str, args: argparse.Namespace) -> dict[str, object]
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     q = statistics.quantiles(lat, n=100)
-    return {"backend": backend, "probes": args.probes, "clients": args.clients, "requests": len(lat),
-            "errors": errors, "p50_ms": q[49] * 1e3, "p90_ms": q[89] * 1e3, "p99_ms": q[98] * 1e3,
-            "max_ms": max(lat) * 1e3, "req_per_s": len(lat) / wall, "populate_s": fill_s,
-            "srv_cpu_ms": (cpu1 - cpu0) * 1e3 / len(lat) if cpu0 is not None and cpu1 is not None else float("nan"),
-            "cli_cpu_ms": (client1 - client0) * 1e3 / len(lat)}
+    return {
+        "backend": backend,
+        "probes": args.probes,
+        "clients": args.clients,
+        "requests": len(lat),
+        "errors": errors,
+        "p50_ms": q[49] * 1e3,
+        "p90_ms": q[89] * 1e3,
+        "p99_ms": q[98] * 1e3,
+        "max_ms": max(lat) * 1e3,
+        "req_per_s": len(lat) / wall,
+        "populate_s": fill_s,
+        "srv_cpu_ms": (cpu1 - cpu0) * 1e3 / len(lat) if cpu0 is not None and cpu1 is not None else float("nan"),
+        "cli_cpu_ms": (client1 - client0) * 1e3 / len(lat),
+    }
 
 
 def main() -> None:
@@ -181,8 +220,20 @@ def main() -> None:
         finally:
             with psycopg.connect(args.pg_admin, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    cols = ["backend", "probes", "clients", "requests", "errors", "p50_ms", "p90_ms", "p99_ms", "max_ms", "req_per_s",
-            "srv_cpu_ms", "cli_cpu_ms"]
+    cols = [
+        "backend",
+        "probes",
+        "clients",
+        "requests",
+        "errors",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "max_ms",
+        "req_per_s",
+        "srv_cpu_ms",
+        "cli_cpu_ms",
+    ]
     load1 = os.getloadavg()[0]
     print(f"GET /best-config?format={args.format}, {os.cpu_count()} CPUs, loopback, load average {load1:.1f}")
     print("(srv_cpu_ms / cli_cpu_ms: CPU milliseconds per request spent by the server / by the 100 clients)")

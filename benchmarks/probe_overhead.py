@@ -23,15 +23,34 @@ from tuner.probing import forkserver as launch_forkserver
 from tuner.probing.runner import probe_env, run_probe
 
 CASES: dict[str, ProbeConfig] = {
-    "1 rank torch": ProbeConfig(model=ModelSpec(), knobs=Knobs(micro_batch_size=4, max_length=64, engine="torch"),
-                                gradient_accumulation_steps=2, measure_steps=2),
-    "1 rank deepspeed z2": ProbeConfig(model=ModelSpec(), knobs=Knobs(micro_batch_size=4, max_length=64, zero_stage=2,
-                                       reduce_bucket_size=200_000, allgather_bucket_size=200_000),
-                                       gradient_accumulation_steps=2, measure_steps=2),
-    "2 ranks deepspeed z2": ProbeConfig(model=ModelSpec(), knobs=Knobs(micro_batch_size=4, max_length=64,
-                                        zero_stage=2, overlap_comm=True, reduce_bucket_size=200_000,
-                                        allgather_bucket_size=200_000),
-                                        world_size=2, gradient_accumulation_steps=2, measure_steps=2),
+    "1 rank torch": ProbeConfig(
+        model=ModelSpec(),
+        knobs=Knobs(micro_batch_size=4, max_length=64, engine="torch"),
+        gradient_accumulation_steps=2,
+        measure_steps=2,
+    ),
+    "1 rank deepspeed z2": ProbeConfig(
+        model=ModelSpec(),
+        knobs=Knobs(
+            micro_batch_size=4, max_length=64, zero_stage=2, reduce_bucket_size=200_000, allgather_bucket_size=200_000
+        ),
+        gradient_accumulation_steps=2,
+        measure_steps=2,
+    ),
+    "2 ranks deepspeed z2": ProbeConfig(
+        model=ModelSpec(),
+        knobs=Knobs(
+            micro_batch_size=4,
+            max_length=64,
+            zero_stage=2,
+            overlap_comm=True,
+            reduce_bucket_size=200_000,
+            allgather_bucket_size=200_000,
+        ),
+        world_size=2,
+        gradient_accumulation_steps=2,
+        measure_steps=2,
+    ),
 }
 LAUNCHERS = ("spawn", "forkserver")
 REFERENCE_PROBE_S = 30.0
@@ -57,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 res = run_probe(CASES[case], launcher=launcher)
                 if res.status != "ok":
                     raise SystemExit(f"{case} / {launcher}: probe {res.status}: {res.cause}")
-                raw[case][launcher].append({"setup_s": res.setup_s, "wall_s": res.wall_s,
-                                            "phases": res.setup_phases})
+                raw[case][launcher].append({"setup_s": res.setup_s, "wall_s": res.wall_s, "phases": res.setup_phases})
 
     print(f"fork server start (once per runner process): {server_start_s:.2f} s")
     print(f"{'case':24} {'launcher':11} {'setup_s p50':>11} {'min':>6} {'max':>6} {'% of 30 s':>9}  phases p50 (s)")
@@ -70,9 +88,12 @@ def main(argv: list[str] | None = None) -> int:
             keys = runs[0]["phases"].keys()  # type: ignore[union-attr]
             phases = ", ".join(
                 f"{k} {statistics.median(float(r['phases'][k]) for r in runs):.2f}"  # type: ignore[index]
-                for k in keys)
-            print(f"{case:24} {launcher:11} {p50:11.2f} {min(setups):6.2f} {max(setups):6.2f} "
-                  f"{100 * p50 / REFERENCE_PROBE_S:8.1f}%  {phases}")
+                for k in keys
+            )
+            print(
+                f"{case:24} {launcher:11} {p50:11.2f} {min(setups):6.2f} {max(setups):6.2f} "
+                f"{100 * p50 / REFERENCE_PROBE_S:8.1f}%  {phases}"
+            )
     if args.json:
         args.json.write_text(json.dumps({"server_start_s": server_start_s, "runs": raw}, indent=1))
     launch_forkserver.shutdown()

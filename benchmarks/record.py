@@ -1,9 +1,9 @@
 """Records a table of REAL probes over a full grid, for benchmarks/replay.py.
 
 Every config of the grid (a search-space YAML/TOML, or JSON on the command line) is probed ``--repeats`` times through
-``tuner.probing.runner.run_probe`` — passes over the whole grid, so the machine's load drifts across the repeats rather than
-within one config. Each repeat keeps status, samples/s, peak memory, probe seconds and the whole ProbeResult. The table
-is saved after every probe (``benchmarks/tables/<name>.json`` + ``.csv``); rerunning the same command resumes it.
+``tuner.probing.runner.run_probe`` — passes over the whole grid, so the machine's load drifts across the repeats rather
+than within one config. Each repeat keeps status, samples/s, peak memory, probe seconds and the whole ProbeResult. The
+table is saved after every probe (``benchmarks/tables/<name>.json`` + ``.csv``); rerunning the same command resumes it.
 A fake-tensor memory trace of the grid's (micro, max_length, checkpointing, precision) points is stored with it so the
 replay can run the estimator without torch.
 
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from trials.contract import ModelSpec, ProbeConfig, ProbeResult
-from tuner.job.batching import accumulation_steps
 from tuner.cli.estimate import _parse_size
+from tuner.job.batching import accumulation_steps
+from tuner.job.space import Space, config_key, load_space, space_from_dict
 from tuner.memory.estimator import trace
 from tuner.memory.frontier import describe
-from tuner.job.space import Space, config_key, load_space, space_from_dict
 
 TABLES = Path(__file__).with_name("tables")
 BASE_GRID: dict[str, Any] = {  # knobs a --grid leaves out are fixed here, not at the search's defaults
@@ -48,9 +48,8 @@ BASE_GRID: dict[str, Any] = {  # knobs a --grid leaves out are fixed here, not a
 
 
 def machine() -> dict[str, Any]:
-    import torch
-
     import deepspeed
+    import torch
     import transformers
 
     return {
@@ -90,11 +89,23 @@ def save(table: dict[str, Any], path: Path) -> None:
     with path.with_suffix(".csv").open("w", newline="") as fh:
         w = csv.writer(fh)
         knob_names = sorted({k for row in table["rows"] for k in row["knobs"]})
-        w.writerow([*knob_names, "repeat", "status", "samples_per_s", "peak_allocated", "probe_seconds", "setup_s", "cause"])
+        w.writerow(
+            [*knob_names, "repeat", "status", "samples_per_s", "peak_allocated", "probe_seconds", "setup_s", "cause"]
+        )
         for row in table["rows"]:
             for i, rep in enumerate(row["repeats"]):
-                w.writerow([*(row["knobs"].get(k) for k in knob_names), i, rep["status"], rep["samples_per_s"],
-                            rep["peak_allocated"], rep["probe_seconds"], rep["setup_s"], (rep["cause"] or "")[:120]])
+                w.writerow(
+                    [
+                        *(row["knobs"].get(k) for k in knob_names),
+                        i,
+                        rep["status"],
+                        rep["samples_per_s"],
+                        rep["peak_allocated"],
+                        rep["probe_seconds"],
+                        rep["setup_s"],
+                        (rep["cause"] or "")[:120],
+                    ]
+                )
 
 
 def repeat_entry(result: ProbeResult) -> dict[str, Any]:
@@ -128,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=240.0)
     ap.add_argument("--out-dir", type=Path, default=TABLES)
     ap.add_argument("--no-trace", action="store_true", help="skip the fake-tensor memory trace")
-    ap.add_argument("--retrace", action="store_true",
-                    help="trace again (both traces) even if the table has them, e.g. after the trace gained a field")
+    ap.add_argument(
+        "--retrace",
+        action="store_true",
+        help="trace again (both traces) even if the table has them, e.g. after the trace gained a field",
+    )
     args = ap.parse_args(argv)
 
     from tuner.probing.runner import run_probe  # the real runner (helper A)
@@ -180,15 +194,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"traced {len(points)} points in {time.perf_counter() - t0:.0f} s", flush=True)
         save(table, path)
     if not args.no_trace and table.get("search_trace") is None:
-        # what `tuner search` itself traces for this space (tuner.memory.tracing.trace_points), and how long it takes: the
-        # replay charges these seconds to the strategies that use the estimate, before their first probe
+        # what `tuner search` itself traces for this space (tuner.memory.tracing.trace_points), and how long it takes:
+        # the replay charges these seconds to the strategies that use the estimate, before their first probe
         from tuner.memory.tracing import trace_points
 
         points = trace_points(space)
         t0 = time.perf_counter()
         traced = trace(model, points, timeout_s=1800).model_dump()
-        table["search_trace"] = {"points": [list(p) for p in points], "seconds": time.perf_counter() - t0,
-                                 "trace": traced}
+        table["search_trace"] = {
+            "points": [list(p) for p in points],
+            "seconds": time.perf_counter() - t0,
+            "trace": traced,
+        }
         print(f"search trace: {len(points)} points in {table['search_trace']['seconds']:.0f} s", flush=True)
         save(table, path)
     total = len(configs) * args.repeats
@@ -198,16 +215,27 @@ def main(argv: list[str] | None = None) -> int:
             row = rows[config_key(knobs, args.world_size, accum)]
             if len(row["repeats"]) > rep:
                 continue
-            cfg = ProbeConfig(model=model, knobs=knobs, world_size=args.world_size, gradient_accumulation_steps=accum,
-                              warmup_steps=args.warmup, measure_steps=args.measure, device_memory=capacity,
-                              timeout_s=args.timeout)
+            cfg = ProbeConfig(
+                model=model,
+                knobs=knobs,
+                world_size=args.world_size,
+                gradient_accumulation_steps=accum,
+                warmup_steps=args.warmup,
+                measure_steps=args.measure,
+                device_memory=capacity,
+                timeout_s=args.timeout,
+            )
             result = run_probe(cfg)
             row["repeats"].append(repeat_entry(result))
             save(table, path)
             done = rep * len(configs) + n + 1
             peak = (result.peak_allocated or 0) / 2**20
-            print(f"[{done}/{total}] {describe(knobs.model_dump())} -> {result.status} {result.samples_per_s or 0:.2f} samples/s "
-                  f"peak {peak:.1f} MiB in {result.wall_s:.1f} s", flush=True)
+            print(
+                f"[{done}/{total}] {describe(knobs.model_dump())} -> {result.status} "
+                f"{result.samples_per_s or 0:.2f} samples/s "
+                f"peak {peak:.1f} MiB in {result.wall_s:.1f} s",
+                flush=True,
+            )
     print(f"saved {path}")
     return 0
 

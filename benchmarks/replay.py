@@ -20,9 +20,10 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks.table import Env, Table
 
@@ -91,7 +92,9 @@ def describe_table(table: Table) -> dict[str, Any]:
         for e in entries
         if len(e.repeats) > 1 and all(r["status"] == "ok" and r["samples_per_s"] for r in e.repeats)
     ]
-    best_key = max((k for k, e in table.entries.items() if e.stable), key=lambda k: table.entries[k].value, default=None)
+    best_key = max(
+        (k for k, e in table.entries.items() if e.stable), key=lambda k: table.entries[k].value, default=None
+    )
     return {
         "configs": len(entries),
         "repeats": sum(len(e.repeats) for e in entries),
@@ -131,22 +134,29 @@ def estimator_error(table: Table) -> dict[str, Any] | None:
                     seq.append(abs(online.predict(e.knobs).calibrated / r["peak_allocated"] - 1.0))
                 online.observe(e.knobs, r["peak_allocated"])
     absolute = sorted(abs(x) for x in errs)
-    return {"n": len(errs), "median_abs": statistics.median(absolute), "max_abs": absolute[-1],
-            "within_10pct": sum(1 for x in absolute if x <= 0.10) / len(absolute),
-            "online_median_abs": statistics.median(seq) if seq else None, "online_max_abs": max(seq) if seq else None}
+    return {
+        "n": len(errs),
+        "median_abs": statistics.median(absolute),
+        "max_abs": absolute[-1],
+        "within_10pct": sum(1 for x in absolute if x <= 0.10) / len(absolute),
+        "online_median_abs": statistics.median(seq) if seq else None,
+        "online_max_abs": max(seq) if seq else None,
+    }
 
 
 def frontier_soundness(table: Table) -> dict[str, Any]:
     """Feeds every config's table verdict to a Frontier in grid order; counts inferences the table contradicts."""
-    from tuner.memory.frontier import Frontier
-
     from tuner.memory.estimator import zero_stage_need
+    from tuner.memory.frontier import Frontier
 
     est = table.estimator()
     need = zero_stage_need(est.trace.param_count, table.world_size, table.configs()) if est else None
     out: dict[str, Any] = {"stage_need": need}
-    variants = (("default", Frontier), ("zero_order", lambda: Frontier(zero_order=True)),
-                ("stage_need", lambda: Frontier(stage_need=need)))
+    variants = (
+        ("default", Frontier),
+        ("zero_order", lambda: Frontier(zero_order=True)),
+        ("stage_need", lambda: Frontier(stage_need=need)),
+    )
     for label, make in variants:
         f = make()
         wrong = inferred = 0
@@ -164,18 +174,24 @@ def frontier_soundness(table: Table) -> dict[str, Any]:
 
 
 def markdown(name: str, info: dict[str, Any], results: dict[str, Any]) -> str:
-    lines = [f"### {name} (truth: {info['truth']} of repeats)", "",
-             f"{info['configs']} configs x {info['repeats'] // max(info['configs'], 1)} repeats; {info['statuses']}; "
-             f"full grid = {info['grid_seconds']:.0f} probe-s; best {info['best']:.1f} {info['objective']}", "",
-             "| strategy | to 1% (probe-s) | to 1% (% of grid) | to 5% (% of grid) | @10% | @20% | @50% | final "
-             "| unstable picks | probes |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"### {name} (truth: {info['truth']} of repeats)",
+        "",
+        f"{info['configs']} configs x {info['repeats'] // max(info['configs'], 1)} repeats; {info['statuses']}; "
+        f"full grid = {info['grid_seconds']:.0f} probe-s; best {info['best']:.1f} {info['objective']}",
+        "",
+        "| strategy | to 1% (probe-s) | to 1% (% of grid) | to 5% (% of grid) | @10% | @20% | @50% | final "
+        "| unstable picks | probes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for strat, r in results.items():
         to_s = "never" if r["to_1pct_s"] is None else f"{r['to_1pct_s']:.0f}"
         to_f = "never" if r["to_1pct_frac"] is None else f"{100 * r['to_1pct_frac']:.0f}%"
         to_5 = "never" if r["to_5pct_frac"] is None else f"{100 * r['to_5pct_frac']:.0f}%"
-        lines.append(f"| {strat} | {to_s} | {to_f} | {to_5} | {r['at']['10%']:.2f} | {r['at']['20%']:.2f} | "
-                     f"{r['at']['50%']:.2f} | {r['final']:.2f} | {r['unstable_picks']}/{r['runs']} | {r['probes']:.0f} |")
+        lines.append(
+            f"| {strat} | {to_s} | {to_f} | {to_5} | {r['at']['10%']:.2f} | {r['at']['20%']:.2f} | "
+            f"{r['at']['50%']:.2f} | {r['final']:.2f} | {r['unstable_picks']}/{r['runs']} | {r['probes']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -185,11 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.splitlines()[0])
     ap.add_argument("tables", nargs="+", type=Path)
     ap.add_argument("--seeds", type=int, default=20)
-    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1 (held-out checks)")
+    ap.add_argument(
+        "--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1 (held-out checks)"
+    )
     ap.add_argument("--strategies", default=",".join([*STRATEGIES, *EXTRA]), help="comma-separated subset")
     ap.add_argument("--json", type=Path, help="write all numbers here")
-    ap.add_argument("--truth", choices=("median", "max", "min"), default="median",
-                    help="a config's true objective from its repeats (default median)")
+    ap.add_argument(
+        "--truth",
+        choices=("median", "max", "min"),
+        default="median",
+        help="a config's true objective from its repeats (default median)",
+    )
     args = ap.parse_args(argv)
     known = {**STRATEGIES, **EXTRA}
     chosen = {n: known[n] for n in args.strategies.split(",")}
@@ -198,8 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         table = Table.load(path, truth=args.truth)
         info = {**describe_table(table), "truth": args.truth}
         results = replay(table, chosen, list(range(args.first_seed, args.first_seed + args.seeds)))
-        everything[table.name] = {"table": info, "results": results, "estimator": estimator_error(table),
-                                  "frontier": frontier_soundness(table)}
+        everything[table.name] = {
+            "table": info,
+            "results": results,
+            "estimator": estimator_error(table),
+            "frontier": frontier_soundness(table),
+        }
         print(markdown(table.name, info, results))
         print(f"\nestimator (uncalibrated) vs measured peaks: {everything[table.name]['estimator']}")
         print(f"frontier soundness on the table: {everything[table.name]['frontier']}\n", flush=True)

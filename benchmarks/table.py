@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from trials.contract import Knobs, ModelSpec, ProbeResult
-from tuner.memory.estimator import Estimator, Trace
 from tuner.job.objective import Objective
-from tuner.search.selection import is_stable
 from tuner.job.space import Space, knobs_key
+from tuner.memory.estimator import Estimator, Trace
+from tuner.search.selection import is_stable
 
 
 class OutOfBudget(Exception):
@@ -60,14 +60,24 @@ class Table:
             knobs = Knobs.model_validate(row["knobs"])
             reps = row["repeats"]
             stable = all(
-                is_stable(r["status"], r["peak_allocated"], r.get("capacity") or raw["device_memory"], raw["headroom"],
-                          r.get("alloc_retries"))
+                is_stable(
+                    r["status"],
+                    r["peak_allocated"],
+                    r.get("capacity") or raw["device_memory"],
+                    raw["headroom"],
+                    r.get("alloc_retries"),
+                )
                 for r in reps
             )
             vals = [objective.value(r["samples_per_s"], knobs.max_length) or 0.0 for r in reps]
             key = knobs_key(knobs)
-            entries[key] = Entry(knobs, reps, stable, pick(vals) if stable else 0.0,
-                                 statistics.fmean(float(r["probe_seconds"]) for r in reps))
+            entries[key] = Entry(
+                knobs,
+                reps,
+                stable,
+                pick(vals) if stable else 0.0,
+                statistics.fmean(float(r["probe_seconds"]) for r in reps),
+            )
             order.append(key)
         return cls(Path(path).stem, raw, space, objective, entries, order)
 
@@ -112,15 +122,20 @@ class Table:
     def estimator(self) -> Estimator | None:
         """From the trace of every grid point (to measure the estimator's error on the table)."""
         tr = self.raw.get("trace")
-        return (Estimator(trace=Trace.model_validate(tr), world_size=self.world_size, global_batch=self.global_batch)
-                if tr else None)
+        return (
+            Estimator(trace=Trace.model_validate(tr), world_size=self.world_size, global_batch=self.global_batch)
+            if tr
+            else None
+        )
 
     def search_estimator(self) -> tuple[Estimator, float] | None:
         """What `tuner search` would have: the trace of tuner.memory.tracing.trace_points only, and its wall seconds."""
         st = self.raw.get("search_trace")
         if not st:
             return None
-        est = Estimator(trace=Trace.model_validate(st["trace"]), world_size=self.world_size, global_batch=self.global_batch)
+        est = Estimator(
+            trace=Trace.model_validate(st["trace"]), world_size=self.world_size, global_batch=self.global_batch
+        )
         return est, float(st["seconds"])
 
 
@@ -167,8 +182,13 @@ class Env:
         self.overhead_s += seconds
 
     def stable(self, result: ProbeResult) -> bool:
-        return is_stable(result.status, result.peak_allocated, result.capacity or self.table.device_memory,
-                         self.table.headroom, result.alloc_retries)
+        return is_stable(
+            result.status,
+            result.peak_allocated,
+            result.capacity or self.table.device_memory,
+            self.table.headroom,
+            result.alloc_retries,
+        )
 
     def pick(self, knobs: Knobs | None) -> None:
         """The config this strategy would hand the user now."""

@@ -43,8 +43,11 @@ def new_postgres_url() -> Iterator[Callable[[], str]]:
         try:
             _admin_exec(f'CREATE DATABASE "{name}"')
         except psycopg.OperationalError as err:
-            pytest.fail(f"PostgreSQL at {PG_ADMIN} unreachable ({str(err).strip().splitlines()[0]}); start it "
-                        "or set TUNER_TEST_POSTGRES=skip", pytrace=False)
+            pytest.fail(
+                f"PostgreSQL at {PG_ADMIN} unreachable ({str(err).strip().splitlines()[0]}); start it "
+                "or set TUNER_TEST_POSTGRES=skip",
+                pytrace=False,
+            )
         created.append(name)
         return f"postgresql+psycopg://{PG_HOST}/{name}"
 
@@ -59,16 +62,15 @@ def postgres_url(new_postgres_url: Callable[[], str]) -> str:
 
 
 @pytest.fixture
-def sqlite_url(tmp_path) -> str:  # noqa: ANN001
+def sqlite_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'tuner.db'}"
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def storage_url(request: pytest.FixtureRequest, tmp_path, new_postgres_url: Callable[[], str]) -> str:  # noqa: ANN001
+def storage_url(request: pytest.FixtureRequest, tmp_path, new_postgres_url: Callable[[], str]) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'tuner.db'}"
     return new_postgres_url()
-
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-import socket
 
 import pytest
 
@@ -47,7 +47,11 @@ def start_server(storage: str, *extra: str, env: dict[str, str] | None = None) -
     port = free_port()
     proc = subprocess.Popen(
         [TUNER_BIN, "serve", "--storage", storage, "--port", str(port), "--log-level", "warning", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(env), start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env(env),
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:

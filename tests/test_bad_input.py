@@ -23,15 +23,16 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from tuner.cli import main as tuner_main
 from tuner.settings import Settings
-from tuner.storage.db import get_engine
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bad-input-token"
 UNREACHABLE_PG = "postgresql+psycopg://nobody:hunter2@127.0.0.1:9/nodb?connect_timeout=2"
 
 
-def _populate():  # noqa: ANN202 - the shared fixture builder of tests/tuner/reporting/test_report.py
-    spec = importlib.util.spec_from_file_location("report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py")
+def _populate():
+    spec = importlib.util.spec_from_file_location(
+        "report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -73,9 +74,15 @@ CLI_CASES: list[Cli] = [
     Cli("budget-missing", ["search"], r"missing option '--budget'"),
     # -- space files ------------------------------------------------------------------------------------------------
     Cli("space-missing", ["search", "--budget", "1m", "--space", "{tmp}/nope.yaml"], r"space file .* does not exist"),
-    Cli("space-unknown-key", ["search", "--budget", "1m", "--space", "{tmp}/unknown.yaml"], r"unknown knob 'learning_rat'"),
+    Cli(
+        "space-unknown-key",
+        ["search", "--budget", "1m", "--space", "{tmp}/unknown.yaml"],
+        r"unknown knob 'learning_rat'",
+    ),
     Cli("space-wrong-type", ["search", "--budget", "1m", "--space", "{tmp}/wrongtype.yaml"], r"micro_batch_size"),
-    Cli("space-empty-range", ["search", "--budget", "1m", "--space", "{tmp}/emptyrange.yaml"], r"low 64 is above high 2"),
+    Cli(
+        "space-empty-range", ["search", "--budget", "1m", "--space", "{tmp}/emptyrange.yaml"], r"low 64 is above high 2"
+    ),
     Cli("space-empty-list", ["search", "--budget", "1m", "--space", "{tmp}/emptylist.yaml"], r"zero_stage"),
     Cli("space-absurd-zero", ["search", "--budget", "1m", "--space", "{tmp}/absurd.yaml"], r"zero_stage.*outside"),
     Cli("space-absurd-batch", ["search", "--budget", "1m", "--space", "{tmp}/hugebatch.yaml"], r"micro_batch_size"),
@@ -84,7 +91,11 @@ CLI_CASES: list[Cli] = [
     Cli("space-not-mapping", ["search", "--budget", "1m", "--space", "{tmp}/list.yaml"], r"must be a mapping"),
     Cli("space-is-dir", ["search", "--budget", "1m", "--space", "{tmp}"], r"space"),
     Cli("space-binary", ["search", "--budget", "1m", "--space", "{tmp}/binary.yaml"], r"space"),
-    Cli("space-torch-zero", ["search", "--budget", "1m", "--space", "{tmp}/torchzero.yaml"], r"engine 'torch' has no ZeRO"),
+    Cli(
+        "space-torch-zero",
+        ["search", "--budget", "1m", "--space", "{tmp}/torchzero.yaml"],
+        r"engine 'torch' has no ZeRO",
+    ),
     Cli("space-repeats", ["search", "--budget", "1m", "--space", "{tmp}/repeats.yaml"], r"repeats a value"),
     # -- model sources ----------------------------------------------------------------------------------------------
     Cli("model-missing-path", ["search", "--budget", "1m", "--model", "{tmp}/no-such-model"], r"does not exist"),
@@ -97,20 +108,33 @@ CLI_CASES: list[Cli] = [
     # -- baseline JSON ----------------------------------------------------------------------------------------------
     Cli("baseline-missing", ["search", "--budget", "1m", "--baseline", "{tmp}/nope.json"], r"baseline|nope\.json"),
     Cli("baseline-malformed", ["search", "--budget", "1m", "--baseline", "{tmp}/malformed.json"], r"json"),
-    Cli("baseline-not-object", ["search", "--budget", "1m", "--baseline", "{tmp}/array.json"], r"baseline|object|mapping"),
-    Cli("baseline-contradictory-batch", ["search", "--budget", "1m", "--baseline", "{tmp}/contradict.json"],
-        r"batch"),
-    Cli("baseline-unknown-zero-key", ["search", "--budget", "1m", "--baseline", "{tmp}/unknownzero.json"],
-        r"stagee|unknown"),
+    Cli(
+        "baseline-not-object",
+        ["search", "--budget", "1m", "--baseline", "{tmp}/array.json"],
+        r"baseline|object|mapping",
+    ),
+    Cli("baseline-contradictory-batch", ["search", "--budget", "1m", "--baseline", "{tmp}/contradict.json"], r"batch"),
+    Cli(
+        "baseline-unknown-zero-key",
+        ["search", "--budget", "1m", "--baseline", "{tmp}/unknownzero.json"],
+        r"stagee|unknown",
+    ),
     Cli("baseline-all-auto", ["search", "--budget", "1m", "--baseline", "{tmp}/allauto.json"], r"auto"),
     Cli("baseline-bad-stage", ["search", "--budget", "1m", "--baseline", "{tmp}/stage7.json"], r"stage"),
     # -- storage URLs -----------------------------------------------------------------------------------------------
     Cli("storage-not-url", ["report", "--study", "rep", "--storage", "not a url"], r"is not a SQLAlchemy URL"),
-    Cli("storage-unknown-dialect", ["report", "--study", "rep", "--storage", "nosuchdb://x/y"], r"unknown database kind"),
+    Cli(
+        "storage-unknown-dialect", ["report", "--study", "rep", "--storage", "nosuchdb://x/y"], r"unknown database kind"
+    ),
     Cli("storage-unreachable-pg", ["report", "--study", "rep", "--storage", UNREACHABLE_PG], r"cannot reach storage"),
-    Cli("storage-sqlite-no-dir", ["report", "--study", "rep", "--storage", "sqlite:///{tmp}/no/such/dir/t.db"],
-        r"cannot reach storage"),
-    Cli("storage-db-upgrade-bad", ["db", "upgrade", "--storage", "mysql+nodriver://x"], r"storage URL|unknown database"),
+    Cli(
+        "storage-sqlite-no-dir",
+        ["report", "--study", "rep", "--storage", "sqlite:///{tmp}/no/such/dir/t.db"],
+        r"cannot reach storage",
+    ),
+    Cli(
+        "storage-db-upgrade-bad", ["db", "upgrade", "--storage", "mysql+nodriver://x"], r"storage URL|unknown database"
+    ),
     Cli("storage-search-bad", ["search", "--budget", "1m", "--storage", "::::"], r"is not a SQLAlchemy URL"),
     # -- CLI option combinations ------------------------------------------------------------------------------------
     Cli("opt-unknown", ["search", "--budget", "1m", "--frobnicate"], r"no such option"),
@@ -121,8 +145,11 @@ CLI_CASES: list[Cli] = [
     Cli("opt-world-zero", ["search", "--budget", "1m", "--world-size", "0"], r"--world-size 0"),
     Cli("opt-global-zero", ["search", "--budget", "1m", "--global-batch", "0"], r"--global-batch 0"),
     Cli("opt-trials-zero", ["search", "--budget", "1m", "--n-trials", "0"], r"--n-trials 0"),
-    Cli("opt-batch-unreachable", ["search", "--budget", "1m", "--world-size", "2", "--global-batch", "3"],
-        r"global batch|micro batch"),
+    Cli(
+        "opt-batch-unreachable",
+        ["search", "--budget", "1m", "--world-size", "2", "--global-batch", "3"],
+        r"global batch|micro batch",
+    ),
     Cli("opt-device-memory-word", ["search", "--budget", "1m", "--device-memory", "lots"], r"memory size 'lots'"),
     Cli("opt-device-memory-zero", ["search", "--budget", "1m", "--device-memory", "0"], r"must be positive"),
     Cli("opt-lengths-missing", ["search", "--budget", "1m", "--lengths", "{tmp}/nope.txt"], r"nope\.txt|lengths"),
@@ -134,25 +161,56 @@ CLI_CASES: list[Cli] = [
     Cli("serve-public-no-token", ["serve", "--host", "0.0.0.0"], r"refusing to serve on 0\.0\.0\.0"),
     Cli("serve-port-zero", ["serve", "--port", "0"], r"port"),
     Cli("serve-port-text", ["serve", "--port", "http"], r"port"),
-    Cli("estimate-zero-stage", ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "1", "--zero-stage", "5"],
-        r"zero-stage"),
-    Cli("estimate-micro-zero", ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "0"], r"micro-batch-size"),
-    Cli("estimate-engine", ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "1", "--engine", "tpu"],
-        r"engine"),
-    Cli("estimate-precision", ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "1", "--precision", "fp8"],
-        r"precision|fp8"),
-    Cli("estimate-model-missing", ["estimate", "--model", "{tmp}/no-such-model", "--micro-batch-size", "1"],
-        r"does not exist"),
-    Cli("estimate-device-memory", ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "1",
-                                   "--device-memory", "-3GiB"], r"memory size"),
-    Cli("estimate-global-batch", ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "4",
-                                  "--world-size", "2", "--global-batch", "12"], r"multiple of .* = 8"),
+    Cli(
+        "estimate-zero-stage",
+        ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "1", "--zero-stage", "5"],
+        r"zero-stage",
+    ),
+    Cli(
+        "estimate-micro-zero",
+        ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "0"],
+        r"micro-batch-size",
+    ),
+    Cli(
+        "estimate-engine",
+        ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "1", "--engine", "tpu"],
+        r"engine",
+    ),
+    Cli(
+        "estimate-precision",
+        ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "1", "--precision", "fp8"],
+        r"precision|fp8",
+    ),
+    Cli(
+        "estimate-model-missing",
+        ["estimate", "--model", "{tmp}/no-such-model", "--micro-batch-size", "1"],
+        r"does not exist",
+    ),
+    Cli(
+        "estimate-device-memory",
+        ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "1", "--device-memory", "-3GiB"],
+        r"memory size",
+    ),
+    Cli(
+        "estimate-global-batch",
+        [
+            "estimate",
+            "--model",
+            "builtin:tiny-t5",
+            "--micro-batch-size",
+            "4",
+            "--world-size",
+            "2",
+            "--global-batch",
+            "12",
+        ],
+        r"multiple of .* = 8",
+    ),
 ]
 
 # Known defects in other modules, each with its fix. Not strict: a fix landing shows as XPASS (then drop the entry)
 # rather than failing CI for the module owner.
-KNOWN_DEFECTS: dict[str, str] = {
-}
+KNOWN_DEFECTS: dict[str, str] = {}
 
 API_CASES: list[Api] = [
     Api("api-study-bad-chars", "GET", "/studies/a b;rm -rf", r"name"),
@@ -172,10 +230,24 @@ API_CASES: list[Api] = [
     Api("api-best-no-stable", "GET", "/best-config", r"stable", (404,), params={"study": "empty"}),
     Api("api-best-raw-text", "GET", "/best-config", r"raw", params={"study": "rep", "raw": "maybe"}),
     Api("api-post-no-token", "POST", "/studies", r"missing bearer token", (401,), body=GOOD_BODY),
-    Api("api-post-wrong-token", "POST", "/studies", r"invalid bearer token", (401,), body=GOOD_BODY,
-        headers={"Authorization": "Bearer guess"}),
-    Api("api-post-basic-auth", "POST", "/studies", r"bearer", (401, 403), body=GOOD_BODY,
-        headers={"Authorization": "Basic YWRtaW46YWRtaW4="}),
+    Api(
+        "api-post-wrong-token",
+        "POST",
+        "/studies",
+        r"invalid bearer token",
+        (401,),
+        body=GOOD_BODY,
+        headers={"Authorization": "Bearer guess"},
+    ),
+    Api(
+        "api-post-basic-auth",
+        "POST",
+        "/studies",
+        r"bearer",
+        (401, 403),
+        body=GOOD_BODY,
+        headers={"Authorization": "Basic YWRtaW46YWRtaW4="},
+    ),
     Api("api-post-bad-json", "POST", "/studies", r"json|body", raw="{not json", headers=AUTH),
     Api("api-post-not-object", "POST", "/studies", r"body|object|dict", body=[1, 2, 3], headers=AUTH),
     Api("api-post-extra-key", "POST", "/studies", r"cmd|extra", body={**GOOD_BODY, "cmd": "rm -rf /"}, headers=AUTH),
@@ -196,7 +268,7 @@ API_CASES: list[Api] = [
 def _snapshot(db: Path) -> dict[str, list[tuple]]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
-        return {t: sorted(map(repr, conn.execute(f'SELECT * FROM "{t}"'))) for t in tables}  # noqa: S608
+        return {t: sorted(map(repr, conn.execute(f'SELECT * FROM "{t}"'))) for t in tables}
 
 
 @pytest.fixture(scope="module")
@@ -222,11 +294,23 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "repeats.yaml": "micro_batch_size: [2, 2]\n",
         "malformed.json": '{"train_micro_batch_size_per_gpu": 4, ',
         "array.json": "[1, 2, 3]",
-        "contradict.json": json.dumps({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4,
-                                       "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2}}),
+        "contradict.json": json.dumps(
+            {
+                "train_batch_size": 10,
+                "train_micro_batch_size_per_gpu": 4,
+                "gradient_accumulation_steps": 2,
+                "zero_optimization": {"stage": 2},
+            }
+        ),
         "unknownzero.json": json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stagee": 2}}),
-        "allauto.json": json.dumps({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
-                                    "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": "auto"}}),
+        "allauto.json": json.dumps(
+            {
+                "train_batch_size": "auto",
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+                "zero_optimization": {"stage": "auto"},
+            }
+        ),
         "stage7.json": json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 7}}),
     }
     for name, text in files.items():
@@ -256,8 +340,14 @@ def test_the_table_is_large_enough() -> None:
 
 
 @pytest.mark.parametrize("case", CLI_CASES, ids=lambda c: c.id)
-def test_cli_bad_input(case: Cli, world: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
-                       capsys: pytest.CaptureFixture[str], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_cli_bad_input(
+    case: Cli,
+    world: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
     if case.id in KNOWN_DEFECTS:
         request.applymarker(pytest.mark.xfail(strict=False, reason=KNOWN_DEFECTS[case.id]))
     monkeypatch.chdir(tmp_path)  # a default sqlite:///tuner.db would land here, never in the repo
@@ -299,12 +389,25 @@ def test_api_bad_input(case: Api, world: dict[str, Any]) -> None:
     assert _snapshot(world["db"]) == before, "stored data changed"
 
 
-@pytest.mark.parametrize("argv", [["search", "--budget", "soon"], ["report", "--study", "nope", "-o", "x.html"],
-                                  ["serve", "--host", "0.0.0.0"]], ids=["budget", "report", "serve"])
+@pytest.mark.parametrize(
+    "argv",
+    [["search", "--budget", "soon"], ["report", "--study", "nope", "-o", "x.html"], ["serve", "--host", "0.0.0.0"]],
+    ids=["budget", "report", "serve"],
+)
 def test_the_real_executable_agrees(argv: list[str], world: dict[str, Any], tmp_path: Path) -> None:
-    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "TUNER_STORAGE": world["url"],
-           "HOME": str(tmp_path), "COLUMNS": "400"}
-    done = subprocess.run([str(Path(sys.executable).with_name("tuner")), *argv], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path, env=env)
+    env = {
+        "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+        "TUNER_STORAGE": world["url"],
+        "HOME": str(tmp_path),
+        "COLUMNS": "400",
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("tuner")), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
     assert done.returncode == 2
     _one_error_line(done.stderr)

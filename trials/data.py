@@ -6,7 +6,12 @@ import torch
 
 
 def worst_case_batch(
-    batch_size: int, max_length: int, vocab_size: int, *, seed: int = 0, encoder_decoder: bool = True,
+    batch_size: int,
+    max_length: int,
+    vocab_size: int,
+    *,
+    seed: int = 0,
+    encoder_decoder: bool = True,
     device: torch.device | str = "cpu",
 ) -> dict[str, torch.Tensor]:
     """One batch whose every row is max_length long on both sides: no padding to skip, the largest activations.

@@ -47,8 +47,9 @@ def _autocast_dtype(precision: str) -> torch.dtype | None:
 class TorchEngine:
     """AdamW over an fp32 model; bf16/fp16 through autocast (fp16 with a GradScaler on CUDA); DDP for world > 1."""
 
-    def __init__(self, model: torch.nn.Module, knobs: Knobs, accum: int, device: torch.device, lr: float,
-                 world_size: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, knobs: Knobs, accum: int, device: torch.device, lr: float, world_size: int
+    ) -> None:
         self.module = model.to(device)
         if knobs.gradient_checkpointing:
             enable_checkpointing(model)
@@ -58,7 +59,8 @@ class TorchEngine:
         if world_size > 1:
             ids = [device.index] if device.type == "cuda" else None
             self.wrapped = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=ids,
+                model,
+                device_ids=ids,
                 bucket_cap_mb=knobs.reduce_bucket_size * 4 / 2**20 if knobs.reduce_bucket_size else 25.0,
             )
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -137,7 +139,9 @@ def deepspeed_config(knobs: Knobs, accum: int, world_size: int, lr: float) -> di
 
 # ZeRO optimizer attributes that live in host memory when the optimizer is offloaded (stages 1-2 and 3)
 _ZERO_HOST_BUFFERS = (
-    "single_partition_of_fp32_groups", "accumulated_grads_in_cpu", "temp_grad_buffer_for_cpu_offload",
+    "single_partition_of_fp32_groups",
+    "accumulated_grads_in_cpu",
+    "temp_grad_buffer_for_cpu_offload",
     "fp32_partitioned_groups_flat",
 )
 
@@ -158,8 +162,9 @@ def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
 class DeepSpeedEngine:
     """A real ``deepspeed.initialize`` engine; the process group must already be initialised."""
 
-    def __init__(self, model: torch.nn.Module, knobs: Knobs, accum: int, device: torch.device, lr: float,
-                 world_size: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, knobs: Knobs, accum: int, device: torch.device, lr: float, world_size: int
+    ) -> None:
         import deepspeed
 
         if knobs.gradient_checkpointing:
@@ -196,7 +201,8 @@ class DeepSpeedEngine:
             yield from _tensors_in(getattr(self.optimizer, name, None))
 
 
-def build_engine(model: torch.nn.Module, knobs: Knobs, accum: int, device: torch.device, lr: float,
-                 world_size: int) -> Engine:
+def build_engine(
+    model: torch.nn.Module, knobs: Knobs, accum: int, device: torch.device, lr: float, world_size: int
+) -> Engine:
     cls = DeepSpeedEngine if knobs.engine == "deepspeed" else TorchEngine
     return cls(model, knobs, accum, device, lr, world_size)

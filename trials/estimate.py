@@ -14,9 +14,9 @@ padded shapes, then one more forward+backward that accumulates into the step's g
 - ``step_temp_bytes``: the optimizer step's temporaries above params + grads + state,
 - ``peak_bytes``: the whole step's peak (what the plain torch engine needs).
 
-``python -m trials.estimate --request JSON --out FILE`` writes a ``tuner.memory.estimator.Trace``-shaped JSON to FILE (exit 3:
-bad model source). Omits CUDA context, allocator fragmentation and cuBLAS workspace: tuner calibrates with probes.
-"""
+``python -m trials.estimate --request JSON --out FILE`` writes a ``tuner.memory.estimator.Trace``-shaped JSON to FILE
+(exit 3: bad model source). Omits CUDA context, allocator fragmentation and cuBLAS workspace: tuner calibrates with
+probes."""
 
 from __future__ import annotations
 
@@ -55,8 +55,9 @@ def _batch(model: torch.nn.Module, micro: int, length: int) -> dict[str, torch.T
     return batch
 
 
-def _forward_backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], precision: str,
-                      tracker: LiveTensorTracker) -> int:
+def _forward_backward(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], precision: str, tracker: LiveTensorTracker
+) -> int:
     """One micro-step's forward and backward (grads accumulate into whatever ``.grad`` holds); its peak live bytes."""
     tracker.reset_peak()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
@@ -68,8 +69,13 @@ def _forward_backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], pr
     return tracker.peak
 
 
-def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor], precision: str,
-          tracker: LiveTensorTracker) -> tuple[int, int]:
+def _step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    precision: str,
+    tracker: LiveTensorTracker,
+) -> tuple[int, int]:
     """One training step; returns (fwd+bwd peak, optimizer-step peak) in live bytes."""
     fwd_bwd = _forward_backward(model, batch, precision, tracker)
     tracker.reset_peak()
@@ -78,8 +84,9 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, t
     return fwd_bwd, step_peak
 
 
-def trace_point(spec: ModelSpec, micro: int, length: int, checkpointing: bool, precision: str,
-                fake: bool = True) -> dict[str, Any]:
+def trace_point(
+    spec: ModelSpec, micro: int, length: int, checkpointing: bool, precision: str, fake: bool = True
+) -> dict[str, Any]:
     """One point; ``fake=False`` runs the same steps on real tensors (to check the trace against reality)."""
     with FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext():
         tracker = LiveTensorTracker()
@@ -125,15 +132,23 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     out: dict[str, Any] = {"points": []}
     for p in request.get("points") or []:
-        got = trace_point(spec, int(p["micro_batch_size"]), int(p["max_length"]),
-                          bool(p.get("gradient_checkpointing", False)), str(p.get("precision", "fp32")))
+        got = trace_point(
+            spec,
+            int(p["micro_batch_size"]),
+            int(p["max_length"]),
+            bool(p.get("gradient_checkpointing", False)),
+            str(p.get("precision", "fp32")),
+        )
         out.update({k: got[k] for k in ("param_count", "param_bytes", "largest_param")})
         out["points"].append(got["point"])
     if "param_count" not in out:  # no point asked: the model stats alone
         with FakeTensorMode():
             params = list(_build(spec).parameters())
-            out.update(param_count=sum(p.numel() for p in params), param_bytes=sum(p.numel() * 4 for p in params),
-                       largest_param=max(p.numel() for p in params))
+            out.update(
+                param_count=sum(p.numel() for p in params),
+                param_bytes=sum(p.numel() * 4 for p in params),
+                largest_param=max(p.numel() for p in params),
+            )
     out["trace_s"] = time.perf_counter() - start
     return out
 

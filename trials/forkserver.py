@@ -18,6 +18,7 @@ children's groups, when its stdin closes (the runner that started it is gone).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import selectors
@@ -34,22 +35,22 @@ READY = "trials.forkserver ready"
 def preload() -> None:
     """Imports what every probe needs. Import only: no tensor op, no CUDA call."""
     import torch  # noqa: F401
-    import transformers  # noqa: F401
+    import transformers
+    import transformers.generation.utils  # noqa: F401  (eval + generate probes)
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: F401
     from transformers.models.t5 import modeling_t5  # noqa: F401
 
     import trials.probe  # noqa: F401
 
-    import transformers.generation.utils  # noqa: F401  (eval + generate probes)
-
     try:
-        import deepspeed  # noqa: F401
-        import deepspeed.runtime.engine  # noqa: F401
-        import deepspeed.runtime.zero.stage3  # noqa: F401
-        import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
+        import deepspeed
+        import deepspeed.runtime.engine
+
         # deepspeed.initialize's optimizer sanity check imports the Muon optimizer, whose torch.compile decorators
         # import torch._inductor: 5-7 s of every DeepSpeed probe's setup, paid here once
-        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+        import deepspeed.runtime.zero.muon.muon_optimizer
+        import deepspeed.runtime.zero.stage3
+        import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # noqa: F401
     except ImportError:
         pass
@@ -137,7 +138,7 @@ def serve(path: Path) -> int:
                     code = 4
                     try:
                         code = _child(request, [listener, conn, *children.values()])
-                    except BaseException:  # noqa: BLE001 - the probe reports its own failures; this is a last resort
+                    except BaseException:
                         traceback.print_exc()
                     finally:
                         sys.stdout.flush()
@@ -152,10 +153,8 @@ def serve(path: Path) -> int:
             _reap(children)
     finally:
         for pid in children:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         path.unlink(missing_ok=True)
 
 

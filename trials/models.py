@@ -13,18 +13,39 @@ from trials.contract import BUILTIN_PREFIX, BUILTIN_PRESETS, ModelSpec
 PRESETS: dict[str, dict[str, Any]] = {
     # a 1-rank CPU probe of this takes seconds
     "tiny-t5": dict(
-        vocab_size=512, d_model=64, d_kv=16, d_ff=256, num_layers=2, num_decoder_layers=2, num_heads=4,
-        feed_forward_proj="relu", tie_word_embeddings=True,
+        vocab_size=512,
+        d_model=64,
+        d_kv=16,
+        d_ff=256,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        feed_forward_proj="relu",
+        tie_word_embeddings=True,
     ),
     # the shape of google-t5/t5-small
     "t5-small": dict(
-        vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8,
-        feed_forward_proj="relu", tie_word_embeddings=True,
+        vocab_size=32128,
+        d_model=512,
+        d_kv=64,
+        d_ff=2048,
+        num_layers=6,
+        num_decoder_layers=6,
+        num_heads=8,
+        feed_forward_proj="relu",
+        tie_word_embeddings=True,
     ),
     # the shape of google/flan-t5-large (for GPUs)
     "flan-t5-large": dict(
-        vocab_size=32128, d_model=1024, d_kv=64, d_ff=2816, num_layers=24, num_decoder_layers=24, num_heads=16,
-        feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+        vocab_size=32128,
+        d_model=1024,
+        d_kv=64,
+        d_ff=2816,
+        num_layers=24,
+        num_decoder_layers=24,
+        num_heads=16,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
     ),
 }
 assert tuple(PRESETS) == BUILTIN_PRESETS, "trials.contract.BUILTIN_PRESETS must list the presets"
@@ -36,10 +57,12 @@ def load_config(spec: ModelSpec) -> PretrainedConfig:
     """The model's config with ``spec.overrides`` applied. Raises ValueError for an unknown source."""
     source = spec.source
     if source.startswith(BUILTIN_PREFIX):
-        name = source[len(BUILTIN_PREFIX):]
+        name = source[len(BUILTIN_PREFIX) :]
         if name not in PRESETS:
-            raise ValueError(f"unknown built-in model {source!r}; choose one of "
-                             + ", ".join(BUILTIN_PREFIX + p for p in BUILTIN_PRESETS))
+            raise ValueError(
+                f"unknown built-in model {source!r}; choose one of "
+                + ", ".join(BUILTIN_PREFIX + p for p in BUILTIN_PRESETS)
+            )
         config: PretrainedConfig = T5Config(**{**_COMMON, **PRESETS[name]})
     else:
         config = AutoConfig.from_pretrained(source)

@@ -110,8 +110,9 @@ class Probe:
                 os.environ["MASTER_PORT"] = str(s.getsockname()[1])
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=max(30.0, self.config.timeout_s))
-        torch.distributed.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size,
-                                             timeout=timeout)
+        torch.distributed.init_process_group(
+            backend=backend, rank=self.rank, world_size=self.world_size, timeout=timeout
+        )
 
     def _tracking(self) -> contextlib.AbstractContextManager[Any]:
         return self.tracker if self.tracker is not None else contextlib.nullcontext()
@@ -164,8 +165,9 @@ class Probe:
         if knobs.eval_batch_size is None and not knobs.generate:
             return
         size = knobs.eval_batch_size or knobs.micro_batch_size
-        batch = worst_case_batch(size, knobs.max_length, vocab, seed=self.config.seed + 1, encoder_decoder=encdec,
-                                 device=self.device)
+        batch = worst_case_batch(
+            size, knobs.max_length, vocab, seed=self.config.seed + 1, encoder_decoder=encdec, device=self.device
+        )
         model = engine.module
         model.eval()
         try:
@@ -174,9 +176,14 @@ class Probe:
                 if knobs.generate:
                     zero3 = knobs.engine == "deepspeed" and knobs.zero_stage == 3 and self.world_size > 1
                     model.generate(
-                        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        max_new_tokens=knobs.max_length, min_new_tokens=knobs.max_length, do_sample=False,
-                        num_beams=1, use_cache=True, synced_gpus=zero3,
+                        input_ids=batch["input_ids"],
+                        attention_mask=batch["attention_mask"],
+                        max_new_tokens=knobs.max_length,
+                        min_new_tokens=knobs.max_length,
+                        do_sample=False,
+                        num_beams=1,
+                        use_cache=True,
+                        synced_gpus=zero3,
                     )
         finally:
             model.train()
@@ -200,8 +207,14 @@ class Probe:
         if self.tracker is not None:
             self.tracker.track(memory.module_tensors(model))
         with self._tracking():
-            batch = worst_case_batch(knobs.micro_batch_size, knobs.max_length, vocab, seed=cfg.seed + self.rank,
-                                     encoder_decoder=encdec, device=self.device)
+            batch = worst_case_batch(
+                knobs.micro_batch_size,
+                knobs.max_length,
+                vocab,
+                seed=cfg.seed + self.rank,
+                encoder_decoder=encdec,
+                device=self.device,
+            )
             engine = build_engine(model, knobs, accum, self.device, cfg.learning_rate, self.world_size)
             self._host_offload(engine)
             self._mark("engine")
@@ -216,9 +229,16 @@ class Probe:
         timed_steps = math.ceil(max(cfg.measure_steps, accum) / accum) * accum
         for _ in range(timed_steps):
             self._step(engine, batch, timed=True)
-        return RankResult(rank=self.rank, status="ok", memory=self._memory(), steps=self._stats(),
-                          setup_s=self._setup_s(), versions=versions(), fingerprint=fingerprint(self.device),
-                          setup_phases=self.phases)
+        return RankResult(
+            rank=self.rank,
+            status="ok",
+            memory=self._memory(),
+            steps=self._stats(),
+            setup_s=self._setup_s(),
+            versions=versions(),
+            fingerprint=fingerprint(self.device),
+            setup_phases=self.phases,
+        )
 
     def _setup_s(self) -> float | None:
         return None if self.first_step_t is None else max(0.0, self.first_step_t - self.launch_t)
@@ -226,29 +246,49 @@ class Probe:
     def _memory(self) -> RankMemory:
         if self.device.type == "cuda":
             stats = torch.cuda.memory_stats(self.device)
-            return RankMemory(rank=self.rank, peak_allocated=torch.cuda.max_memory_allocated(self.device),
-                              peak_reserved=torch.cuda.max_memory_reserved(self.device), capacity=self.capacity,
-                              alloc_retries=int(stats.get("num_alloc_retries", 0)))
+            return RankMemory(
+                rank=self.rank,
+                peak_allocated=torch.cuda.max_memory_allocated(self.device),
+                peak_reserved=torch.cuda.max_memory_reserved(self.device),
+                capacity=self.capacity,
+                alloc_retries=int(stats.get("num_alloc_retries", 0)),
+            )
         peak = self.tracker.peak if self.tracker is not None else 0
-        return RankMemory(rank=self.rank, peak_allocated=peak, peak_reserved=peak, capacity=self.capacity,
-                          peak_rss=max(0, memory.peak_rss() - self.baseline_rss),
-                          oom_need=self.tracker.oom_need if self.tracker is not None else None)
+        return RankMemory(
+            rank=self.rank,
+            peak_allocated=peak,
+            peak_reserved=peak,
+            capacity=self.capacity,
+            peak_rss=max(0, memory.peak_rss() - self.baseline_rss),
+            oom_need=self.tracker.oom_need if self.tracker is not None else None,
+        )
 
     def _stats(self) -> StepStats:
         accum = self.config.gradient_accumulation_steps
         boundary = statistics.fmean(self.boundary_times)
         micro = self.micro_times or self.boundary_times  # accum == 1: every step is a boundary step
-        return StepStats(micro_mean_s=statistics.fmean(micro), micro_p50_s=statistics.median(micro),
-                         micro_max_s=max(micro), optimizer_step_s=boundary,
-                         cycle_s=(accum - 1) * statistics.fmean(micro) + boundary)
+        return StepStats(
+            micro_mean_s=statistics.fmean(micro),
+            micro_p50_s=statistics.median(micro),
+            micro_max_s=max(micro),
+            optimizer_step_s=boundary,
+            cycle_s=(accum - 1) * statistics.fmean(micro) + boundary,
+        )
 
     def failure(self, exc: BaseException) -> tuple[RankResult, int]:
         status, code = classify(exc)
         mem = None
         with contextlib.suppress(Exception):
             mem = self._memory()
-        return RankResult(rank=self.rank, status=status, cause=one_line(exc), memory=mem, setup_s=self._setup_s(),
-                          versions=versions(), fingerprint=fingerprint(self.device)), code
+        return RankResult(
+            rank=self.rank,
+            status=status,
+            cause=one_line(exc),
+            memory=mem,
+            setup_s=self._setup_s(),
+            versions=versions(),
+            fingerprint=fingerprint(self.device),
+        ), code
 
 
 def rank_out_path(out: Path, rank: int, world_size: int) -> Path:
@@ -270,7 +310,7 @@ def run_probe_rank(config: ProbeConfig, out: Path, launch_t: float | None = None
     path = rank_out_path(out, probe.rank, probe.world_size)
     try:
         result, code = probe.run(), EXIT_OK
-    except Exception as exc:  # noqa: BLE001 - every failure is classified and reported, never swallowed
+    except Exception as exc:
         result, code = probe.failure(exc)
     write_result(result, path)
     return code

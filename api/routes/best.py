@@ -17,7 +17,9 @@ router = APIRouter(tags=["best-config"])
 MEDIA = {"json": "application/json", "deepspeed": "application/json", "hf": "application/json"}
 
 
-def render(fmt: str, knobs: dict[str, Any], *, world_size: int, gradient_accumulation_steps: int, definition: dict) -> str:
+def render(
+    fmt: str, knobs: dict[str, Any], *, world_size: int, gradient_accumulation_steps: int, definition: dict
+) -> str:
     try:
         from tuner.interop import export
     except ModuleNotFoundError as err:
@@ -47,7 +49,7 @@ def best_config(
         str | None,
         Query(max_length=STUDY_NAME_MAX, pattern=STUDY_NAME_PATTERN, description="default: the most recent study"),
     ] = None,
-    format: Annotated[Format, Query(description="json | deepspeed | hf | accelerate | env")] = "json",  # noqa: A002
+    format: Annotated[Format, Query(description="json | deepspeed | hf | accelerate | env")] = "json",
     raw: Annotated[bool, Query(description="answer only the config file body (for curl > ds_config.json)")] = False,
 ) -> BestConfigOut | Response:
     store = svc.store()
@@ -56,7 +58,10 @@ def best_config(
     if not raw:
         return out
     if format == "json":
-        body = {"knobs": out.knobs, "world_size": out.world_size,
-                "gradient_accumulation_steps": out.gradient_accumulation_steps}
+        body = {
+            "knobs": out.knobs,
+            "world_size": out.world_size,
+            "gradient_accumulation_steps": out.gradient_accumulation_steps,
+        }
         return Response(json.dumps(body, indent=2) + "\n", media_type="application/json")
     return PlainTextResponse(out.content or "", media_type=MEDIA.get(format, "text/plain"))

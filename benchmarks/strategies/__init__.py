@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from benchmarks.strategies.baselines import grid, random_search
 from benchmarks.strategies.ds_autotune import ds_autotune

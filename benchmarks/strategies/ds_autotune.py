@@ -5,9 +5,9 @@ checkpointing). Picks the best measured throughput among runs that finished (no 
 
 from __future__ import annotations
 
-from trials.contract import Knobs
 from benchmarks.strategies.user_start import micro_ladder
 from benchmarks.table import Env, OutOfBudget
+from trials.contract import Knobs
 
 TUNING_MICRO_BATCHES = 3
 MIN_GAIN = 0.05
@@ -23,7 +23,7 @@ def ds_autotune(env: Env) -> None:
                 continue
             measured: dict[int, float | None] = {}
 
-            def run(i: int) -> bool:
+            def run(i: int, ladder: list = ladder, measured: dict = measured) -> bool:
                 knobs = ladder[i]
                 result = env.probe(knobs)
                 ok = result.status == "ok"
@@ -40,8 +40,9 @@ def ds_autotune(env: Env) -> None:
             for i in range(top, max(top - TUNING_MICRO_BATCHES, -1), -1):
                 if i not in measured:
                     run(i)
-            stage_best = max(((v, ladder[i]) for i, v in measured.items() if v is not None), key=lambda t: t[0],
-                             default=None)
+            stage_best = max(
+                ((v, ladder[i]) for i, v in measured.items() if v is not None), key=lambda t: t[0], default=None
+            )
             if stage_best is None:
                 continue
             previous = best[0] if best else 0.0

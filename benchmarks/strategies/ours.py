@@ -1,10 +1,11 @@
-"""Ours: tuner.search.strategy.Strategy as `tuner search` drives it, on an in-memory Optuna study with the table as the probe
-and probe-seconds as the clock. The opening at the plainest config, then the guide (tuner.search.guide: a throughput model
-fitted to the measured probes, constrained expected improvement), the feasibility frontier (ZeRO stages ordered by
-tuner.memory.estimator.zero_stage_need when the estimate is on, as tuner.search.driver does), the memory estimate from the trace
-`tuner search` runs for this space (tuner.memory.tracing.trace_points; its recorded seconds are charged before the first
-probe), and short->confirm finalists. Confirm probes draw a fresh recorded repeat, charged setup + measuring time x
-(confirm steps / short steps). The pick is Strategy.best() (confirmed finalists first, on a lower confidence bound)."""
+"""Ours: tuner.search.strategy.Strategy as `tuner search` drives it, on an in-memory Optuna study with the table as the
+probe and probe-seconds as the clock. The opening at the plainest config, then the guide (tuner.search.guide: a
+throughput model fitted to the measured probes, constrained expected improvement), the feasibility frontier (ZeRO stages
+ordered by tuner.memory.estimator.zero_stage_need when the estimate is on, as tuner.search.driver does), the memory
+estimate from the trace `tuner search` runs for this space (tuner.memory.tracing.trace_points; its recorded seconds are
+charged before the first probe), and short->confirm finalists. Confirm probes draw a fresh recorded repeat, charged
+setup + measuring time x (confirm steps / short steps). The pick is Strategy.best() (confirmed finalists first, on a
+lower confidence bound)."""
 
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
         seed=env.seed,
     )
     if estimator is not None:  # as tuner.search.driver.Search.attach_estimator: the frontier then orders ZeRO stages
-        need = zero_stage_need(estimator.trace.param_count, t.world_size, list(t.space.configs()),
-                               estimator.trace.largest_param)
+        need = zero_stage_need(
+            estimator.trace.param_count, t.world_size, list(t.space.configs()), estimator.trace.largest_param
+        )
         if need:
             strategy.use_frontier(Frontier(stage_need=need))
     confirm_factor = sum(schedule.confirm) / sum(schedule.short)
@@ -67,8 +69,8 @@ def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
 
 
 def ours_default(env: Env) -> None:
-    """What `tuner search` does at these budgets: the memory estimate is on by default only for budgets of 10 minutes
-    or more (tuner.memory.tracing.ESTIMATE_AUTO_MIN_BUDGET_S), and every recorded grid costs less than that. So no trace:
+    """What `tuner search` does at these budgets: the memory estimate is on by default only for budgets of 10 minutes or
+    more (tuner.memory.tracing.ESTIMATE_AUTO_MIN_BUDGET_S), and every recorded grid costs less than that. So no trace:
     the guide's P(stable) comes from a model of the measured peaks, ZeRO stages are unordered in the frontier."""
     ours(env, use_estimator=False)
 

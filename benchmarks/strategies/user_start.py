@@ -1,10 +1,11 @@
 """The "user's config" the batch-size finders start from: the longest max_length, the lowest ZeRO stage present, no
-gradient checkpointing (the Trainer defaults), the other knobs at the grid's first values. Only the micro batch moves."""
+gradient checkpointing (the Trainer defaults), the other knobs at the grid's first values. Only the micro batch
+moves."""
 
 from __future__ import annotations
 
-from trials.contract import Knobs
 from benchmarks.table import Env
+from trials.contract import Knobs
 
 
 def micro_ladder(env: Env, zero_stage: int | None = None) -> list[Knobs]:

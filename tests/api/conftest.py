@@ -15,7 +15,7 @@ TOKEN = "s3cret-token-for-tests"
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def populated_url(request: pytest.FixtureRequest, tmp_path_factory, new_postgres_url: Callable[[], str]) -> str:  # noqa: ANN001
+def populated_url(request: pytest.FixtureRequest, tmp_path_factory, new_postgres_url: Callable[[], str]) -> str:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('api') / 'tuner.db'}"
     else:

@@ -73,8 +73,14 @@ def populate(url: str, study: str = "t5-demo", *, max_length: int = 64) -> None:
     store = Store(url)
     store.ensure_study(
         study,
-        {"model": "builtin:tiny-t5", "world_size": WORLD, "global_batch": GLOBAL_BATCH, "device_memory": CAPACITY,
-         "headroom": 0.9, "budget_s": 120.0},
+        {
+            "model": "builtin:tiny-t5",
+            "world_size": WORLD,
+            "global_batch": GLOBAL_BATCH,
+            "device_memory": CAPACITY,
+            "headroom": 0.9,
+            "budget_s": 120.0,
+        },
     )
     run = store.start_run(study, "host-a:123", 120.0, None)
     ostudy = optuna.create_study(
@@ -84,19 +90,32 @@ def populate(url: str, study: str = "t5-demo", *, max_length: int = 64) -> None:
     for trial, fidelity, micro, zero, status, samples, peak, cause in PLAN:
         knobs = Knobs(micro_batch_size=micro, max_length=max_length, zero_stage=zero).model_dump()
         accum = GLOBAL_BATCH // (micro * WORLD) or 1
-        cfg = ProbeConfig(knobs=Knobs(**knobs), world_size=WORLD, gradient_accumulation_steps=accum,
-                          device_memory=CAPACITY)
+        cfg = ProbeConfig(
+            knobs=Knobs(**knobs), world_size=WORLD, gradient_accumulation_steps=accum, device_memory=CAPACITY
+        )
         stable = status == "ok" and peak is not None and peak * MiB <= 0.9 * CAPACITY
         objective = samples * max_length if samples is not None else None
         store.record_probe(
             {
-                "study_name": study, "trial_number": trial, "run_id": run, "fidelity": fidelity,
-                "config_key": config_key(knobs, accum), "knobs": knobs, "config": cfg.model_dump(mode="json"),
-                "status": status, "cause": cause, "samples_per_s": samples,
-                "tokens_per_s": objective, "objective": objective,
+                "study_name": study,
+                "trial_number": trial,
+                "run_id": run,
+                "fidelity": fidelity,
+                "config_key": config_key(knobs, accum),
+                "knobs": knobs,
+                "config": cfg.model_dump(mode="json"),
+                "status": status,
+                "cause": cause,
+                "samples_per_s": samples,
+                "tokens_per_s": objective,
+                "objective": objective,
                 "peak_allocated": peak * MiB if peak is not None else None,
                 "peak_reserved": peak * MiB if peak is not None else None,
-                "capacity": CAPACITY, "alloc_retries": 0, "stable": stable, "probe_seconds": 6.0, "setup_s": 3.0,
+                "capacity": CAPACITY,
+                "alloc_retries": 0,
+                "stable": stable,
+                "probe_seconds": 6.0,
+                "setup_s": 3.0,
                 "result": _result(status, samples, peak, cause, max_length) if fidelity != "inferred" else None,
             }
         )
@@ -106,8 +125,10 @@ def populate(url: str, study: str = "t5-demo", *, max_length: int = 64) -> None:
         state = {"ok": TrialState.COMPLETE, "error": TrialState.FAIL}.get(status, TrialState.PRUNED)
         ostudy.add_trial(
             optuna.trial.create_trial(
-                state=state, value=objective if state == TrialState.COMPLETE else None,
-                params={"micro_batch_size": micro, "zero_stage": zero}, distributions=DIST,
+                state=state,
+                value=objective if state == TrialState.COMPLETE else None,
+                params={"micro_batch_size": micro, "zero_stage": zero},
+                distributions=DIST,
                 user_attrs={"cause": cause} if cause else {},
             )
         )

@@ -10,8 +10,12 @@ from api.app import create_app
 from tuner.settings import Settings
 
 ROUTES = {
-    ("/health", "get"), ("/studies", "get"), ("/studies", "post"), ("/studies/{name}", "get"),
-    ("/studies/{name}/trials", "get"), ("/best-config", "get"),
+    ("/health", "get"),
+    ("/studies", "get"),
+    ("/studies", "post"),
+    ("/studies/{name}", "get"),
+    ("/studies/{name}/trials", "get"),
+    ("/best-config", "get"),
 }
 
 

@@ -58,10 +58,21 @@ def test_malformed_storage_url_is_503_json() -> None:
     assert "not a SQLAlchemy URL" in r.json()["detail"]
 
 
-WEIRD = ["/studies/%00", "/studies/..%2F..%2Fetc%2Fpasswd", "/studies/" + "z" * 5000, "/best-config?study=",
-         "/best-config?format=", "/best-config?raw=maybe", "/studies/t5-demo/trials?offset=99999999999999999999",
-         "/studies/t5-demo/trials?limit=1e3", "/studies/t5-demo/trials?offset=%00", "/best-config?study=a&study=b",
-         "/studies/%E2%80%AE", "/nope", "/studies/t5-demo/trials/1"]
+WEIRD = [
+    "/studies/%00",
+    "/studies/..%2F..%2Fetc%2Fpasswd",
+    "/studies/" + "z" * 5000,
+    "/best-config?study=",
+    "/best-config?format=",
+    "/best-config?raw=maybe",
+    "/studies/t5-demo/trials?offset=99999999999999999999",
+    "/studies/t5-demo/trials?limit=1e3",
+    "/studies/t5-demo/trials?offset=%00",
+    "/best-config?study=a&study=b",
+    "/studies/%E2%80%AE",
+    "/nope",
+    "/studies/t5-demo/trials/1",
+]
 
 
 @pytest.mark.parametrize("path", WEIRD)

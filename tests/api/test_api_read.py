@@ -6,7 +6,7 @@ import json
 import statistics
 
 import pytest
-from sample_storage import BEST_TRIAL, CAPACITY, GLOBAL_BATCH, MiB, WORLD
+from sample_storage import BEST_TRIAL, CAPACITY, GLOBAL_BATCH, WORLD, MiB
 
 from tuner.search.selection import best_stable
 from tuner.storage import Store
@@ -177,8 +177,13 @@ def test_api_and_cli_hand_out_the_same_config(client, populated_url) -> None:
     from servers import TUNER_BIN, clean_env
 
     pytest.importorskip("tuner.interop.export", reason="helper C's exports not in this tree yet")
-    out = subprocess.run([TUNER_BIN, "best", "--storage", populated_url, "--study", "t5-demo", "--format", "deepspeed"],
-                         capture_output=True, text=True, env=clean_env(), timeout=120)
+    out = subprocess.run(
+        [TUNER_BIN, "best", "--storage", populated_url, "--study", "t5-demo", "--format", "deepspeed"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     api = client.get("/best-config", params={"study": "t5-demo", "format": "deepspeed", "raw": "1"}).text
     assert json.loads(out.stdout) == json.loads(api)

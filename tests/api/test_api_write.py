@@ -13,8 +13,16 @@ from tuner.storage import Store
 
 TOKEN = "s3cret-token-for-tests"  # the token of the `client` fixture in tests/api/conftest.py
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-BODY = {"name": "team-a.flan_t5-large", "model": "google/flan-t5-large", "world_size": 4, "global_batch": 32,
-        "device_memory": "80GiB", "headroom": 0.85, "budget_s": 7200, "space": {"zero_stage": [1, 2]}}
+BODY = {
+    "name": "team-a.flan_t5-large",
+    "model": "google/flan-t5-large",
+    "world_size": 4,
+    "global_batch": 32,
+    "device_memory": "80GiB",
+    "headroom": 0.85,
+    "budget_s": 7200,
+    "space": {"zero_stage": [1, 2]},
+}
 
 
 def _any_request(url: str) -> SearchRequest:
@@ -22,8 +30,16 @@ def _any_request(url: str) -> SearchRequest:
     from tuner.job.space import default_space
 
     space = default_space()
-    return SearchRequest(study_name="x", storage=url, model=ModelSpec(), space=space, world_size=1, global_batch=8,
-                         objective=objective_for(space.max_length), budget_s=60.0)
+    return SearchRequest(
+        study_name="x",
+        storage=url,
+        model=ModelSpec(),
+        space=space,
+        world_size=1,
+        global_batch=8,
+        objective=objective_for(space.max_length),
+        budget_s=60.0,
+    )
 
 
 @pytest.fixture
@@ -62,8 +78,14 @@ def test_duplicate_study_is_409(app_client) -> None:
 
 
 @pytest.mark.parametrize(
-    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
-                {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": "Bearer "}]
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": f"Bearer {TOKEN}x"},
+        {"Authorization": "Bearer "},
+    ],
 )
 def test_missing_or_wrong_token_is_401_and_writes_nothing(quick_client, headers) -> None:
     app_client, storage_url = quick_client
@@ -84,8 +106,16 @@ def test_server_without_token_refuses_writes(storage_url) -> None:
 
 @pytest.mark.parametrize(
     "patch",
-    [{"name": "x" * 129}, {"name": "no spaces"}, {"name": ""}, {"world_size": 0}, {"headroom": 1.5},
-     {"command": "rm -rf /"}, {"space_file": "/etc/passwd"}, {"global_batch": "lots"}],
+    [
+        {"name": "x" * 129},
+        {"name": "no spaces"},
+        {"name": ""},
+        {"world_size": 0},
+        {"headroom": 1.5},
+        {"command": "rm -rf /"},
+        {"space_file": "/etc/passwd"},
+        {"global_batch": "lots"},
+    ],
 )
 def test_invalid_definitions_are_422(quick_client, patch) -> None:
     app_client, _ = quick_client
@@ -96,10 +126,17 @@ def test_invalid_definitions_are_422(quick_client, patch) -> None:
 
 @pytest.mark.parametrize(
     "patch, words",
-    [({"model": "/etc/passwd"}, "hub id"), ({"model": "../models/t5"}, "hub id"), ({"model": "builtin:nope"}, "nope"),
-     ({"space": {"warp_drive": [1]}}, "warp_drive"), ({"space": {"micro_batch_size": []}}, "micro_batch_size"),
-     ({"global_batch": 7}, "7"), ({"device_memory": "lots"}, "lots"),
-     ({"space": {"allgather_bucket_size": 0}}, "allgather_bucket_size"), ({"space": {"engine": ["jax"]}}, "engine")],
+    [
+        ({"model": "/etc/passwd"}, "hub id"),
+        ({"model": "../models/t5"}, "hub id"),
+        ({"model": "builtin:nope"}, "nope"),
+        ({"space": {"warp_drive": [1]}}, "warp_drive"),
+        ({"space": {"micro_batch_size": []}}, "micro_batch_size"),
+        ({"global_batch": 7}, "7"),
+        ({"device_memory": "lots"}, "lots"),
+        ({"space": {"allgather_bucket_size": 0}}, "allgather_bucket_size"),
+        ({"space": {"engine": ["jax"]}}, "engine"),
+    ],
 )
 def test_definitions_tuner_search_would_reject_are_400_and_store_nothing(quick_client, patch, words) -> None:
     app_client, storage_url = quick_client
@@ -111,8 +148,9 @@ def test_definitions_tuner_search_would_reject_are_400_and_store_nothing(quick_c
 
 def test_a_bare_space_value_is_one_choice(quick_client) -> None:
     app_client, storage_url = quick_client
-    r = app_client.post("/studies", json={"name": "bare", "space": {"reduce_bucket_size": 5e7, "max_length": 64}},
-                        headers=AUTH)
+    r = app_client.post(
+        "/studies", json={"name": "bare", "space": {"reduce_bucket_size": 5e7, "max_length": 64}}, headers=AUTH
+    )
     assert r.status_code == 201, r.text
     space = Store(storage_url).require_study("bare")["space"]
     assert space["reduce_bucket_size"] == [50_000_000] and space["max_length"] == [64]
@@ -134,18 +172,35 @@ def test_best_config_follows_new_probes_at_once(app_client, storage_url) -> None
     store = Store(storage_url)
     row = dict(store.probes("live", fidelity="confirm")[0])
     for fidelity in ("short", "confirm"):
-        store.record_probe({**{k: v for k, v in row.items() if k not in ("id", "created_at")}, "trial_number": 9,
-                            "config_key": "better", "fidelity": fidelity, "objective": 10 * row["objective"],
-                            "samples_per_s": 10 * row["samples_per_s"]})
+        store.record_probe(
+            {
+                **{k: v for k, v in row.items() if k not in ("id", "created_at")},
+                "trial_number": 9,
+                "config_key": "better",
+                "fidelity": fidelity,
+                "objective": 10 * row["objective"],
+                "samples_per_s": 10 * row["samples_per_s"],
+            }
+        )
     second = app_client.get("/best-config", params={"study": "live"}).json()
     assert second["trial_number"] == 9 and second["config_key"] == "better"
     assert app_client.get("/best-config", params={"study": "live", "format": "json"}).json()["trial_number"] == 9
 
 
-DS_BASELINE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "train_batch_size": "auto",
-               "zero_optimization": {"stage": 2, "overlap_comm": True, "allgather_bucket_size": 2e8,
-                                     "reduce_bucket_size": 2e8, "offload_optimizer": {"device": "cpu"}},
-               "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}
+DS_BASELINE = {
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 4,
+    "train_batch_size": "auto",
+    "zero_optimization": {
+        "stage": 2,
+        "overlap_comm": True,
+        "allgather_bucket_size": 2e8,
+        "reduce_bucket_size": 2e8,
+        "offload_optimizer": {"device": "cpu"},
+    },
+    "gradient_clipping": 1.0,
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+}
 DS_PLAIN = {**DS_BASELINE, "train_batch_size": 32, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
 HF_ARGS = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "learning_rate": 1e-4}
 
@@ -163,9 +218,11 @@ def test_study_with_an_inline_baseline_probes_it_first(quick_client) -> None:
 
 @pytest.mark.parametrize(
     "baseline, words",
-    [({**DS_PLAIN, "train_batch_size": 7}, "train_batch_size"),
-     ({**DS_PLAIN, "zero_optimization": {"stage": 2, "warp": 1}}, "zero_optimization.warp"),
-     (DS_BASELINE, "auto")],  # "auto" values with no training args to resolve them
+    [
+        ({**DS_PLAIN, "train_batch_size": 7}, "train_batch_size"),
+        ({**DS_PLAIN, "zero_optimization": {"stage": 2, "warp": 1}}, "zero_optimization.warp"),
+        (DS_BASELINE, "auto"),
+    ],  # "auto" values with no training args to resolve them
 )
 def test_bad_baselines_are_400_naming_the_field(quick_client, baseline, words) -> None:
     app_client, storage_url = quick_client
@@ -188,14 +245,16 @@ def test_status_and_progress_follow_the_workers_heartbeats(app_client, storage_u
     now = dt.datetime.now(dt.timezone.utc)
     run = store.start_run("hb", "host:1", 600.0, now + dt.timedelta(seconds=540))
     with store.engine.begin() as conn:  # the run began a minute ago
-        conn.execute(sa.update(search_runs).where(search_runs.c.id == run)
-                     .values(started_at=now - dt.timedelta(seconds=60)))
+        conn.execute(
+            sa.update(search_runs).where(search_runs.c.id == run).values(started_at=now - dt.timedelta(seconds=60))
+        )
     body = app_client.get("/studies/hb").json()
     assert body["status"] == "running"
     assert 0.05 < body["progress"]["fraction"] < 0.2 and body["progress"]["remaining_s"] > 400
     with store.engine.begin() as conn:  # the worker was killed: no heartbeat for 5 minutes
-        conn.execute(sa.update(search_runs).where(search_runs.c.id == run)
-                     .values(heartbeat_at=now - dt.timedelta(minutes=5)))
+        conn.execute(
+            sa.update(search_runs).where(search_runs.c.id == run).values(heartbeat_at=now - dt.timedelta(minutes=5))
+        )
     assert app_client.get("/studies/hb").json()["status"] == "interrupted"
     store.heartbeat(run)
     assert app_client.get("/studies/hb").json()["status"] == "running"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import schemathesis
@@ -55,13 +55,13 @@ def test_schema_covers_every_route() -> None:
 
 @schema.parametrize()
 @SETTINGS
-def test_no_server_errors_without_token(case) -> None:  # noqa: ANN001
+def test_no_server_errors_without_token(case) -> None:
     case.call_and_validate(checks=[not_a_server_error])
 
 
 @schema.include(method="POST").parametrize()
 @settings(SETTINGS, max_examples=120)
-def test_no_server_errors_on_authorised_writes(case) -> None:  # noqa: ANN001
+def test_no_server_errors_on_authorised_writes(case) -> None:
     case.call_and_validate(checks=[not_a_server_error], headers={"Authorization": f"Bearer {TOKEN}"})
 
 
@@ -86,7 +86,7 @@ def test_the_harness_finds_a_planted_server_error() -> None:
 
     @given(strategy)
     @settings(SETTINGS, max_examples=50)
-    def run(case) -> None:  # noqa: ANN001
+    def run(case) -> None:
         case.call_and_validate(checks=[not_a_server_error])
 
     with pytest.raises(FailureGroup) as info:

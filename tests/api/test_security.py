@@ -15,8 +15,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -46,8 +47,9 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
 
 def _http(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
-                                                                          **(headers or {})})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, resp.read().decode()
@@ -61,7 +63,10 @@ class Server:
         self.log = tmp / f"serve-{self.port}.log"
         self.proc = subprocess.Popen(
             [TUNER, "serve", "--storage", storage, "--host", host, "--port", str(self.port)],
-            env=_env(tmp, **env), cwd=tmp, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+            env=_env(tmp, **env),
+            cwd=tmp,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         self.base = f"http://127.0.0.1:{self.port}"
@@ -123,8 +128,14 @@ def test_writes_refused_without_a_server_token(sqlite_demo: str) -> None:
 # -- binding -----------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "example.org"])
 def test_serve_refuses_public_bind_without_token(host: str, tmp_path: Path, sqlite_demo: str) -> None:
-    done = subprocess.run([TUNER, "serve", "--host", host, "--port", str(_free_port()), "--storage", sqlite_demo],
-                          env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [TUNER, "serve", "--host", host, "--port", str(_free_port()), "--storage", sqlite_demo],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "refusing to serve" in lines[0] and "TUNER_API_TOKEN" in lines[0], done.stderr
@@ -195,8 +206,11 @@ HOSTILE_MODELS = [
 def test_hostile_model_sources_are_refused_by_the_api(model: str, tmp_path: Path, sqlite_demo: str) -> None:
     pwned = tmp_path / "pwned"
     client = TestClient(create_app(Settings(storage=sqlite_demo, api_token=TOKEN)), raise_server_exceptions=False)
-    resp = client.post("/studies", json={"name": "hostile-api", "model": model.format(pwned=pwned)},
-                       headers={"Authorization": f"Bearer {TOKEN}"})
+    resp = client.post(
+        "/studies",
+        json={"name": "hostile-api", "model": model.format(pwned=pwned)},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
     assert 400 <= resp.status_code < 500 and "\n" not in resp.json()["detail"], resp.text
     assert client.get("/studies/hostile-api").status_code == 404
     assert not pwned.exists()
@@ -213,20 +227,44 @@ def test_a_tampered_stored_definition_is_data_not_a_command(tmp_path: Path) -> N
     space = tmp_path / "space.yaml"
     space.write_text("micro_batch_size: [1]\nmax_length: [16]\nengine: [torch]\nzero_stage: [0]\n")
     # a real definition first (what `tuner search` writes), then the model field replaced by a shell string
-    first = subprocess.run([TUNER, "search", "--study", "tampered", "--storage", url, "--budget", "1s",
-                            "--space", str(space), "--global-batch", "1"], env=_env(tmp_path), cwd=tmp_path,
-                           capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [
+            TUNER,
+            "search",
+            "--study",
+            "tampered",
+            "--storage",
+            url,
+            "--budget",
+            "1s",
+            "--space",
+            str(space),
+            "--global-batch",
+            "1",
+        ],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     store = Store(url)
     definition = store.study_definition("tampered")
     assert definition is not None
     definition["model"] = {"source": f"builtin:tiny-t5; touch {pwned}", "overrides": {}}
     with store.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE tuner_studies SET definition=:d WHERE name='tampered'"),
-                     {"d": json.dumps(definition)})
-    done = subprocess.run([TUNER, "search", "--study", "tampered", "--storage", url, "--budget", "5m",
-                           "--n-trials", "1"], env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
+        conn.execute(
+            sa.text("UPDATE tuner_studies SET definition=:d WHERE name='tampered'"), {"d": json.dumps(definition)}
+        )
+    done = subprocess.run(
+        [TUNER, "search", "--study", "tampered", "--storage", url, "--budget", "5m", "--n-trials", "1"],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert not pwned.exists()
     if done.returncode == 2:  # refused on one line
@@ -246,14 +284,27 @@ def test_secrets_never_in_logs_or_get_responses(tmp_path: Path, new_postgres_url
     server = Server(tmp_path, url, TUNER_API_TOKEN=TOKEN)
     bodies: list[str] = []
     try:
-        for path in ("/health", "/studies", "/studies/t5-demo", "/studies/t5-demo/trials", "/best-config?study=t5-demo",
-                     "/best-config?study=t5-demo&format=deepspeed", "/openapi.json", "/studies/nope", "/docs"):
+        for path in (
+            "/health",
+            "/studies",
+            "/studies/t5-demo",
+            "/studies/t5-demo/trials",
+            "/best-config?study=t5-demo",
+            "/best-config?study=t5-demo&format=deepspeed",
+            "/openapi.json",
+            "/studies/nope",
+            "/docs",
+        ):
             status, body = _http("GET", server.base + path)
             assert status < 500, (path, status, body)
             bodies.append(body)
         for auth in (f"Bearer wrong-{TOKEN}", f"Bearer {TOKEN}", "Basic " + TOKEN):
-            status, body = _http("POST", server.base + "/studies", {"name": "sec-pg", "model": "builtin:tiny-t5"},
-                                 {"Authorization": auth})
+            status, body = _http(
+                "POST",
+                server.base + "/studies",
+                {"name": "sec-pg", "model": "builtin:tiny-t5"},
+                {"Authorization": auth},
+            )
             assert status in (201, 401, 409), (status, body)
             bodies.append(body)
         status, body = _http("GET", server.base + "/studies/sec-pg")

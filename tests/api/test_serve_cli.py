@@ -7,8 +7,8 @@ import signal
 import subprocess
 
 import httpx
-from servers import TUNER_BIN, clean_env, free_port, start_server, stop, wait_http
 from sample_storage import populate
+from servers import TUNER_BIN, clean_env, free_port, start_server, stop, wait_http
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -24,7 +24,9 @@ def test_public_bind_without_token_is_refused_in_one_line(sqlite_url) -> None:
 
 
 def test_unreachable_storage_fails_fast_in_one_line() -> None:
-    out = _run("--storage", f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nothing", "--port", str(free_port()))
+    out = _run(
+        "--storage", f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nothing", "--port", str(free_port())
+    )
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "cannot reach storage" in out.stderr
 
@@ -61,8 +63,13 @@ def test_public_bind_with_token_serves_and_checks_the_token(sqlite_url, tuner_se
 
 def test_sigterm_stops_the_server_cleanly(sqlite_url) -> None:
     port = free_port()
-    proc = subprocess.Popen([TUNER_BIN, "serve", "--storage", sqlite_url, "--port", str(port)], env=clean_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [TUNER_BIN, "serve", "--storage", sqlite_url, "--port", str(port)],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc)
         proc.send_signal(signal.SIGTERM)

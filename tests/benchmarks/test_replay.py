@@ -80,7 +80,7 @@ def test_batch_size_finders_only_move_the_micro_batch(table: Table) -> None:
     STRATEGIES["hf-x0.5"](env)
     micros = [table.entries[k].knobs.micro_batch_size for k, *_ in env.probes]
     assert micros == sorted(micros, reverse=True)  # halving only goes down
-    for key, _, status, _ in env.probes[:-1]:
+    for _key, _, status, _ in env.probes[:-1]:
         assert status == "oom"  # it stops at the first batch that does not OOM
 
 

@@ -22,8 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-def _populate():  # noqa: ANN202 - the shared fixture builder of tests/tuner/reporting/test_report.py
-    spec = importlib.util.spec_from_file_location("report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py")
+def _populate():
+    spec = importlib.util.spec_from_file_location(
+        "report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -55,7 +57,9 @@ def test_optuna_dashboard_lists_our_study(storage: tuple[str, dict[str, Any]], t
     log = (tmp_path / "dashboard.log").open("w")
     proc = subprocess.Popen(
         [str(BIN / "optuna-dashboard"), url, "--host", "127.0.0.1", "--port", str(port), "--server", "wsgiref"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -100,12 +104,17 @@ def test_optuna_dashboard_lists_our_study(storage: tuple[str, dict[str, Any]], t
 
 def test_optuna_cli_reads_our_storage(storage: tuple[str, dict[str, Any]]) -> None:
     url, expected = storage
-    done = subprocess.run([str(BIN / "optuna"), "studies", "--storage", url, "-f", "json"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(BIN / "optuna"), "studies", "--storage", url, "-f", "json"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     studies = {s["name"]: s for s in json.loads(done.stdout)}
     assert studies["dash-study"]["n_trials"] == expected["ok"] + expected["oom"]
-    best = subprocess.run([str(BIN / "optuna"), "best-trial", "--study-name", "dash-study", "--storage", url,
-                           "-f", "json"], capture_output=True, text=True, timeout=120)
+    best = subprocess.run(
+        [str(BIN / "optuna"), "best-trial", "--study-name", "dash-study", "--storage", url, "-f", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert best.returncode == 0, best.stderr
     assert json.loads(best.stdout)["value"] == pytest.approx(expected["best"][1])

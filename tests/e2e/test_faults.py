@@ -13,6 +13,7 @@ Probes use a small space (torch engine, short sequences) so each takes seconds o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -23,8 +24,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import optuna
 import pytest
@@ -138,17 +140,38 @@ def _env(marker: str, tmp: Path) -> dict[str, str]:
 def start_search(tmp: Path, url: str, study: str, marker: str, *extra: str, log: str = "search") -> subprocess.Popen:
     space = tmp / "space.yaml"
     space.write_text(SPACE)
-    argv = [TUNER, "search", "--study", study, "--storage", url, "--space", str(space), "--device-memory", "1GiB",
-            "--finalists", "0", "--global-batch", "4", "--seed", "1", *extra]
-    return subprocess.Popen(argv, cwd=tmp, env=_env(marker, tmp), stdout=(tmp / f"{log}.out").open("w"),
-                            stderr=(tmp / f"{log}.err").open("w"), start_new_session=True)
+    argv = [
+        TUNER,
+        "search",
+        "--study",
+        study,
+        "--storage",
+        url,
+        "--space",
+        str(space),
+        "--device-memory",
+        "1GiB",
+        "--finalists",
+        "0",
+        "--global-batch",
+        "4",
+        "--seed",
+        "1",
+        *extra,
+    ]
+    return subprocess.Popen(
+        argv,
+        cwd=tmp,
+        env=_env(marker, tmp),
+        stdout=(tmp / f"{log}.out").open("w"),
+        stderr=(tmp / f"{log}.err").open("w"),
+        start_new_session=True,
+    )
 
 
 def stop_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 
@@ -208,8 +231,13 @@ def test_kill_9_mid_probe_resumes_without_orphans_or_lost_trials(tmp_path: Path)
         assert states[number] == state, f"finished trial {number} changed from {state} to {states[number]}"
     for (number,) in running:
         assert states[number] == "FAIL", f"the interrupted trial {number} is {states[number]}, not FAIL"
-        attrs = dict(rows(db, f"SELECT key, value_json FROM trial_user_attributes ua JOIN trials t USING (trial_id) "
-                              f"WHERE t.number={number}"))
+        attrs = dict(
+            rows(
+                db,
+                f"SELECT key, value_json FROM trial_user_attributes ua JOIN trials t USING (trial_id) "
+                f"WHERE t.number={number}",
+            )
+        )
         assert "died" in attrs.get("cause", ""), f"the interrupted trial {number} has no cause recorded: {attrs}"
     assert not probe_ranks(marker)
 
@@ -219,9 +247,9 @@ def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: 
     from tuner.job.batching import default_global_batch  # noqa: F401 - the search's own modules, real runner
     from tuner.job.model_source import resolve_model
     from tuner.job.objective import objective_for
+    from tuner.job.space import load_space
     from tuner.probing.runner import run_probe
     from tuner.search.driver import Search, SearchRequest
-    from tuner.job.space import load_space
     from tuner.search.strategy import Schedule
 
     space_file = tmp_path / "space.yaml"
@@ -229,12 +257,19 @@ def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: 
     space = load_space(space_file)
     url = f"sqlite:///{tmp_path / 'hang.db'}"
     request = SearchRequest(
-        study_name="hang", storage=url, model=resolve_model("builtin:tiny-t5"), space=space, world_size=2,
-        global_batch=8, objective=objective_for(space.max_length, None), budget_s=900, device_memory=1 << 30,
+        study_name="hang",
+        storage=url,
+        model=resolve_model("builtin:tiny-t5"),
+        space=space,
+        world_size=2,
+        global_batch=8,
+        objective=objective_for(space.max_length, None),
+        budget_s=900,
+        device_memory=1 << 30,
         # long enough measured windows that the frozen probe is still running when rank 1 is found: with the fork
         # server a 2-rank probe of this tiny config otherwise ends in ~0.5 s
-        n_trials=3, schedule=Schedule(short=(2, 300), finalists=0, timeout_factor=2.0, timeout_slack_s=20.0,
-                                      max_timeout_s=240.0),
+        n_trials=3,
+        schedule=Schedule(short=(2, 300), finalists=0, timeout_factor=2.0, timeout_slack_s=20.0, max_timeout_s=240.0),
         seed=1,
     )
     stopped: list[int] = []
@@ -244,11 +279,14 @@ def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: 
         """The real runner; on the second probe, rank 1 is frozen once it has started, so rank 0 blocks on it."""
         freezer = None
         if len(calls) == 1:
+
             def freeze() -> None:
-                pids = wait_for("rank 1 of the probe", lambda: [p for p, r in my_ranks().items() if r == 1],
-                                timeout=120, every=0.02)
+                pids = wait_for(
+                    "rank 1 of the probe", lambda: [p for p, r in my_ranks().items() if r == 1], timeout=120, every=0.02
+                )
                 os.kill(pids[0], signal.SIGSTOP)
                 stopped.append(pids[0])
+
             freezer = threading.Thread(target=freeze, daemon=True)
             freezer.start()
         result = run_probe(config)
@@ -257,7 +295,7 @@ def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: 
         calls.append(result)
         return result
 
-    summary = Search(request, probe).run()
+    Search(request, probe).run()
     assert stopped, "the fault was never injected"
     assert calls[1].status == "timeout", (calls[1].status, calls[1].cause)
     assert not _alive(stopped[0]), "the frozen rank survived the timeout"
@@ -328,10 +366,8 @@ class CuttableProxy:
             pass
         finally:
             for s in socks:
-                try:
+                with contextlib.suppress(OSError):
                     s.close()
-                except OSError:
-                    pass
 
     def cut(self) -> None:
         self.cuts += 1
@@ -339,10 +375,8 @@ class CuttableProxy:
         with self.lock:
             for a, b in self.pairs:
                 for s in (a, b):
-                    try:
+                    with contextlib.suppress(OSError):
                         s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
             self.pairs.clear()
 
     def restore(self) -> None:

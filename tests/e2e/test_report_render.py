@@ -6,6 +6,7 @@ fds 3/4), so the test sees console levels exactly — Chromium's stderr log does
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib.util
 import json
 import os
@@ -27,8 +28,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _populate():  # noqa: ANN202 - the shared fixture builder of tests/tuner/reporting/test_report.py
-    spec = importlib.util.spec_from_file_location("report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py")
+def _populate():
+    spec = importlib.util.spec_from_file_location(
+        "report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -49,11 +52,25 @@ class Chromium:
             os.dup2(from_child_w, 4)
 
         self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
-             f"--user-data-dir={user_data}", "--remote-debugging-pipe", "--window-size=1280,2000", "about:blank"],
-            preexec_fn=fds, pass_fds=(3, 4, to_child_r, from_child_w),  # 3, 4: kept open after the dup2 above
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-extensions",
+                f"--user-data-dir={user_data}",
+                "--remote-debugging-pipe",
+                "--window-size=1280,2000",
+                "about:blank",
+            ],
+            preexec_fn=fds,
+            pass_fds=(3, 4, to_child_r, from_child_w),  # 3, 4: kept open after the dup2 above
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         os.close(to_child_r)
         os.close(from_child_w)
@@ -73,8 +90,9 @@ class Chromium:
         raw, self._buf = self._buf.split(b"\0", 1)
         return json.loads(raw)
 
-    def send(self, method: str, params: dict[str, Any] | None = None, timeout: float = 60.0,
-             session: bool = True) -> dict[str, Any]:
+    def send(
+        self, method: str, params: dict[str, Any] | None = None, timeout: float = 60.0, session: bool = True
+    ) -> dict[str, Any]:
         self._id += 1
         msg: dict[str, Any] = {"id": self._id, "method": method, "params": params or {}}
         if session and self.session:
@@ -102,8 +120,9 @@ class Chromium:
 
     def open_page(self) -> None:
         target = self.send("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
-        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True},
-                                 session=False)["sessionId"]
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)[
+            "sessionId"
+        ]
         for domain in ("Page.enable", "Runtime.enable", "Log.enable"):
             self.send(domain)
 
@@ -136,10 +155,8 @@ class Chromium:
         path.write_bytes(base64.b64decode(data))
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError, TimeoutError, OSError):
             self.send("Browser.close", timeout=10, session=False)
-        except (RuntimeError, TimeoutError, OSError):
-            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -150,7 +167,7 @@ class Chromium:
 
 
 @pytest.fixture()
-def browser(tmp_path: Path):  # noqa: ANN201
+def browser(tmp_path: Path):
     b = Chromium(tmp_path / "chromium-profile")
     b.open_page()
     yield b
@@ -160,8 +177,10 @@ def browser(tmp_path: Path):  # noqa: ANN201
 def test_error_detection_works(browser: Chromium, tmp_path: Path) -> None:
     """The positive control: a page that logs an error and throws is caught, a quiet page is not."""
     bad = tmp_path / "bad.html"
-    bad.write_text('<html><body><script>console.log("fine");console.error("boom");'
-                   'throw new Error("uncaught")</script></body></html>')
+    bad.write_text(
+        '<html><body><script>console.log("fine");console.error("boom");'
+        'throw new Error("uncaught")</script></body></html>'
+    )
     browser.load(bad.as_uri())
     errors = browser.errors()
     assert any("boom" in e for e in errors) and any("uncaught" in e for e in errors)
@@ -182,7 +201,8 @@ def test_report_renders_without_console_errors(browser: Chromium, tmp_path: Path
              const t0 = Date.now();
              (function poll() {
                const divs = [...document.querySelectorAll('div.plotly-graph-div')];
-               const ok = divs.filter(d => d.querySelector('svg.main-svg') && d.querySelector('.plot .scatterlayer, .plot .barlayer, .plot .trace'));
+               const drawn = '.plot .scatterlayer, .plot .barlayer, .plot .trace';
+               const ok = divs.filter(d => d.querySelector('svg.main-svg') && d.querySelector(drawn));
                if ((divs.length && ok.length === divs.length) || Date.now() - t0 > 20000)
                  resolve({divs: divs.length, drawn: ok.length, title: document.title,
                           points: document.querySelectorAll('.point').length,
@@ -216,15 +236,44 @@ def test_report_of_a_real_tiny_search_renders(browser: Chromium, tmp_path: Path)
     tuner = str(Path(sys.executable).with_name("tuner"))
     for world in ("1", "2"):
         done = subprocess.run(
-            [tuner, "search", "--study", f"tiny-w{world}", "--storage", url, "--space", str(space), "--budget", "10m",
-             "--n-trials", "2", "--finalists", "0", "--world-size", world, "--global-batch", "4",
-             "--device-memory", "1GiB", "--seed", "0"],
-            capture_output=True, text=True, timeout=900, cwd=tmp_path,
+            [
+                tuner,
+                "search",
+                "--study",
+                f"tiny-w{world}",
+                "--storage",
+                url,
+                "--space",
+                str(space),
+                "--budget",
+                "10m",
+                "--n-trials",
+                "2",
+                "--finalists",
+                "0",
+                "--world-size",
+                world,
+                "--global-batch",
+                "4",
+                "--device-memory",
+                "1GiB",
+                "--seed",
+                "0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=tmp_path,
         )
         assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "real.html"
-    done = subprocess.run([tuner, "report", "--study", "tiny-w2", "-o", str(out), "--storage", url],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [tuner, "report", "--study", "tiny-w2", "-o", str(out), "--storage", url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     browser.load(out.as_uri())
     drawn = browser.evaluate(

@@ -29,8 +29,21 @@ def searched(tmp_path_factory):
     url = f"sqlite:///{d}/tuner.db"
     # 160 MiB of emulated device memory: micro batch 2 fits (~25 MiB), micro batch 32 runs out (~155 MiB live)
     done = tuner(
-        "search", "--budget", "3m", "--space", str(space), "--device-memory", "160MiB", "--storage", url,
-        "--study", "e2e", "--finalists", "1", "--seed", "0",
+        "search",
+        "--budget",
+        "3m",
+        "--space",
+        str(space),
+        "--device-memory",
+        "160MiB",
+        "--storage",
+        url,
+        "--study",
+        "e2e",
+        "--finalists",
+        "1",
+        "--seed",
+        "0",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return url, d, done
@@ -121,7 +134,9 @@ def test_search_mistakes_are_one_line_exit_2(tmp_path, args, needle):
 def test_invalid_space_file_is_one_line(tmp_path):
     bad = tmp_path / "space.yaml"
     bad.write_text("micro_batch_size: [0, 4]\nturbo: true\n")
-    done = tuner("search", "--budget", "1m", "--space", str(bad), "--storage", f"sqlite:///{tmp_path}/t.db", timeout=120)
+    done = tuner(
+        "search", "--budget", "1m", "--space", str(bad), "--storage", f"sqlite:///{tmp_path}/t.db", timeout=120
+    )
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "turbo" in done.stderr
 
@@ -157,8 +172,21 @@ def test_baseline_is_probed_first_and_reported(tmp_path):
     space.write_text("micro_batch_size: [2]\nzero_stage: [0]\ngradient_checkpointing: [false]\n")
     url = f"sqlite:///{tmp_path}/tuner.db"
     done = tuner(
-        "search", "--budget", "3m", "--space", str(space), "--device-memory", "160MiB", "--storage", url,
-        "--study", "flan", "--baseline", str(base), "--finalists", "0",
+        "search",
+        "--budget",
+        "3m",
+        "--space",
+        str(space),
+        "--device-memory",
+        "160MiB",
+        "--storage",
+        url,
+        "--study",
+        "flan",
+        "--baseline",
+        str(base),
+        "--finalists",
+        "0",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     from tuner.storage import Store
@@ -182,8 +210,22 @@ def test_memory_estimate_skips_configs_without_probing(tmp_path):
     space.write_text(SPACE)
     url = f"sqlite:///{tmp_path}/tuner.db"
     done = tuner(
-        "search", "--budget", "10m", "--n-trials", "1", "--finalists", "0", "--estimate", "--space", str(space),
-        "--device-memory", "160MiB", "--storage", url, "--study", "est",
+        "search",
+        "--budget",
+        "10m",
+        "--n-trials",
+        "1",
+        "--finalists",
+        "0",
+        "--estimate",
+        "--space",
+        str(space),
+        "--device-memory",
+        "160MiB",
+        "--storage",
+        url,
+        "--study",
+        "est",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "memory estimate traced" in done.stdout

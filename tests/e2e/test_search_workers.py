@@ -23,14 +23,29 @@ def test_two_workers_never_probe_one_config_twice(tmp_path, new_postgres_url):
     space.write_text(SPACE)
     env = {**os.environ, "COLUMNS": "200"}
     subprocess.run([TUNER, "db", "upgrade", "--storage", url], check=True, env=env, capture_output=True, timeout=120)
-    args = [TUNER, "search", "--budget", "100s", "--study", "shared", "--storage", url, "--space", str(space),
-            "--device-memory", "160MiB", "--finalists", "1", "--seed"]
+    args = [
+        TUNER,
+        "search",
+        "--budget",
+        "100s",
+        "--study",
+        "shared",
+        "--storage",
+        url,
+        "--space",
+        str(space),
+        "--device-memory",
+        "160MiB",
+        "--finalists",
+        "1",
+        "--seed",
+    ]
     workers = [
         subprocess.Popen([*args, str(seed)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for seed in (1, 2)
     ]
     outs = [w.communicate(timeout=400) for w in workers]
-    for w, (out, err) in zip(workers, outs):
+    for w, (out, err) in zip(workers, outs, strict=False):
         assert w.returncode == 0, out[-2000:] + err[-2000:]
 
     from tuner.storage import Store
@@ -48,6 +63,10 @@ def test_two_workers_never_probe_one_config_twice(tmp_path, new_postgres_url):
     trials = optuna.load_study(study_name="shared", storage=url).trials
     assert all(t.state.is_finished() for t in trials), "a RUNNING trial was left behind"
     # both workers answer the same best config
-    best = [subprocess.run([TUNER, "best", "--storage", url, "--study", "shared"], capture_output=True, text=True,
-                           env=env, timeout=120).stdout for _ in range(2)]
+    best = [
+        subprocess.run(
+            [TUNER, "best", "--storage", url, "--study", "shared"], capture_output=True, text=True, env=env, timeout=120
+        ).stdout
+        for _ in range(2)
+    ]
     assert best[0] == best[1] and '"micro_batch_size"' in best[0]

@@ -17,18 +17,33 @@ TOKEN = "e2e-token"
 STUDY = "e2e-service"
 BUDGET = "75s"
 # plain-torch probes of the tiny T5 at a short length: seconds each, so the budget holds several
-SPACE = {"micro_batch_size": [1, 2, 4, 8], "max_length": [32], "engine": ["torch"], "zero_stage": [0],
-         "allgather_bucket_size": [None], "reduce_bucket_size": [None], "overlap_comm": [False],
-         "offload_optimizer": [False], "gradient_checkpointing": [False, True]}
-COMPOSE_ENV = {"TUNER_API_TOKEN": TOKEN, "TUNER_STUDY": STUDY, "TUNER_MODEL": "builtin:tiny-t5",
-               "TUNER_BUDGET": BUDGET, "TUNER_WORLD_SIZE": "1", "TUNER_GLOBAL_BATCH": "8"}
+SPACE = {
+    "micro_batch_size": [1, 2, 4, 8],
+    "max_length": [32],
+    "engine": ["torch"],
+    "zero_stage": [0],
+    "allgather_bucket_size": [None],
+    "reduce_bucket_size": [None],
+    "overlap_comm": [False],
+    "offload_optimizer": [False],
+    "gradient_checkpointing": [False, True],
+}
+COMPOSE_ENV = {
+    "TUNER_API_TOKEN": TOKEN,
+    "TUNER_STUDY": STUDY,
+    "TUNER_MODEL": "builtin:tiny-t5",
+    "TUNER_BUDGET": BUDGET,
+    "TUNER_WORLD_SIZE": "1",
+    "TUNER_GLOBAL_BATCH": "8",
+}
 
 
-def start_api(url: str, log) -> tuple[subprocess.Popen, str]:  # noqa: ANN001
+def start_api(url: str, log) -> tuple[subprocess.Popen, str]:
     argv, env = local_process("api", url, COMPOSE_ENV)
     port = free_port()
-    proc = subprocess.Popen(with_option(argv, "--port", str(port)), env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        with_option(argv, "--port", str(port)), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     base = f"http://127.0.0.1:{port}"
     wait_http(base + "/health", proc)
     return proc, base
@@ -47,9 +62,18 @@ def test_serve_while_a_search_writes_on_postgres(tmp_path, new_postgres_url) -> 
     worker = None
     try:
         http = httpx.Client(base_url=base, timeout=30)
-        created = http.post("/studies", headers={"Authorization": f"Bearer {TOKEN}"},
-                            json={"name": STUDY, "model": "builtin:tiny-t5", "world_size": 1, "global_batch": 8,
-                                  "space": SPACE, "budget_s": 75})
+        created = http.post(
+            "/studies",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            json={
+                "name": STUDY,
+                "model": "builtin:tiny-t5",
+                "world_size": 1,
+                "global_batch": 8,
+                "space": SPACE,
+                "budget_s": 75,
+            },
+        )
         assert created.status_code == 201, created.text
         assert http.get(f"/studies/{STUDY}").json()["status"] == "defined"
 
@@ -86,8 +110,13 @@ def test_serve_while_a_search_writes_on_postgres(tmp_path, new_postgres_url) -> 
         body = best.json()
         assert body["knobs"]["engine"] == "torch" and body["global_batch"] == 8
         assert body["versions"].get("torch") and body["fingerprint"]
-        cli = subprocess.run([TUNER_BIN, "best", "--study", STUDY, "--format", "deepspeed"], env=env,
-                             capture_output=True, text=True, timeout=120)
+        cli = subprocess.run(
+            [TUNER_BIN, "best", "--study", STUDY, "--format", "deepspeed"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert cli.returncode == 0, cli.stderr
         served = http.get("/best-config", params={"study": STUDY, "format": "deepspeed", "raw": "1"}).text
         assert json.loads(cli.stdout) == json.loads(served)

@@ -40,16 +40,26 @@ def test_two_workers_share_one_study_behind_the_api(tmp_path, new_postgres_url) 
     workers: list[subprocess.Popen] = []
     try:
         http = httpx.Client(base_url=base, timeout=30)
-        r = http.post("/studies", headers={"Authorization": f"Bearer {TOKEN}"},
-                      json={"name": STUDY, "model": "builtin:tiny-t5", "world_size": 1, "global_batch": 8,
-                            "space": SPACE, "budget_s": BUDGET_S})
+        r = http.post(
+            "/studies",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            json={
+                "name": STUDY,
+                "model": "builtin:tiny-t5",
+                "world_size": 1,
+                "global_batch": 8,
+                "space": SPACE,
+                "budget_s": BUDGET_S,
+            },
+        )
         assert r.status_code == 201, r.text
 
         argv, env = local_process("worker", url, ENV)
         for i in range(2):
             log = open(tmp_path / f"worker{i}.log", "w")
-            workers.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True))
+            workers.append(
+                subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            )
         codes = []
         while any(w.poll() is None for w in workers):
             codes += [http.get(f"/studies/{STUDY}").status_code, http.get(f"/studies/{STUDY}/trials").status_code]
@@ -83,8 +93,13 @@ def test_two_workers_share_one_study_behind_the_api(tmp_path, new_postgres_url) 
         expected = best_stable(rows)
         assert served.json()["config_key"] == expected.config_key
         assert served.json()["trial_number"] == expected.trial_number
-        cli = subprocess.run([TUNER_BIN, "best", "--study", STUDY, "--format", "deepspeed"], env=env,
-                             capture_output=True, text=True, timeout=120)
+        cli = subprocess.run(
+            [TUNER_BIN, "best", "--study", STUDY, "--format", "deepspeed"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert cli.returncode == 0, cli.stderr
         raw = http.get("/best-config", params={"study": STUDY, "format": "deepspeed", "raw": "1"}).text
         assert json.loads(cli.stdout) == json.loads(raw)

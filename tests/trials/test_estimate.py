@@ -24,15 +24,17 @@ def test_fake_trace_matches_real_tensors() -> None:
 
 @pytest.mark.slow
 def test_trace_moves_with_the_knobs() -> None:
-    out = run({
-        "model": TINY.model_dump(),
-        "points": [
-            {"micro_batch_size": 2, "max_length": 64},
-            {"micro_batch_size": 4, "max_length": 64},
-            {"micro_batch_size": 4, "max_length": 128},
-            {"micro_batch_size": 4, "max_length": 64, "gradient_checkpointing": True},
-        ],
-    })
+    out = run(
+        {
+            "model": TINY.model_dump(),
+            "points": [
+                {"micro_batch_size": 2, "max_length": 64},
+                {"micro_batch_size": 4, "max_length": 64},
+                {"micro_batch_size": 4, "max_length": 128},
+                {"micro_batch_size": 4, "max_length": 64, "gradient_checkpointing": True},
+            ],
+        }
+    )
     p2, p4, p4long, p4ckpt = (p["activation_bytes"] for p in out["points"])
     assert 1.6 < p4 / p2 < 2.4  # activations scale with the micro batch
     assert p4long > 1.6 * p4  # and at least linearly with the length

@@ -97,8 +97,12 @@ def test_works_under_fake_tensor_mode() -> None:
 def test_oom_predicate() -> None:
     assert is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert is_oom(MemoryError())
-    assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
-                               "you tried to allocate 8000000000 bytes. Error code 12 (Cannot allocate memory)"))
+    assert is_oom(
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 8000000000 bytes. Error code 12 (Cannot allocate memory)"
+        )
+    )
     assert not is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 4x3)"))
     assert not is_oom(ValueError("out of memory"))
 

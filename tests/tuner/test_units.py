@@ -1,12 +1,21 @@
 import pytest
 
-from tuner.units import Deadline, format_duration, parse_duration, parse_size
 from tuner.errors import BudgetError, ConfigError
+from tuner.units import Deadline, format_duration, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400), ("1h30m15s", 5415), ("45", 45), (" 2H ", 7200), ("1.5h", 5400)],
+    [
+        ("90s", 90),
+        ("30m", 1800),
+        ("2h", 7200),
+        ("1h30m", 5400),
+        ("1h30m15s", 5415),
+        ("45", 45),
+        (" 2H ", 7200),
+        ("1.5h", 5400),
+    ],
 )
 def test_parse_duration_accepts_the_documented_forms(text, seconds):
     assert parse_duration(text) == seconds
@@ -22,7 +31,14 @@ def test_parse_duration_rejects_with_one_line(text):
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("160MiB", 160 * 2**20), ("2GiB", 2 * 2**30), ("80GB", 80 * 10**9), ("1.5GiB", int(1.5 * 2**30)), ("4096", 4096), ("512 kib", 512 * 1024)],
+    [
+        ("160MiB", 160 * 2**20),
+        ("2GiB", 2 * 2**30),
+        ("80GB", 80 * 10**9),
+        ("1.5GiB", int(1.5 * 2**30)),
+        ("4096", 4096),
+        ("512 kib", 512 * 1024),
+    ],
 )
 def test_parse_size(text, size):
     assert parse_size(text) == size

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,7 +13,9 @@ from tuner.storage import optuna_storage, upgrade
 db_app = typer.Typer(help="Storage schema commands.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-StorageOpt = Annotated[Optional[str], typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")]
+StorageOpt = Annotated[
+    str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
+]
 
 
 @db_app.command("upgrade")

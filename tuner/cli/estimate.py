@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -12,19 +12,19 @@ from rich.table import Table
 
 from trials.contract import Knobs, ModelSpec
 from tuner.cli.app import app
-from tuner.job.batching import accumulation_steps
 from tuner.errors import ConfigError
-from tuner.units import parse_size
-from tuner.memory.estimator import Estimate, Estimator, trace
+from tuner.job.batching import accumulation_steps
 from tuner.job.model_source import resolve_model
+from tuner.memory.estimator import Estimate, Estimator, trace
 from tuner.settings import load_settings
+from tuner.units import parse_size
 
 MAX_CALIBRATION_POINTS = 8
 MiB = 1 << 20
 
 
 def _parse_size(text: str | None) -> int | None:
-    """"40GiB", "512MiB", "2e8" or plain bytes; positive (tuner.units.parse_size is the one parser)."""
+    """ "40GiB", "512MiB", "2e8" or plain bytes; positive (tuner.units.parse_size is the one parser)."""
     return None if text is None else parse_size(text)
 
 
@@ -59,32 +59,49 @@ def estimate(
     max_length: Annotated[int, typer.Option("--max-length", min=1)] = 512,
     zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3)] = 0,
     world_size: Annotated[int, typer.Option("--world-size", min=1)] = 1,
-    global_batch: Annotated[Optional[int], typer.Option(
-        "--global-batch", min=1,
-        help="micro x accumulation x world; without it gradient accumulation is assumed (earlier micro-steps' grads "
-             "resident: the larger need)")] = None,
+    global_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--global-batch",
+            min=1,
+            help="micro x accumulation x world; without it gradient accumulation is assumed (earlier "
+            "micro-steps' grads resident: the larger need)",
+        ),
+    ] = None,
     engine: Annotated[str, typer.Option("--engine", help="deepspeed or torch")] = "deepspeed",
     precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16")] = "fp32",
     offload_optimizer: Annotated[bool, typer.Option("--offload-optimizer/--no-offload-optimizer")] = False,
-    gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing/--no-gradient-checkpointing")] = False,
+    gradient_checkpointing: Annotated[
+        bool, typer.Option("--gradient-checkpointing/--no-gradient-checkpointing")
+    ] = False,
     overlap_comm: Annotated[bool, typer.Option("--overlap-comm/--no-overlap-comm")] = False,
     contiguous_gradients: Annotated[bool, typer.Option("--contiguous-gradients/--no-contiguous-gradients")] = True,
-    reduce_bucket_size: Annotated[Optional[str], typer.Option("--reduce-bucket-size", help="elements, e.g. 2e8")] = None,
-    allgather_bucket_size: Annotated[Optional[str], typer.Option("--allgather-bucket-size")] = None,
-    device_memory: Annotated[Optional[str], typer.Option("--device-memory", help="e.g. 80GiB: say whether it fits")] = None,
+    reduce_bucket_size: Annotated[str | None, typer.Option("--reduce-bucket-size", help="elements, e.g. 2e8")] = None,
+    allgather_bucket_size: Annotated[str | None, typer.Option("--allgather-bucket-size")] = None,
+    device_memory: Annotated[
+        str | None, typer.Option("--device-memory", help="e.g. 80GiB: say whether it fits")
+    ] = None,
     margin: Annotated[float, typer.Option("--margin", min=0.0, max=0.9, help="safety margin for the verdict")] = 0.10,
-    calibrate_from_study: Annotated[Optional[str], typer.Option("--calibrate-from-study", help="fit to its probes")] = None,
-    storage: Annotated[Optional[str], typer.Option("--storage", help="SQLAlchemy URL of the study")] = None,
+    calibrate_from_study: Annotated[
+        str | None, typer.Option("--calibrate-from-study", help="fit to its probes")
+    ] = None,
+    storage: Annotated[str | None, typer.Option("--storage", help="SQLAlchemy URL of the study")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """Predict the peak device memory per rank of one config: a fake-tensor trace of one training step plus DeepSpeed's
     model-state arithmetic, optionally calibrated against a study's measured probes."""
     try:
         knobs = Knobs(
-            micro_batch_size=micro_batch_size, max_length=max_length, engine=engine, zero_stage=zero_stage,  # type: ignore[arg-type]
-            precision=precision, offload_optimizer=offload_optimizer,  # type: ignore[arg-type]
-            gradient_checkpointing=gradient_checkpointing, overlap_comm=overlap_comm,
-            contiguous_gradients=contiguous_gradients, reduce_bucket_size=_parse_size(reduce_bucket_size),
+            micro_batch_size=micro_batch_size,
+            max_length=max_length,
+            engine=engine,
+            zero_stage=zero_stage,  # type: ignore[arg-type]
+            precision=precision,
+            offload_optimizer=offload_optimizer,  # type: ignore[arg-type]
+            gradient_checkpointing=gradient_checkpointing,
+            overlap_comm=overlap_comm,
+            contiguous_gradients=contiguous_gradients,
+            reduce_bucket_size=_parse_size(reduce_bucket_size),
             allgather_bucket_size=_parse_size(allgather_bucket_size),
         )
     except ValidationError as exc:
@@ -92,8 +109,10 @@ def estimate(
         where = ".".join(str(x) for x in first.get("loc", ())) or "knobs"
         raise ConfigError(f"{where}: {first['msg']}") from None
     if global_batch is not None and accumulation_steps(global_batch, micro_batch_size, world_size) is None:
-        raise ConfigError(f"--global-batch {global_batch} is not a whole number of micro batches: give a multiple of "
-                          f"--micro-batch-size x --world-size = {micro_batch_size * world_size}")
+        raise ConfigError(
+            f"--global-batch {global_batch} is not a whole number of micro batches: give a multiple of "
+            f"--micro-batch-size x --world-size = {micro_batch_size * world_size}"
+        )
     spec = resolve_model(model)
     capacity = _parse_size(device_memory)
     calib = _calibration_rows(calibrate_from_study, storage, spec, world_size) if calibrate_from_study else []
@@ -107,16 +126,32 @@ def estimate(
     _print(result, est.accumulates(knobs), tr.param_count, est, capacity, margin, as_json, tr.trace_s)
 
 
-def _print(result: Estimate, accumulates: bool, params: int, est: Estimator, capacity: int | None, margin: float,
-           as_json: bool, trace_s: float) -> None:
+def _print(
+    result: Estimate,
+    accumulates: bool,
+    params: int,
+    est: Estimator,
+    capacity: int | None,
+    margin: float,
+    as_json: bool,
+    trace_s: float,
+) -> None:
     verdict = None if capacity is None else ("fits" if result.calibrated * (1 + margin) <= capacity else "over budget")
     if as_json:
         out: dict[str, Any] = {
             "param_count": params,
-            "params": result.states.params, "grads": result.states.grads, "optimizer": result.states.optimizer,
-            "buffers": result.states.buffers, "activations": result.activations, "gradient_accumulation": accumulates,
-            "raw": result.raw, "calibrated": result.calibrated, "calibration": list(result.calibration),
-            "calibration_probes": len(est.observations), "capacity": capacity, "verdict": verdict,
+            "params": result.states.params,
+            "grads": result.states.grads,
+            "optimizer": result.states.optimizer,
+            "buffers": result.states.buffers,
+            "activations": result.activations,
+            "gradient_accumulation": accumulates,
+            "raw": result.raw,
+            "calibrated": result.calibrated,
+            "calibration": list(result.calibration),
+            "calibration_probes": len(est.observations),
+            "capacity": capacity,
+            "verdict": verdict,
         }
         typer.echo(json.dumps(out))
         return
@@ -128,13 +163,20 @@ def _print(result: Estimate, accumulates: bool, params: int, est: Estimator, cap
     _row(t, "gradients", result.states.grads)
     _row(t, "optimizer state", result.states.optimizer, "host memory" if result.states.optimizer == 0 else "")
     _row(t, "ZeRO buffers", result.states.buffers)
-    _row(t, "activations + temporaries", result.activations,
-         "fake-tensor trace" + ("; the grads of earlier micro-steps resident" if accumulates else ""))
+    _row(
+        t,
+        "activations + temporaries",
+        result.activations,
+        "fake-tensor trace" + ("; the grads of earlier micro-steps resident" if accumulates else ""),
+    )
     _row(t, "estimate", result.raw, "uncalibrated")
     if est.observations:
         a, b, c = result.calibration
         errs = est.errors()
-        note = f"fit to {len(errs)} probes: {a:.2f}*states + {b:.2f}*act + {c / MiB:.0f} MiB, max err {max(map(abs, errs)):.0%}"
+        note = (
+            f"fit to {len(errs)} probes: {a:.2f}*states + {b:.2f}*act + {c / MiB:.0f} MiB, "
+            f"max err {max(map(abs, errs)):.0%}"
+        )
         _row(t, "calibrated estimate", result.calibrated, note)
     if capacity is not None:
         _row(t, "device memory", capacity, f"{verdict} (with {margin:.0%} margin)")

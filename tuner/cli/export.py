@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,7 +16,7 @@ out_console = Console(highlight=False, soft_wrap=True)
 note_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 StorageOpt = Annotated[
-    Optional[str], typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
+    str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
 ]
 
 
@@ -31,7 +31,7 @@ def _write(path: Path, text: str) -> None:
 def export(
     study: Annotated[str, typer.Option("--study", help="the study whose best stable config to export")],
     fmt: Annotated[str, typer.Option("--format", "-f", help="json | deepspeed | hf | accelerate | env")] = "deepspeed",
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to FILE instead of stdout")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write to FILE instead of stdout")] = None,
     storage: StorageOpt = None,
 ) -> None:
     """Export the best stable config of a study. With --format accelerate -o FILE the DeepSpeed JSON it points at is
@@ -48,8 +48,10 @@ def export(
     definition = store.require_study(study)
     best = best_stable(store.probes(study))
     if best is None:
-        raise NoStableConfig(f"study {study!r} has no stable config yet; let `tuner search --study {study}` run longer "
-                             "or give it more device memory")  # fmt: skip
+        raise NoStableConfig(
+            f"study {study!r} has no stable config yet; let `tuner search --study {study}` run longer "
+            "or give it more device memory"
+        )
     baseline = definition.get("baseline_source")
     args: dict[str, Any] = {
         "world_size": int(best.config.get("world_size") or definition.get("world_size") or 1),
@@ -68,15 +70,17 @@ def export(
     else:
         _write(output, render(fmt, best.knobs, **args))
     trial = f"trial {best.trial_number}" if best.trial_number is not None else "a confirmed probe"
-    note_console.print(f"wrote {', '.join(map(str, written))} ({fmt}, study {study!r}, {trial}, "
-                       f"{best.samples_per_s:.3g} samples/s)", style="dim")  # fmt: skip
+    note_console.print(
+        f"wrote {', '.join(map(str, written))} ({fmt}, study {study!r}, {trial}, {best.samples_per_s:.3g} samples/s)",
+        style="dim",
+    )
 
 
 @app.command("doctor")
 def doctor(
-    ds_config: Annotated[Optional[Path], typer.Option("--ds-config", help="your DeepSpeed JSON")] = None,
+    ds_config: Annotated[Path | None, typer.Option("--ds-config", help="your DeepSpeed JSON")] = None,
     training_args: Annotated[
-        Optional[Path], typer.Option("--training-args", help="your TrainingArguments as JSON (args.to_json_string())")
+        Path | None, typer.Option("--training-args", help="your TrainingArguments as JSON (args.to_json_string())")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the findings as JSON")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 when there is any warning (for CI)")] = False,
@@ -100,16 +104,21 @@ def doctor(
     baseline, findings = diagnose(ds, hf, env=env, gpus=visible_gpus(env))
     warnings = sum(f.severity == "warn" for f in findings)
     if as_json:
-        typer.echo(json.dumps({"knobs": baseline.knobs if baseline else None,
-                               "findings": [f.to_dict() for f in findings]}, indent=2))  # fmt: skip
+        typer.echo(
+            json.dumps(
+                {"knobs": baseline.knobs if baseline else None, "findings": [f.to_dict() for f in findings]}, indent=2
+            )
+        )
     else:
         if baseline is not None:
             k = baseline.knobs
             engine = f"ZeRO-{k['zero_stage']}" if k["engine"] == "deepspeed" else "plain torch (DDP)"
-            out_console.print(f"setup: {engine}, micro batch {k['micro_batch_size']} x accumulation "
-                              f"{baseline.gradient_accumulation_steps}, {k['precision']}"
-                              f"{', optimizer offload' if k['offload_optimizer'] else ''}"
-                              f"{', overlap_comm' if k['overlap_comm'] and k['zero_stage'] else ''}")  # fmt: skip
+            out_console.print(
+                f"setup: {engine}, micro batch {k['micro_batch_size']} x accumulation "
+                f"{baseline.gradient_accumulation_steps}, {k['precision']}"
+                f"{', optimizer offload' if k['offload_optimizer'] else ''}"
+                f"{', overlap_comm' if k['overlap_comm'] and k['zero_stage'] else ''}"
+            )
         for f in findings:
             style = "bold yellow" if f.severity == "warn" else "cyan"
             out_console.print(f"[{style}]{f.severity}[/] {f.title}  [dim]({f.code})[/]")
@@ -118,7 +127,9 @@ def doctor(
             if f.search:
                 search = f.search.replace("\n", "; ")
                 out_console.print(f"  tuner search: {search}", markup=False)
-        out_console.print(f"{warnings} warning(s), {len(findings) - warnings} note(s). `tuner search --baseline "
-                          "FILE` probes this setup as trial 0 and the space knobs above against it.")  # fmt: skip
+        out_console.print(
+            f"{warnings} warning(s), {len(findings) - warnings} note(s). `tuner search --baseline "
+            "FILE` probes this setup as trial 0 and the space knobs above against it."
+        )
     if strict and warnings:
         raise typer.Exit(1)

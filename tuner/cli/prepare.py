@@ -18,9 +18,10 @@ from tuner.settings import load_settings
 @app.command("prepare")
 def prepare() -> None:
     """Compile the DeepSpeed ops the probes load into the op cache (once per Python environment)."""
+    from tuner.probing import forkserver as launch_forkserver
     from tuner.probing.ops import ensure_ops, missing_ops, needed_ops
     from tuner.probing.runner import probe_env
-    from tuner.probing import forkserver as launch_forkserver
+
     config = ProbeConfig(knobs=Knobs(micro_batch_size=1, max_length=8, zero_stage=1, offload_optimizer=True))
     ext_dir = load_settings().torch_extensions_dir
     start = time.monotonic()
@@ -35,6 +36,8 @@ def prepare() -> None:
 def _report_failed(ops: list[str]) -> int:
     from tuner.cli.app import err_console
 
-    err_console.print(f"error: could not build DeepSpeed op(s) {', '.join(ops)}; run `python -m trials.ops "
-                      f"{' '.join(ops)}` to see the compiler's output (needs gcc, ninja and the Python headers)")
+    err_console.print(
+        f"error: could not build DeepSpeed op(s) {', '.join(ops)}; run `python -m trials.ops "
+        f"{' '.join(ops)}` to see the compiler's output (needs gcc, ninja and the Python headers)"
+    )
     return 1

@@ -11,10 +11,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tuner.units import Deadline, format_duration, format_size
-from tuner.memory.frontier import describe
 from tuner.job.objective import Objective
+from tuner.memory.frontier import describe
 from tuner.search.driver import Outcome, Proposal, SearchSummary
+from tuner.units import Deadline, format_duration, format_size
 
 RECENT = 8
 
@@ -70,7 +70,7 @@ class LiveProgress:
             self.counts["confirmed"] += 1
         if row["stable"] and row["objective"] is not None and (self.best is None or row["objective"] > self.best[0]):
             self.best = (row["objective"], row["knobs"])
-        self.recent = ([row] + self.recent)[:RECENT]
+        self.recent = ([row, *self.recent])[:RECENT]
         self.console.print(self._line(proposal, row))
 
     def inferred(self, row: dict[str, Any]) -> None:
@@ -85,7 +85,9 @@ class LiveProgress:
         number = "  -" if proposal.trial_number is None else f"{proposal.trial_number:>3}"
         status = row["status"] + ("" if row["status"] != "ok" or row["stable"] else " (unstable)")
         colour = {"ok": "green", "oom": "yellow"}.get(row["status"], "red")
-        value = f"{fmt_num(row['objective'])} {self.objective.unit}" if row["objective"] is not None else row["cause"] or ""
+        value = (
+            f"{fmt_num(row['objective'])} {self.objective.unit}" if row["objective"] is not None else row["cause"] or ""
+        )
         return (
             f"trial {number}  {proposal.fidelity:<8} [{colour}]{status:<16}[/] {value:<28} "
             f"peak {format_size(row.get('peak_allocated'))}  {row.get('probe_seconds') or 0:.1f}s  "
@@ -139,8 +141,12 @@ def summary_table(summary: SearchSummary, objective: Objective) -> Table:
     table.add_row("timeout / error", f"{c.get('timeout', 0)} / {c.get('error', 0)}")
     best = summary.best
     if best is not None:
-        table.add_row("best", f"{fmt_num(best.objective)} {objective.unit}" + (" (confirmed)" if best.confirmed else ""))
-        table.add_row("best config", knob_label(best.knobs) + f" accum={best.config.get('gradient_accumulation_steps')}")
+        table.add_row(
+            "best", f"{fmt_num(best.objective)} {objective.unit}" + (" (confirmed)" if best.confirmed else "")
+        )
+        table.add_row(
+            "best config", knob_label(best.knobs) + f" accum={best.config.get('gradient_accumulation_steps')}"
+        )
         table.add_row("best peak", f"{format_size(best.peak_allocated)} of {format_size(best.capacity)}")
         table.add_row("best trial", str(best.trial_number))
     else:
@@ -148,7 +154,13 @@ def summary_table(summary: SearchSummary, objective: Objective) -> Table:
     base = summary.baseline
     if base is not None:
         if base.get("objective") and best is not None:
-            table.add_row("baseline", f"{fmt_num(base['objective'])} {objective.unit}; best is x{best.objective / base['objective']:.2f}")
+            table.add_row(
+                "baseline",
+                f"{fmt_num(base['objective'])} {objective.unit}; best is x{best.objective / base['objective']:.2f}",
+            )
         else:
-            table.add_row("baseline", f"{base['status']}: {base.get('cause') or ''} peak {format_size(base.get('peak_allocated'))}")
+            table.add_row(
+                "baseline",
+                f"{base['status']}: {base.get('cause') or ''} peak {format_size(base.get('peak_allocated'))}",
+            )
     return table

@@ -3,30 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuner.units import format_size
 from tuner.cli.app import app
-from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
-from tuner.memory.frontier import describe
-from tuner.job.objective import Objective
 from tuner.cli.progress import fmt_num
+from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
+from tuner.job.objective import Objective
+from tuner.memory.frontier import describe
 from tuner.search.selection import best_stable
 from tuner.settings import load_settings
 from tuner.storage import Store
+from tuner.units import format_size
 
 console = Console(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
     console = Console(highlight=False, soft_wrap=True, width=200)
 
 StorageOpt = Annotated[
-    Optional[str], typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
+    str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
 ]
-StudyOpt = Annotated[Optional[str], typer.Option("--study", help="study name (default: the most recent study)")]
+StudyOpt = Annotated[str | None, typer.Option("--study", help="study name (default: the most recent study)")]
 
 
 def pick_study(store: Store, study: str | None) -> tuple[str, dict[str, Any]]:
@@ -49,7 +49,7 @@ def best(
     storage: StorageOpt = None,
     study: StudyOpt = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="json | deepspeed | hf | accelerate | env")] = "json",
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to this file instead of stdout")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file instead of stdout")] = None,
 ) -> None:
     """Print (or write) the best stable config of a study."""
     from tuner.interop.export import render
@@ -61,7 +61,8 @@ def best(
     found = best_stable(store.probes(name))
     if found is None:
         raise NoStableConfig(
-            f"study {name!r} has no stable config yet; run `tuner search --study {name}` longer or with more device memory"
+            f"study {name!r} has no stable config yet; run `tuner search --study {name}` longer or with more "
+            "device memory"
         )
     text = render(
         fmt,
@@ -136,8 +137,6 @@ def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
     return out
 
 
-
-
 def rank_note(row: dict[str, Any]) -> str:
     """Per-rank peaks of a multi-rank probe, with the imbalance flag (> 20% spread) and its likely causes."""
     from tuner.memory.imbalance import probe_imbalance
@@ -153,14 +152,27 @@ def rank_note(row: dict[str, Any]) -> str:
 def trials(
     storage: StorageOpt = None,
     study: StudyOpt = None,
-    show_reused: Annotated[bool, typer.Option("--reused/--no-reused", help="also list trials that reused a measurement")] = False,
+    show_reused: Annotated[
+        bool, typer.Option("--reused/--no-reused", help="also list trials that reused a measurement")
+    ] = False,
 ) -> None:
     """List a study's trials: state, status and cause, throughput, peak memory, knobs."""
     store = Store(load_settings(storage=storage).storage)
     name, definition = pick_study(store, study)
     objective = Objective.from_dict(definition.get("objective"))
     table = Table(title=f"study {name}: objective {objective.unit}")
-    for col in ("trial", "state", "fidelity", "status", objective.unit, "peak", "stable", "s", "config", "cause / ranks"):
+    for col in (
+        "trial",
+        "state",
+        "fidelity",
+        "status",
+        objective.unit,
+        "peak",
+        "stable",
+        "s",
+        "config",
+        "cause / ranks",
+    ):
         table.add_column(col, overflow="fold")
     shown = 0
     for r in trial_rows(store, name):

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import optuna
 import typer
 from rich.console import Console
 
 from trials.contract import Knobs, ProbeConfig, ProbeResult
-from tuner.job.batching import default_global_batch, require_reachable
-from tuner.units import parse_duration, parse_size
 from tuner.cli.app import app
+from tuner.cli.progress import LiveProgress, summary_table
 from tuner.errors import BaselineError, ConfigError
+from tuner.job.batching import default_global_batch, require_reachable
 from tuner.job.model_source import resolve_model
 from tuner.job.objective import load_lengths, objective_for
-from tuner.cli.progress import LiveProgress, summary_table
+from tuner.job.space import load_space
 from tuner.search.driver import (
     ESTIMATE_AUTO_MIN_BUDGET_S,
     Search,
@@ -26,19 +26,21 @@ from tuner.search.driver import (
     check_resume,
     request_from_definition,
 )
-from tuner.settings import load_settings
-from tuner.job.space import load_space
-from tuner.storage import Store
 from tuner.search.strategy import Schedule
+from tuner.settings import load_settings
+from tuner.storage import Store
+from tuner.units import parse_duration, parse_size
 
 console = Console(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
     console = Console(highlight=False, soft_wrap=True, width=200)
 
 
-def _baseline(path: Path, world_size: int | None, max_length: int) -> tuple[Knobs, int | None, int | None, dict[str, Any]]:
-    """The user's current config (DeepSpeed JSON or HF training-args JSON, parsed by tuner.interop.baseline): its knobs, global
-    batch, world size and the DeepSpeed source the exports keep optimizer/scheduler from."""
+def _baseline(
+    path: Path, world_size: int | None, max_length: int
+) -> tuple[Knobs, int | None, int | None, dict[str, Any]]:
+    """The user's current config (DeepSpeed JSON or HF training-args JSON, parsed by tuner.interop.baseline): its knobs,
+    global batch, world size and the DeepSpeed source the exports keep optimizer/scheduler from."""
     from tuner.interop.baseline import load_baseline
 
     base = load_baseline(path, world_size=world_size, max_length=max_length)
@@ -143,24 +145,42 @@ def real_probe(config: ProbeConfig) -> ProbeResult:
 
 @app.command("search")
 def search(
-    budget: Annotated[str, typer.Option("--budget", help="wall-clock budget for the whole search: 90s, 30m, 2h, 1h30m")],
-    model: Annotated[str, typer.Option("--model", help="builtin:tiny-t5, an HF model id, or a local model directory")] = DEFAULT_MODEL,
-    space: Annotated[Optional[Path], typer.Option("--space", help="search space YAML/TOML (default: built-in)")] = None,
-    storage: Annotated[Optional[str], typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")] = None,
-    study: Annotated[Optional[str], typer.Option("--study", help="study name; an existing one is resumed")] = None,
-    world_size: Annotated[Optional[int], typer.Option("--world-size", help="ranks per probe (data-parallel GPUs)")] = None,
-    device_memory: Annotated[Optional[str], typer.Option("--device-memory", help="memory per rank, e.g. 80GiB (default: the device's)")] = None,
+    budget: Annotated[
+        str, typer.Option("--budget", help="wall-clock budget for the whole search: 90s, 30m, 2h, 1h30m")
+    ],
+    model: Annotated[
+        str, typer.Option("--model", help="builtin:tiny-t5, an HF model id, or a local model directory")
+    ] = DEFAULT_MODEL,
+    space: Annotated[Path | None, typer.Option("--space", help="search space YAML/TOML (default: built-in)")] = None,
+    storage: Annotated[
+        str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
+    ] = None,
+    study: Annotated[str | None, typer.Option("--study", help="study name; an existing one is resumed")] = None,
+    world_size: Annotated[int | None, typer.Option("--world-size", help="ranks per probe (data-parallel GPUs)")] = None,
+    device_memory: Annotated[
+        str | None, typer.Option("--device-memory", help="memory per rank, e.g. 80GiB (default: the device's)")
+    ] = None,
     headroom: Annotated[float, typer.Option("--headroom", help="stable = peak <= headroom x device memory")] = 0.9,
-    global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="samples per optimizer step, held fixed")] = None,
-    n_trials: Annotated[Optional[int], typer.Option("--n-trials", help="stop exploring after this many probes")] = None,
-    baseline: Annotated[Optional[Path], typer.Option("--baseline", help="your current DeepSpeed / HF training-args JSON; probed first")] = None,
-    lengths: Annotated[Optional[Path], typer.Option("--lengths", help="file of your samples' token lengths (retained-token objective)")] = None,
-    finalists: Annotated[int, typer.Option("--finalists", help="best stable configs re-probed longer before the pick")] = 2,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="sampler seed")] = None,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", help="samples per optimizer step, held fixed")
+    ] = None,
+    n_trials: Annotated[int | None, typer.Option("--n-trials", help="stop exploring after this many probes")] = None,
+    baseline: Annotated[
+        Path | None, typer.Option("--baseline", help="your current DeepSpeed / HF training-args JSON; probed first")
+    ] = None,
+    lengths: Annotated[
+        Path | None, typer.Option("--lengths", help="file of your samples' token lengths (retained-token objective)")
+    ] = None,
+    finalists: Annotated[
+        int, typer.Option("--finalists", help="best stable configs re-probed longer before the pick")
+    ] = 2,
+    seed: Annotated[int | None, typer.Option("--seed", help="sampler seed")] = None,
     estimate: Annotated[
-        Optional[bool],
-        typer.Option("--estimate/--no-estimate", help="skip configs a memory trace predicts far over budget "
-                     "(default: on for budgets of 10 minutes or more)"),
+        bool | None,
+        typer.Option(
+            "--estimate/--no-estimate",
+            help="skip configs a memory trace predicts far over budget (default: on for budgets of 10 minutes or more)",
+        ),
     ] = None,
 ) -> None:
     """Find the fastest config that does not run out of memory, by short real probe trainings."""

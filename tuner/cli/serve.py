@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -26,10 +26,10 @@ def is_loopback(host: str) -> bool:
 @app.command("serve")
 def serve(
     storage: Annotated[
-        Optional[str], typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
+        str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
     ] = None,
-    host: Annotated[Optional[str], typer.Option("--host", help="interface to bind (default 127.0.0.1)")] = None,
-    port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, help="TCP port (default 8000)")] = None,
+    host: Annotated[str | None, typer.Option("--host", help="interface to bind (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option("--port", min=1, max=65535, help="TCP port (default 8000)")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level")] = "info",
 ) -> None:
     """Serve GET /best-config, /studies ... over HTTP (reads the storage; writes need TUNER_API_TOKEN)."""

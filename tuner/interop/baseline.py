@@ -12,9 +12,10 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -33,11 +34,34 @@ from tuner.interop.export.mapping import (
 )
 
 # Keys that only a DeepSpeed config has / only a training-args JSON has (to tell a lone file's kind).
-_DS_ONLY = {"train_batch_size", "train_micro_batch_size_per_gpu", "zero_optimization", "optimizer", "scheduler",
-            "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "bfloat16"}  # fmt: skip
-_HF_ONLY = {"per_device_train_batch_size", "per_device_eval_batch_size", "output_dir", "deepspeed", "learning_rate",
-            "num_train_epochs", "max_steps", "predict_with_generate", "gradient_checkpointing", "logging_steps",
-            "eval_strategy", "save_strategy", "max_grad_norm", "warmup_steps", *HF_MAX_LENGTH_KEYS}  # fmt: skip
+_DS_ONLY = {
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "zero_optimization",
+    "optimizer",
+    "scheduler",
+    "gradient_clipping",
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "bfloat16",
+}
+_HF_ONLY = {
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "output_dir",
+    "deepspeed",
+    "learning_rate",
+    "num_train_epochs",
+    "max_steps",
+    "predict_with_generate",
+    "gradient_checkpointing",
+    "logging_steps",
+    "eval_strategy",
+    "save_strategy",
+    "max_grad_norm",
+    "warmup_steps",
+    *HF_MAX_LENGTH_KEYS,
+}
 
 
 @dataclass(frozen=True)
@@ -111,18 +135,24 @@ def _check_ds_keys(ds: Mapping[str, Any]) -> dict[str, Any]:
         raise BaselineError(f"zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
     for name in ("offload_optimizer", "offload_param"):
         block = zero.get(name)
-        if block is not None and (not isinstance(block, dict) or block.get("device", "none") not in ("none", "cpu", "nvme")):
+        if block is not None and (
+            not isinstance(block, dict) or block.get("device", "none") not in ("none", "cpu", "nvme")
+        ):
             raise BaselineError(f"zero_optimization.{name} must be an object with device none, cpu or nvme")
     if get_path(zero, ("offload_optimizer", "device")) == "nvme":
-        raise BaselineError("zero_optimization.offload_optimizer.device 'nvme' is not a knob the tuner probes; "
-                            "use 'cpu' or 'none' in the baseline")  # fmt: skip
+        raise BaselineError(
+            "zero_optimization.offload_optimizer.device 'nvme' is not a knob the tuner probes; "
+            "use 'cpu' or 'none' in the baseline"
+        )
     if get_path(zero, ("offload_param", "device")) in ("cpu", "nvme") or zero.get("cpu_offload_param"):
-        raise BaselineError("zero_optimization.offload_param is not a knob the tuner probes yet; set its device to "
-                            "'none' in the baseline (parameter offload trades much speed for memory)")  # fmt: skip
+        raise BaselineError(
+            "zero_optimization.offload_param is not a knob the tuner probes yet; set its device to "
+            "'none' in the baseline (parameter offload trades much speed for memory)"
+        )
     for block in ("fp16", "bf16", "bfloat16"):
         value = ds.get(block)
         if value is not None and not (isinstance(value, dict) and value.get("enabled", False) in (True, False, AUTO)):
-            raise BaselineError(f"{block} must be an object like {{\"enabled\": true}}, got {value!r}")
+            raise BaselineError(f'{block} must be an object like {{"enabled": true}}, got {value!r}')
     return zero
 
 
@@ -141,9 +171,15 @@ def _resolve_autos(ds: dict[str, Any], hf: _Hf, hidden_size: int | None, notes: 
         if keys == ("max_steps",):
             pairs.append((path, max_steps if isinstance(max_steps, int) and max_steps > 0 else None))
         elif keys == ("warmup_steps",):
-            steps = warmup if isinstance(warmup, int) else (
-                int(warmup * max_steps) if isinstance(warmup, float) and isinstance(max_steps, int) and max_steps > 0
-                else None)  # fmt: skip
+            steps = (
+                warmup
+                if isinstance(warmup, int)
+                else (
+                    int(warmup * max_steps)
+                    if isinstance(warmup, float) and isinstance(max_steps, int) and max_steps > 0
+                    else None
+                )
+            )
             pairs.append((path, None if steps is None else max(1, steps)))
         else:
             value = [hf(k) for k in keys] if len(keys) > 1 else hf(keys[0])
@@ -162,38 +198,49 @@ def _resolve_autos(ds: dict[str, Any], hf: _Hf, hidden_size: int | None, notes: 
 
 def _batch(ds: Mapping[str, Any], world_size: int | None) -> tuple[int, int, int | None, int | None]:
     """(micro, accumulation, world, global) by DeepSpeed's own rules for the batch fields it was given."""
-    tbs, micro, accum = (ds.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                                              "gradient_accumulation_steps"))  # fmt: skip
+    tbs, micro, accum = (
+        ds.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    )
     tbs = None if tbs in (None, AUTO) else _int("train_batch_size", tbs)
     micro = None if micro is None else _int("train_micro_batch_size_per_gpu", micro)
     accum = None if accum is None else _int("gradient_accumulation_steps", accum)
     if micro is None and tbs is None:
-        raise BaselineError("the baseline gives no batch size: set train_micro_batch_size_per_gpu (DeepSpeed) or "
-                            "per_device_train_batch_size (training args)")  # fmt: skip
+        raise BaselineError(
+            "the baseline gives no batch size: set train_micro_batch_size_per_gpu (DeepSpeed) or "
+            "per_device_train_batch_size (training args)"
+        )
     if tbs is not None and micro is not None and accum is not None and world_size is None:
         if tbs % (micro * accum):
-            raise BaselineError(f"train_batch_size={tbs} is not micro x accumulation x world size: {micro} x {accum} "
-                                f"does not divide it; fix train_batch_size or set it to 'auto'")  # fmt: skip
+            raise BaselineError(
+                f"train_batch_size={tbs} is not micro x accumulation x world size: {micro} x {accum} "
+                f"does not divide it; fix train_batch_size or set it to 'auto'"
+            )
         world_size = tbs // (micro * accum)
     if tbs is not None and (micro is None or accum is None):
         if world_size is None:
-            raise BaselineError("train_batch_size without both train_micro_batch_size_per_gpu and "
-                                "gradient_accumulation_steps needs the world size; give the missing field")  # fmt: skip
+            raise BaselineError(
+                "train_batch_size without both train_micro_batch_size_per_gpu and "
+                "gradient_accumulation_steps needs the world size; give the missing field"
+            )
         if micro is None:
             accum = accum or 1
             micro, rest = divmod(tbs, accum * world_size)
         else:
             accum, rest = divmod(tbs, micro * world_size)
         if rest or not micro or not accum:
-            raise BaselineError(f"train_batch_size={tbs} does not split into micro batch x accumulation x "
-                                f"{world_size} ranks; fix train_batch_size")  # fmt: skip
+            raise BaselineError(
+                f"train_batch_size={tbs} does not split into micro batch x accumulation x "
+                f"{world_size} ranks; fix train_batch_size"
+            )
     accum = accum or 1
     if micro is None:  # unreachable: no micro batch and no train_batch_size was refused above
         raise BaselineError("the baseline gives no micro batch size; set train_micro_batch_size_per_gpu")
     if tbs is not None and world_size is not None and tbs != micro * accum * world_size:
-        raise BaselineError(f"train_batch_size={tbs} contradicts train_micro_batch_size_per_gpu x "
-                            f"gradient_accumulation_steps x world size = {micro} x {accum} x {world_size} = "
-                            f"{micro * accum * world_size}; fix one of them or set train_batch_size to 'auto'")  # fmt: skip
+        raise BaselineError(
+            f"train_batch_size={tbs} contradicts train_micro_batch_size_per_gpu x "
+            f"gradient_accumulation_steps x world size = {micro} x {accum} x {world_size} = "
+            f"{micro * accum * world_size}; fix one of them or set train_batch_size to 'auto'"
+        )
     return micro, accum, world_size, (micro * accum * world_size if world_size else tbs)
 
 
@@ -209,8 +256,10 @@ def _mismatch(ds: Mapping[str, Any], hf: _Hf) -> None:
         value = get_path(ds, ds_key.split("."))
         if value is not None and value != AUTO and value != hf_value:
             default = "" if hf_key in hf.given else " (its default)"
-            raise BaselineError(f"DeepSpeed {ds_key}={value!r} contradicts training args {hf_key}={hf_value!r}{default} "
-                                "(the HF Trainer refuses this too); make them equal or set the DeepSpeed one to 'auto'")  # fmt: skip
+            raise BaselineError(
+                f"DeepSpeed {ds_key}={value!r} contradicts training args {hf_key}={hf_value!r}{default} "
+                "(the HF Trainer refuses this too); make them equal or set the DeepSpeed one to 'auto'"
+            )
 
 
 def parse_baseline(
@@ -246,8 +295,10 @@ def parse_baseline(
             _mismatch(ds, hf)
             _resolve_autos(ds, hf, hidden_size, notes)
         elif auto_paths(ds):
-            raise BaselineError(f"the DeepSpeed config has 'auto' values ({', '.join(auto_paths(ds))}) and no "
-                                "training-args JSON resolves them; pass the training args too or write numbers")  # fmt: skip
+            raise BaselineError(
+                f"the DeepSpeed config has 'auto' values ({', '.join(auto_paths(ds))}) and no "
+                "training-args JSON resolves them; pass the training args too or write numbers"
+            )
         if get_path(ds, ("fp16", "enabled")) is True and get_path(ds, ("bf16", "enabled")) is True:
             raise BaselineError("fp16.enabled and bf16.enabled are both true; DeepSpeed allows one of them")
     else:
@@ -274,15 +325,20 @@ def parse_baseline(
         from tuner.job.space import default_space
 
         length = max(default_space().max_length)
-        notes.append(f"max_length: {length} (the default space's; give training args with max_source_length or "
-                     "max_seq_length to probe your own)")  # fmt: skip
+        notes.append(
+            f"max_length: {length} (the default space's; give training args with max_source_length or "
+            "max_seq_length to probe your own)"
+        )
 
     stage = zero.get("stage", 0)
     if ds_config is None:
         precision = "bf16" if hf.bool("bf16") else "fp16" if hf.bool("fp16") else "fp32"
     else:
-        precision = "bf16" if get_path(ds, ("bf16", "enabled")) is True else (
-            "fp16" if get_path(ds, ("fp16", "enabled")) is True else "fp32")  # fmt: skip
+        precision = (
+            "bf16"
+            if get_path(ds, ("bf16", "enabled")) is True
+            else ("fp16" if get_path(ds, ("fp16", "enabled")) is True else "fp32")
+        )
     buckets = {}
     for key in ("allgather_bucket_size", "reduce_bucket_size"):
         value = zero.get(key)
@@ -315,10 +371,18 @@ def parse_baseline(
         knobs = Knobs.model_validate(knobs).model_dump()
     except ValidationError as err:
         first = err.errors()[0]
-        raise BaselineError(f"the baseline maps to invalid knobs: {'.'.join(map(str, first['loc']))}: "
-                            f"{first['msg']}") from None  # fmt: skip
-    return Baseline(knobs=knobs, global_batch=global_batch, world_size=world, gradient_accumulation_steps=accum,
-                    ds_config=ds if ds_config is not None else {}, hf_args=hf.given, notes=notes)  # fmt: skip
+        raise BaselineError(
+            f"the baseline maps to invalid knobs: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        ) from None
+    return Baseline(
+        knobs=knobs,
+        global_batch=global_batch,
+        world_size=world,
+        gradient_accumulation_steps=accum,
+        ds_config=ds if ds_config is not None else {},
+        hf_args=hf.given,
+        notes=notes,
+    )
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
@@ -329,8 +393,9 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise BaselineError(f"the {what} {str(path)!r} is not valid JSON: {err.msg} at line {err.lineno} column "
-                            f"{err.colno}") from None  # fmt: skip
+        raise BaselineError(
+            f"the {what} {str(path)!r} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        ) from None
     if not isinstance(data, dict):
         raise BaselineError(f"the {what} {str(path)!r} must hold a JSON object, got {type(data).__name__}")
     return data
@@ -342,8 +407,10 @@ def file_kind(data: Mapping[str, Any]) -> str:
     if isinstance(data.get("fp16"), dict) or isinstance(data.get("bf16"), dict):
         ds = True
     if ds == hf:
-        raise BaselineError("cannot tell whether the baseline file is a DeepSpeed config or training args; "
-                            "pass the DeepSpeed JSON and the training-args JSON separately")  # fmt: skip
+        raise BaselineError(
+            "cannot tell whether the baseline file is a DeepSpeed config or training args; "
+            "pass the DeepSpeed JSON and the training-args JSON separately"
+        )
     return "deepspeed" if ds else "hf"
 
 

@@ -8,9 +8,10 @@ is testable without a GPU. No torch import.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from tuner.interop.baseline import Baseline, parse_baseline
 from tuner.interop.export.mapping import AUTO, DS_DEFAULT_BUCKET, HF_MAX_LENGTH_KEYS, auto_paths, get_path
@@ -78,15 +79,17 @@ def _zero_traps(ds: Mapping[str, Any], precision: str | None) -> list[Finding]:
             code="overlap-comm-buckets",
             severity="warn",
             title=f"overlap_comm with {_sci(bucket)}-element buckets under ZeRO-{stage} CPU offload",
-            why=(f"overlap_comm keeps ~{OVERLAP_FACTOR}x the bucket sizes in flight: about {_gib(extra)} per GPU on "
-                 "top of the model states, allocated in pieces during backward, so the cache fragments and one "
-                 "rank can run out while the others look half empty"),
+            why=(
+                f"overlap_comm keeps ~{OVERLAP_FACTOR}x the bucket sizes in flight: about {_gib(extra)} per GPU on "
+                "top of the model states, allocated in pieces during backward, so the cache fragments and one "
+                "rank can run out while the others look half empty"
+            ),
             fix="set reduce_bucket_size and allgather_bucket_size to 5e7, or overlap_comm false (offload already "
-                "hides most communication behind the CPU optimizer step)",
+            "hides most communication behind the CPU optimizer step)",
             search="overlap_comm: [false, true]\nreduce_bucket_size: [50000000, 200000000]\n"
-                   "allgather_bucket_size: [50000000, 200000000]",
+            "allgather_bucket_size: [50000000, 200000000]",
         )
-    ]  # fmt: skip
+    ]
 
 
 def _hf_traps(hf: Mapping[str, Any], micro: int | None) -> list[Finding]:
@@ -95,88 +98,104 @@ def _hf_traps(hf: Mapping[str, Any], micro: int | None) -> list[Finding]:
     evaluates = generate or hf.get("do_eval") is True or hf.get("eval_strategy", "no") not in ("no", None)
     eval_bs = hf.get("per_device_eval_batch_size", 8)
     if generate and micro and isinstance(eval_bs, int) and eval_bs >= EVAL_RATIO * micro:
-        found.append(Finding(
-            code="eval-batch-generate",
-            severity="warn",
-            title=f"eval batch {eval_bs} is {eval_bs / micro:.0f}x the train micro batch {micro}, with predict_with_generate",
-            why="evaluation runs while the optimizer state and ZeRO buffers stay resident; generate holds a key/value "
-                "cache per sequence and beam for the whole eval batch, so the eval step, not training, is the peak",
-            fix=f"per_device_eval_batch_size <= {micro} (or a short generation_max_length / fewer beams)",
-            search=f"eval_batch_size: [{micro}, {max(micro, eval_bs // 2)}, {eval_bs}]\ngenerate: [true]",
-        ))  # fmt: skip
+        found.append(
+            Finding(
+                code="eval-batch-generate",
+                severity="warn",
+                title=f"eval batch {eval_bs} is {eval_bs / micro:.0f}x the train micro batch {micro}, "
+                "with predict_with_generate",
+                why="evaluation runs while the optimizer state and ZeRO buffers stay resident; generate holds a "
+                "key/value cache per sequence and beam for the whole eval batch, so the eval step, not training, is "
+                "the peak",
+                fix=f"per_device_eval_batch_size <= {micro} (or a short generation_max_length / fewer beams)",
+                search=f"eval_batch_size: [{micro}, {max(micro, eval_bs // 2)}, {eval_bs}]\ngenerate: [true]",
+            )
+        )
     if evaluates and hf.get("eval_accumulation_steps") is None:
-        found.append(Finding(
-            code="eval-accumulation",
-            severity="warn",
-            title="eval predictions accumulate on the GPU for the whole eval set (eval_accumulation_steps unset)",
-            why="the Trainer keeps every eval batch's logits/generated tokens on the device until the end of the "
+        found.append(
+            Finding(
+                code="eval-accumulation",
+                severity="warn",
+                title="eval predictions accumulate on the GPU for the whole eval set (eval_accumulation_steps unset)",
+                why="the Trainer keeps every eval batch's logits/generated tokens on the device until the end of the "
                 "evaluation loop, so memory grows with the number of eval samples: an OOM after some hundreds",
-            fix="eval_accumulation_steps: 8 (moves predictions to the CPU every 8 steps)",
-            search="not a tuner knob: set it in the training args; the search then probes the eval step with "
-                   "eval_batch_size/generate",
-        ))  # fmt: skip
+                fix="eval_accumulation_steps: 8 (moves predictions to the CPU every 8 steps)",
+                search="not a tuner knob: set it in the training args; the search then probes the eval step with "
+                "eval_batch_size/generate",
+            )
+        )
     if not any(hf.get(k) for k in HF_MAX_LENGTH_KEYS):
-        found.append(Finding(
-            code="no-truncation",
-            severity="warn",
-            title="no max length: samples are not truncated",
-            why="without truncation the batch shape follows the longest sample, so a rare long one (or a long "
+        found.append(
+            Finding(
+                code="no-truncation",
+                severity="warn",
+                title="no max length: samples are not truncated",
+                why="without truncation the batch shape follows the longest sample, so a rare long one (or a long "
                 "target with generate) sets the peak long after training started",
-            fix="tokenize with truncation=True and max_length (max_source_length / max_target_length in the "
+                fix="tokenize with truncation=True and max_length (max_source_length / max_target_length in the "
                 "example scripts); pad to it so every step has the same shape",
-            search="max_length: [256, 512, 1024]   (the objective counts retained tokens, so truncating your data "
-                   "away never wins; pass --lengths with your length distribution)",
-        ))  # fmt: skip
+                search="max_length: [256, 512, 1024]   (the objective counts retained tokens, so truncating your data "
+                "away never wins; pass --lengths with your length distribution)",
+            )
+        )
     if hf.get("logging_steps") == 1:
-        found.append(Finding(
-            code="logging-every-step",
-            severity="warn",
-            title="logging_steps=1: the Trainer logs every step",
-            why="each log syncs the device (loss.item()) and, under DeepSpeed, writes through every rank: slower "
+        found.append(
+            Finding(
+                code="logging-every-step",
+                severity="warn",
+                title="logging_steps=1: the Trainer logs every step",
+                why="each log syncs the device (loss.item()) and, under DeepSpeed, writes through every rank: slower "
                 "steps, and a measured throughput that is not the one of a real run",
-            fix="logging_steps: 50 or more",
-            search="nothing to add: probes measure without per-step logging",
-        ))  # fmt: skip
+                fix="logging_steps: 50 or more",
+                search="nothing to add: probes measure without per-step logging",
+            )
+        )
     return found
 
 
 def _env_traps(env: Mapping[str, str], gpus: int | None) -> list[Finding]:
     found: list[Finding] = []
     if gpus and gpus > 1 and not any(env.get(k) for k in LAUNCHER_ENV):
-        found.append(Finding(
-            code="gpus-without-launcher",
-            severity="warn",
-            title=f"{gpus} GPUs visible and no launcher environment (WORLD_SIZE/LOCAL_RANK unset)",
-            why="started as `python train.py`, the HF Trainer wraps the model in torch.nn.DataParallel: GPU 0 holds "
-                "the optimizer and gathers every output, so it fills up while total GPU use stays low",
-            fix=f"launch one process per GPU: `deepspeed --num_gpus {gpus} train.py`, `torchrun --nproc_per_node "
+        found.append(
+            Finding(
+                code="gpus-without-launcher",
+                severity="warn",
+                title=f"{gpus} GPUs visible and no launcher environment (WORLD_SIZE/LOCAL_RANK unset)",
+                why="started as `python train.py`, the HF Trainer wraps the model in torch.nn.DataParallel: GPU 0 "
+                "holds the optimizer and gathers every output, so it fills up while total GPU use stays low",
+                fix=f"launch one process per GPU: `deepspeed --num_gpus {gpus} train.py`, `torchrun --nproc_per_node "
                 f"{gpus} train.py` or `accelerate launch`; run `tuner doctor` from the same job script to check",
-            search=f"tuner search --world-size {gpus} probes with one process per GPU under the DeepSpeed launcher",
-        ))  # fmt: skip
+                search=f"tuner search --world-size {gpus} probes with one process per GPU under the DeepSpeed launcher",
+            )
+        )
     alloc = env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF") or ""
     if gpus and "expandable_segments:True" not in alloc:
-        found.append(Finding(
-            code="allocator-fragmentation",
-            severity="info",
-            title="the CUDA caching allocator runs without expandable_segments",
-            why="memory reserved but unused in fragmented blocks counts against the GPU; an OOM message whose "
+        found.append(
+            Finding(
+                code="allocator-fragmentation",
+                severity="info",
+                title="the CUDA caching allocator runs without expandable_segments",
+                why="memory reserved but unused in fragmented blocks counts against the GPU; an OOM message whose "
                 "'reserved but unallocated' is large is this",
-            fix="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-            search="alloc_conf: [null, 'expandable_segments:True']",
-        ))  # fmt: skip
+                fix="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                search="alloc_conf: [null, 'expandable_segments:True']",
+            )
+        )
     return found
 
 
 def _ds_logging(ds: Mapping[str, Any]) -> list[Finding]:
     if ds.get("steps_per_print") == 1 or ds.get("wall_clock_breakdown") is True:
-        return [Finding(
-            code="deepspeed-logging",
-            severity="warn",
-            title="DeepSpeed prints every step (steps_per_print=1 or wall_clock_breakdown)",
-            why="per-step timers synchronise the device and print from every rank",
-            fix="steps_per_print: 1000 and wall_clock_breakdown: false",
-            search="nothing to add: probes run without DeepSpeed's step logging",
-        )]  # fmt: skip
+        return [
+            Finding(
+                code="deepspeed-logging",
+                severity="warn",
+                title="DeepSpeed prints every step (steps_per_print=1 or wall_clock_breakdown)",
+                why="per-step timers synchronise the device and print from every rank",
+                fix="steps_per_print: 1000 and wall_clock_breakdown: false",
+                search="nothing to add: probes run without DeepSpeed's step logging",
+            )
+        ]
     return []
 
 
@@ -197,14 +216,16 @@ def diagnose(
     findings: list[Finding] = []
     baseline: Baseline | None = None
     if hf_args is None and auto_paths(ds):
-        findings.append(Finding(
-            code="auto-needs-training-args",
-            severity="info",
-            title=f"'auto' values ({', '.join(auto_paths(ds)[:4])}...) need the training args to check the batch",
-            why="the HF Trainer fills them from its arguments at run time",
-            fix="run tuner doctor --ds-config FILE --training-args ARGS.json",
-            search="tuner search --baseline FILE (with the training args) probes your setup as trial 0",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                code="auto-needs-training-args",
+                severity="info",
+                title=f"'auto' values ({', '.join(auto_paths(ds)[:4])}...) need the training args to check the batch",
+                why="the HF Trainer fills them from its arguments at run time",
+                fix="run tuner doctor --ds-config FILE --training-args ARGS.json",
+                search="tuner search --baseline FILE (with the training args) probes your setup as trial 0",
+            )
+        )
     else:
         # max_length=1 only lets a setup without a length parse; the no-truncation check reads the args themselves
         baseline = parse_baseline(ds or None, hf_args, max_length=1)
@@ -215,14 +236,16 @@ def diagnose(
     if hf_args is not None:
         findings += _hf_traps(hf, micro if isinstance(micro, int) and micro != AUTO else None)
     else:
-        findings.append(Finding(
-            code="no-training-args",
-            severity="info",
-            title="no training args given: eval batch, generate, truncation and logging not checked",
-            why="those traps live in the TrainingArguments, not in the DeepSpeed JSON",
-            fix="pass --training-args with the JSON of your TrainingArguments (TrainingArguments.to_json_string())",
-            search="",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                code="no-training-args",
+                severity="info",
+                title="no training args given: eval batch, generate, truncation and logging not checked",
+                why="those traps live in the TrainingArguments, not in the DeepSpeed JSON",
+                fix="pass --training-args with the JSON of your TrainingArguments (TrainingArguments.to_json_string())",
+                search="",
+            )
+        )
     findings += _env_traps(env, gpus)
     findings.sort(key=lambda f: f.severity != "warn")
     return baseline, findings

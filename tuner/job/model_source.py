@@ -44,10 +44,13 @@ def resolve_model(source: str) -> ModelSpec:
                 f"model path {source} does not exist or is not a directory; give a save_pretrained directory"
             )
         if not (path / "config.json").is_file():
-            raise ModelSourceError(f"model directory {source} holds no config.json; save the model with save_pretrained")
+            raise ModelSourceError(
+                f"model directory {source} holds no config.json; save the model with save_pretrained"
+            )
         return ModelSpec(source=str(path.resolve()))
     if not _HF_ID.match(source) or source.count("/") > 1:
         raise ModelSourceError(
-            f"model {source!r} is neither builtin:<preset>, an existing directory, nor an HF id like google/flan-t5-large"
+            f"model {source!r} is neither builtin:<preset>, an existing directory, nor an HF id like "
+            "google/flan-t5-large"
         )
     return ModelSpec(source=source)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from trials.contract import ProbeResult
 from tuner.errors import ConfigError

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Literal, Protocol
+from typing import Any, Literal, Protocol
 
+import tomllib
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -22,12 +23,20 @@ from tuner.errors import SpaceError
 
 DEFAULT_SPACE_FILE = Path(__file__).with_name("default_space.yaml")
 MAX_CHOICES = 64
-ZERO_KNOBS = ("allgather_bucket_size", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "offload_optimizer")
+ZERO_KNOBS = (
+    "allgather_bucket_size",
+    "reduce_bucket_size",
+    "overlap_comm",
+    "contiguous_gradients",
+    "offload_optimizer",
+)
+
 
 class Suggester(Protocol):
     """What Space.sample needs from an Optuna trial (optuna.Trial satisfies it)."""
 
     def suggest_categorical(self, name: str, choices: Any) -> Any: ...
+
 
 class IntRange(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -54,12 +63,14 @@ class IntRange(BaseModel):
             raise ValueError(f"no power of two lies in [{self.low}, {self.high}]")
         return out
 
+
 def _as_list(value: Any) -> Any:
     if isinstance(value, dict):
         return IntRange.model_validate(value).values()
     if isinstance(value, (list, tuple)):
         return list(value)
     return [value]
+
 
 def _to_int(value: Any) -> Any:
     """Accepts 2e8 / "5e8" spellings for bucket sizes (YAML reads 5e8 as a string)."""
@@ -72,6 +83,7 @@ def _to_int(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
+
 
 class Space(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -125,7 +137,9 @@ class Space(BaseModel):
                 if v is not None and not low <= v <= high:
                     raise ValueError(f"knob {name!r}: value {v} is outside [{low}, {high}]")
         if "torch" in self.engine and "deepspeed" not in self.engine and any(self.zero_stage):
-            raise ValueError("knob 'zero_stage': engine 'torch' has no ZeRO stage; list engine: [deepspeed] or zero_stage: [0]")
+            raise ValueError(
+                "knob 'zero_stage': engine 'torch' has no ZeRO stage; list engine: [deepspeed] or zero_stage: [0]"
+            )
         return self
 
     # -- sampling ----------------------------------------------------------------------------------------------------
@@ -183,6 +197,7 @@ class Space(BaseModel):
     def varying(self) -> list[str]:
         return [name for name, values in self.model_dump().items() if len(values) > 1]
 
+
 class _GridTrial:
     """Walks the conditional tree: answers fixed choices, stops at the first unanswered one."""
 
@@ -195,15 +210,18 @@ class _GridTrial:
             return self.fixed[name]
         if self.branch is None:
             self.branch = (name, list(choices))
-        return list(choices)[0]
+        return next(iter(choices))
+
 
 def knobs_key(knobs: Knobs) -> str:
     return json.dumps(knobs.model_dump(mode="json"), sort_keys=True)
+
 
 def config_key(knobs: Knobs, world_size: int, gradient_accumulation_steps: int) -> str:
     """Stable hash of what decides a probe's memory and speed: the knobs, world size and accumulation."""
     payload = {"knobs": knobs.model_dump(mode="json"), "world_size": world_size, "accum": gradient_accumulation_steps}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
 
 def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
@@ -225,8 +243,11 @@ def _read(path: Path) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise SpaceError(f"space file {path} must be a mapping of knob name to choices, e.g. 'micro_batch_size: [1, 2, 4]'")
+        raise SpaceError(
+            f"space file {path} must be a mapping of knob name to choices, e.g. 'micro_batch_size: [1, 2, 4]'"
+        )
     return data
+
 
 def _one_line(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
@@ -240,14 +261,17 @@ def _one_line(err: ValidationError, source: str) -> str:
         return f"{source}: {msg}"
     return f"{source}: knob {key!r}: {msg}"
 
+
 def space_from_dict(data: dict[str, Any], source: str = "space") -> Space:
     try:
         return Space.model_validate(data)
     except ValidationError as err:
         raise SpaceError(_one_line(err, source)) from None
 
+
 def default_space() -> Space:
     return space_from_dict(_read(DEFAULT_SPACE_FILE), str(DEFAULT_SPACE_FILE.name))
+
 
 def load_space(path: str | Path | None = None) -> Space:
     """The built-in default, overridden knob by knob by the file at ``path`` (YAML or TOML)."""
@@ -261,8 +285,10 @@ def load_space(path: str | Path | None = None) -> Space:
         raise SpaceError(f"{path}: unknown knob {unknown[0]!r}; known knobs: {', '.join(Space.model_fields)}")
     return space_from_dict({**base, **user}, str(path))
 
+
 def space_from_definition(data: dict[str, Any]) -> Space:
     return space_from_dict(data, "stored study space")
+
 
 def all_combinations(space: Space) -> int:
     """The size of the unconditional product (an upper bound of ``size()``)."""
@@ -270,4 +296,3 @@ def all_combinations(space: Space) -> int:
     for values in space.model_dump().values():
         n *= len(values)
     return n
-

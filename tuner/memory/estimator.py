@@ -35,15 +35,16 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from trials.contract import Knobs, ModelSpec
-from tuner.job.batching import accumulation_steps
 from tuner.errors import ConfigError, ModelSourceError
+from tuner.job.batching import accumulation_steps
 
 DEEPSPEED_DEFAULT_BUCKET = 500_000_000
 MiB = 1 << 20
@@ -138,7 +139,10 @@ def zero_order_sound(param_count: int, world_size: int, space_knobs: list[Knobs]
             continue
         for hi in range(k.zero_stage + 1, 4):
             other = k.model_copy(update={"zero_stage": hi})
-            if model_state_bytes(other, param_count, world_size).total > model_state_bytes(k, param_count, world_size).total:
+            if (
+                model_state_bytes(other, param_count, world_size).total
+                > model_state_bytes(k, param_count, world_size).total
+            ):
                 return False
     return True
 
@@ -159,17 +163,34 @@ def zero_stage_need(
     for k in space_knobs:
         if k.engine != "deepspeed":
             continue
-        sig = (k.zero_stage, k.precision, k.offload_optimizer, k.reduce_bucket_size, k.allgather_bucket_size,
-               k.overlap_comm, k.contiguous_gradients)
+        sig = (
+            k.zero_stage,
+            k.precision,
+            k.offload_optimizer,
+            k.reduce_bucket_size,
+            k.allgather_bucket_size,
+            k.overlap_comm,
+            k.contiguous_gradients,
+        )
         if sig not in totals:
-            base = k.model_copy(update={"micro_batch_size": 1, "max_length": 1, "gradient_checkpointing": False,
-                                        "eval_batch_size": None, "generate": False, "alloc_conf": None})
+            base = k.model_copy(
+                update={
+                    "micro_batch_size": 1,
+                    "max_length": 1,
+                    "gradient_checkpointing": False,
+                    "eval_batch_size": None,
+                    "generate": False,
+                    "alloc_conf": None,
+                }
+            )
             totals[sig] = (base.model_dump(), model_state_bytes(k, param_count, world_size, largest_param).total)
     stages = sorted({sig[0] for sig in totals})
     if len(stages) < 2:
         return None
-    mean = {s: sum(t for sig, (_, t) in totals.items() if sig[0] == s) / sum(1 for sig in totals if sig[0] == s)
-            for s in stages}
+    mean = {
+        s: sum(t for sig, (_, t) in totals.items() if sig[0] == s) / sum(1 for sig in totals if sig[0] == s)
+        for s in stages
+    }
     ranked = sorted(set(mean.values()))
     need = {s: ranked.index(mean[s]) for s in stages}
     order = {**DEFAULT_ORDER, "zero_stage": "rank"}
@@ -219,7 +240,11 @@ class Estimator:
         resident = self.accumulates(knobs)
 
         def need(p: TracePoint) -> int:
-            act = p.resident_activation_bytes if resident and p.resident_activation_bytes is not None else p.activation_bytes
+            act = (
+                p.resident_activation_bytes
+                if resident and p.resident_activation_bytes is not None
+                else p.activation_bytes
+            )
             return max(act, p.step_temp_bytes)
 
         hit = self.trace.find(knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)
@@ -245,7 +270,9 @@ class Estimator:
         act = self.activation_bytes(k)
         a, b, c = self._theta
         calibrated = int(a * states.total + b * act + c)
-        return Estimate(states=states, activations=act, raw=states.total + act, calibrated=calibrated, calibration=self._theta)
+        return Estimate(
+            states=states, activations=act, raw=states.total + act, calibrated=calibrated, calibration=self._theta
+        )
 
     def observe(self, knobs: Mapping[str, Any] | Knobs, measured_peak: int) -> None:
         """Adds a measured peak (bytes, the max over ranks) and refits the calibration."""
@@ -304,14 +331,14 @@ def _fit_length_curve(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 
 def _solve3(m: list[list[float]], v: list[float]) -> list[float]:
-    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    a = [[*row[:], v[i]] for i, row in enumerate(m)]
     for c in range(3):
         piv = max(range(c, 3), key=lambda r: abs(a[r][c]))
         a[c], a[piv] = a[piv], a[c]
         for r in range(3):
             if r != c and a[c][c]:
                 f = a[r][c] / a[c][c]
-                a[r] = [x - f * y for x, y in zip(a[r], a[c])]
+                a[r] = [x - f * y for x, y in zip(a[r], a[c], strict=False)]
     return [a[i][3] / a[i][i] if a[i][i] else 0.0 for i in range(3)]
 
 
@@ -326,7 +353,8 @@ def trace(
     request = {
         "model": model.model_dump(),
         "points": [
-            {"micro_batch_size": m, "max_length": s, "gradient_checkpointing": c, "precision": p} for m, s, c, p in points
+            {"micro_batch_size": m, "max_length": s, "gradient_checkpointing": c, "precision": p}
+            for m, s, c, p in points
         ],
     }
     env = dict(os.environ)

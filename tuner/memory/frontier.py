@@ -43,8 +43,9 @@ Pure: no torch import. Knob dicts use the field names of :class:`trials.contract
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from trials.contract import Knobs
 
@@ -185,12 +186,16 @@ class Frontier:
     def evidence(self, knobs: Mapping[str, Any] | Knobs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(measured OOMs that imply ``knobs`` OOMs, measured stable configs that imply ``knobs`` fits)."""
         k = normalize(knobs)
-        ooms = [o.knobs for o in self.observations if not o.fits and needs_at_least(k, o.knobs, self.order, self.stage_need)]
-        fits = [o.knobs for o in self.observations if o.fits and needs_at_least(o.knobs, k, self.order, self.stage_need)]
+        ooms = [
+            o.knobs for o in self.observations if not o.fits and needs_at_least(k, o.knobs, self.order, self.stage_need)
+        ]
+        fits = [
+            o.knobs for o in self.observations if o.fits and needs_at_least(o.knobs, k, self.order, self.stage_need)
+        ]
         return ooms, fits
 
     def infer(self, knobs: Mapping[str, Any] | Knobs) -> Verdict | None:
-        """"oom" when a measured OOM needs no more than ``knobs``, "fits" when a stable config needs no less,
+        """ "oom" when a measured OOM needs no more than ``knobs``, "fits" when a stable config needs no less,
         None when nothing is implied (or the evidence contradicts itself)."""
         ooms, fits = self.evidence(knobs)
         if ooms and not fits:

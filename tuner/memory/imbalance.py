@@ -16,8 +16,9 @@ than the lightest.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 THRESHOLD = 0.20
 

@@ -1,13 +1,13 @@
-"""The memory estimate for a search: a fake-tensor trace of the user's model at a few shapes (tuner.memory.estimator)."""
+"""The memory estimate for a search: a fake-tensor trace of the user's model at a few shapes (memory.estimator)."""
 
 from __future__ import annotations
 
 import time
 
-from tuner.memory.estimator import Estimator, trace, zero_stage_need
 from tuner.errors import TunerError
-from tuner.search.request import SearchRequest
 from tuner.job.space import Space
+from tuner.memory.estimator import Estimator, trace, zero_stage_need
+from tuner.search.request import SearchRequest
 
 ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a share of the budget
 
@@ -26,19 +26,22 @@ def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
 
 
 def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator | None, str]:
-    """tuner.memory.estimator's fake-tensor trace of the model (a subprocess), or None with the reason it is unavailable."""
+    """The estimator's fake-tensor trace of the model (a subprocess), or None with the reason it is unavailable."""
     started = time.monotonic()
     try:
         traced = trace(request.model, trace_points(request.space), timeout_s=timeout_s)
     except (TunerError, RuntimeError, OSError) as err:
-        return None, f"memory estimate unavailable ({str(err).splitlines()[0] if str(err) else type(err).__name__}); probing without it"
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return None, f"memory estimate unavailable ({reason}); probing without it"
     took = time.monotonic() - started
-    return Estimator(traced, world_size=request.world_size, global_batch=request.global_batch), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params)"
+    return Estimator(
+        traced, world_size=request.world_size, global_batch=request.global_batch
+    ), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params)"
 
 
 def stage_order(estimator: Estimator, request: SearchRequest) -> dict[int, int] | None:
-    """The ZeRO stages ordered by memory need for this model, world size and space (tuner.memory.estimator), or None when no
-    single order holds; the frontier then compares configs across stages too (Frontier(stage_need=...))."""
+    """The ZeRO stages ordered by memory need for this model, world size and space (tuner.memory.estimator), or None
+    when no single order holds; the frontier then compares configs across stages too (Frontier(stage_need=...))."""
     return zero_stage_need(
         estimator.trace.param_count, request.world_size, list(request.space.configs()), estimator.trace.largest_param
     )

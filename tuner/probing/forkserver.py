@@ -90,7 +90,10 @@ class ForkServer:
         self.path = self.dir / "s"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trials.forkserver", "--socket", str(self.path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
             start_new_session=True,
         )
         assert self.proc.stdout is not None

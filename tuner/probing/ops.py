@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trials.contract import ProbeConfig
 from tuner.probing import forkserver as launch_forkserver
+
 BUILD_TIMEOUT_S = 1800.0
 # op key (trials.ops) -> the extension's directory and library name under TORCH_EXTENSIONS_DIR
 OP_LIBS = {"cpu_adam": "cpu_adam", "shm_comm": "deepspeed_shm_comm"}
@@ -61,8 +62,14 @@ def ensure_ops(config: ProbeConfig, env: dict[str, str]) -> list[str]:
             return []
         for op in todo:  # a lock left by a build that died (runner killed from outside): under our flock, stale
             (ext_dir / OP_LIBS[op] / "lock").unlink(missing_ok=True)
-        proc = subprocess.Popen([sys.executable, "-m", "trials.ops", *todo], env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trials.ops", *todo],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             proc.wait(BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -14,6 +14,7 @@ Status comes from exit codes and the rank result files only; stderr's last lines
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -37,8 +38,8 @@ from trials.contract import (
     RankResult,
     Status,
 )
-from tuner.probing import forkserver as launch_forkserver
 from tuner.errors import ConfigError
+from tuner.probing import forkserver as launch_forkserver
 from tuner.probing.ops import ensure_ops
 from tuner.settings import load_settings
 
@@ -106,18 +107,17 @@ class _Rank:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def choose_launcher(launcher: str | None = None) -> str:
-    """"spawn" or "forkserver" from the argument or the TUNER_PROBE_LAUNCHER setting ("auto" decides per host)."""
+    """ "spawn" or "forkserver" from the argument or the TUNER_PROBE_LAUNCHER setting ("auto" decides per host)."""
     choice = (launcher or load_settings().probe_launcher).strip().lower()
     if choice not in LAUNCHERS:
-        raise ConfigError(f"unknown probe launcher {choice!r}; use one of {', '.join(LAUNCHERS)} "
-                          "(TUNER_PROBE_LAUNCHER)")
+        raise ConfigError(
+            f"unknown probe launcher {choice!r}; use one of {', '.join(LAUNCHERS)} (TUNER_PROBE_LAUNCHER)"
+        )
     if choice == "auto":
         return "forkserver" if launch_forkserver.usable() else "spawn"
     return choice
@@ -134,15 +134,20 @@ def _server(launcher: str, explicit: bool) -> launch_forkserver.ForkServer | Non
         return None  # "auto": fall back to fresh interpreters
 
 
-def _launch(config: ProbeConfig, work: Path, launch_t: float, server: launch_forkserver.ForkServer | None,
-            ) -> list[_Rank]:
+def _launch(
+    config: ProbeConfig,
+    work: Path,
+    launch_t: float,
+    server: launch_forkserver.ForkServer | None,
+) -> list[_Rank]:
     cfg_path = work / "probe.json"
     cfg_path.write_text(config.model_dump_json(indent=1))
     out = work / "result.json"
     world = config.world_size
     env = probe_env(world)
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
-               LOCAL_WORLD_SIZE=str(world))
+    env.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world)
+    )
     env[LAUNCH_ENV] = repr(launch_t)
     ranks: list[_Rank] = []
     try:
@@ -153,13 +158,25 @@ def _launch(config: ProbeConfig, work: Path, launch_t: float, server: launch_for
             so, se = work / f"rank{r}.stdout", work / f"rank{r}.stderr"
             proc: _Proc
             if server is not None:
-                proc = server.spawn({"config": str(cfg_path), "out": str(out), "env": rank_env, "cwd": str(work),
-                                     "stdout": str(so), "stderr": str(se)})
+                proc = server.spawn(
+                    {
+                        "config": str(cfg_path),
+                        "out": str(out),
+                        "env": rank_env,
+                        "cwd": str(work),
+                        "stdout": str(so),
+                        "stderr": str(se),
+                    }
+                )
             else:
                 with open(so, "wb") as fo, open(se, "wb") as fe:
                     proc = subprocess.Popen(
                         [sys.executable, "-m", "trials", "--config", str(cfg_path), "--out", str(out)],
-                        env=rank_env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, start_new_session=True,
+                        env=rank_env,
+                        stdout=fo,
+                        stderr=fe,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
                         cwd=str(work),
                     )
             pid_tmp = work / f"rank{r}.pid.tmp"
@@ -242,14 +259,18 @@ def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: 
     slowest = max(timed, key=lambda res: res.setup_s or 0.0, default=None)
     failures = [(r, s, c) for r, s, c in statuses if s not in (None, "ok")]
     common = dict(
-        ranks=memories, capacity=next((m.capacity for m in memories if m.capacity), None),
-        versions=first.versions if first else {}, fingerprint=first.fingerprint if first else {},
-        wall_s=wall_s, setup_s=slowest.setup_s if slowest else None,
+        ranks=memories,
+        capacity=next((m.capacity for m in memories if m.capacity), None),
+        versions=first.versions if first else {},
+        fingerprint=first.fingerprint if first else {},
+        wall_s=wall_s,
+        setup_s=slowest.setup_s if slowest else None,
         setup_phases=slowest.setup_phases if slowest else {},
     )
     if timed_out and not any(s in ("oom", "error") for _, s, _ in failures):
-        return ProbeResult(status="timeout", cause=f"probe passed its {config.timeout_s:g} s timeout; all ranks "
-                           "were killed", **common)  # type: ignore[arg-type]
+        return ProbeResult(
+            status="timeout", cause=f"probe passed its {config.timeout_s:g} s timeout; all ranks were killed", **common
+        )  # type: ignore[arg-type]
     if failures:
         r, status, cause = max(failures, key=lambda f: (_RANK[f[1]], -f[0].rank))
         return ProbeResult(status=status, cause=cause or f"rank {r.rank}: {status}", **common)  # type: ignore[arg-type]
@@ -257,9 +278,13 @@ def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: 
         return ProbeResult(status="error", cause="probe ended without results from every rank", **common)  # type: ignore[arg-type]
     steps = results[0].steps
     samples = config.global_batch / steps.cycle_s if steps.cycle_s > 0 else None
-    return ProbeResult(status="ok", samples_per_s=samples,
-                       tokens_per_s=samples * config.knobs.max_length if samples else None,
-                       steps=steps, **common)  # type: ignore[arg-type]
+    return ProbeResult(
+        status="ok",
+        samples_per_s=samples,
+        tokens_per_s=samples * config.knobs.max_length if samples else None,
+        steps=steps,
+        **common,
+    )  # type: ignore[arg-type]
 
 
 def prepare_probes(config: ProbeConfig, *, launcher: str | None = None) -> None:
@@ -301,4 +326,4 @@ def run_probe(config: ProbeConfig, workdir: Path | None = None, *, launcher: str
             shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["run_probe", "prepare_probes", "probe_env", "free_port", "choose_launcher", "EXIT_ERROR"]
+__all__ = ["EXIT_ERROR", "choose_launcher", "free_port", "prepare_probes", "probe_env", "run_probe"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import plotly.graph_objects as go
 
@@ -78,7 +79,9 @@ def throughput_over_time(rows: list[Mapping[str, Any]]) -> go.Figure:
             xs.append(row["created_at"])
             ys.append(best)
     if xs:
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"shape": "hv", "color": "#2ca02c"}, name="best stable"))
+        fig.add_trace(
+            go.Scatter(x=xs, y=ys, mode="lines", line={"shape": "hv", "color": "#2ca02c"}, name="best stable")
+        )
     return _layout(fig, "Throughput per probe over time", "finished at", "samples/s (global batch)")
 
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import plotly.graph_objects as go
 
-from tuner.reporting import figures as figs
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.memory.imbalance import probe_imbalance
+from tuner.reporting import figures as figs
 from tuner.search.selection import Candidate, best_stable
 from tuner.storage.store import Store
 
@@ -123,7 +124,7 @@ class _Figures:
         self.count += 1
         inner = fig.to_html(
             full_html=False,
-            include_plotlyjs=True if first else False,
+            include_plotlyjs=bool(first),
             div_id=f"plot-{self.count}",
             config={"displaylogo": False, "responsive": True},
         )
@@ -160,7 +161,9 @@ def _summary(data: ReportData) -> str:
 def _best_section(data: ReportData) -> str:
     best = data.best
     if best is None:
-        return '<p class="empty">No stable config yet: no probe finished under the headroom without allocator retries.</p>'
+        return (
+            '<p class="empty">No stable config yet: no probe finished under the headroom without allocator retries.</p>'
+        )
     peak = f"{best.peak_allocated / MiB:,.1f} MiB"
     if best.capacity:
         peak += f" ({best.peak_allocated / best.capacity:.0%} of capacity)"

@@ -12,31 +12,42 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import TrialState
-
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from trials.contract import ProbeConfig, ProbeResult
-from tuner.units import Deadline
 from tuner.errors import StorageError
 from tuner.memory.estimator import Estimator
 from tuner.memory.frontier import Frontier
+from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator, stage_order, trace_points
 from tuner.probing.forkserver import pid_alive
 from tuner.search.request import ESSENTIAL, SearchRequest, check_resume, request_from_definition
 from tuner.search.selection import Candidate, best_stable
-from tuner.storage import Store, optuna_storage
 from tuner.search.strategy import EstimatorLike, Outcome, Proposal, Strategy, make_sampler
-from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator, stage_order, trace_points
+from tuner.storage import Store, optuna_storage
+from tuner.units import Deadline
 
 # re-exported: callers import the request and the trace helpers from here too
 __all__ = [
-    "ESSENTIAL", "ESTIMATE_AUTO_MIN_BUDGET_S", "Listener", "Outcome", "Proposal", "Search", "SearchRequest",
-    "SearchSummary", "build_estimator", "check_resume", "request_from_definition", "stage_order", "trace_points",
+    "ESSENTIAL",
+    "ESTIMATE_AUTO_MIN_BUDGET_S",
+    "Listener",
+    "Outcome",
+    "Proposal",
+    "Search",
+    "SearchRequest",
+    "SearchSummary",
+    "build_estimator",
+    "check_resume",
+    "request_from_definition",
+    "stage_order",
+    "trace_points",
 ]
 
 Probe = Callable[[ProbeConfig], ProbeResult]
@@ -47,7 +58,11 @@ STALE_CLAIM_S = 120.0  # a claim whose worker sent no heartbeat for this long is
 # the database went away (restart, network): retried with backoff this long before the search stops on one line
 STORAGE_PATIENCE_S = 600.0
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (
-    OperationalError, DBAPIError, InvalidatePoolError, PoolTimeout, StorageError,
+    OperationalError,
+    DBAPIError,
+    InvalidatePoolError,
+    PoolTimeout,
+    StorageError,
     optuna.exceptions.StorageInternalError,
 )
 
@@ -252,7 +267,6 @@ class Search:
             delay = min(delay * 2, 30.0)
 
     def _loop(self, run_id: int) -> str:
-        name = self.request.study_name
         while True:
             self._sync()
             left = self.deadline.left

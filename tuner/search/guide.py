@@ -10,16 +10,16 @@ objective measured so far, times the probability that it is stable: from the mem
 headroom line, with the estimator's relative error) when there is one, else a flat prior; the frontier's "fits"
 verdict makes it 1. That is constrained EI (Gardner et al., ICML 2014); ties go to the cheaper probe.
 
-Pure: numpy only, no database, no Optuna. tuner.search.strategy.Strategy calls :func:`guide_step`, which gathers what the
-probe rows, the frontier and the estimate say and asks :func:`next_config`.
-"""
+Pure: numpy only, no database, no Optuna. tuner.search.strategy.Strategy calls :func:`guide_step`, which gathers what
+the probe rows, the frontier and the estimate say and asks :func:`next_config`."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from trials.contract import Knobs
 from tuner.memory.frontier import Frontier
@@ -30,7 +30,10 @@ PEAK_NOISE_FLOOR = 0.03  # the same for log peak memory: measured peaks are dete
 UNKNOWN_FIT = 0.6  # P(stable) of a config with no estimate and no frontier verdict
 # prior mean per doubling (log units): memory grows with the micro batch and the length (the speed prior: regression)
 PEAK_SLOPES = {"micro_batch_size": 0.5, "max_length": 0.5, "reduce_bucket_size": 0.3, "allgather_bucket_size": 0.3}
-BUCKETS = ("reduce_bucket_size", "allgather_bucket_size")  # sizes, for the memory model (tuner.search.regression.Featurizer)
+BUCKETS = (
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+)  # sizes, for the memory model (tuner.search.regression.Featurizer)
 LOCALITY = 0.5  # score factor per knob (besides the micro batch) beyond the first that differs from the incumbent
 MICRO_STEP = 0.5  # a doubling of the micro batch away from the incumbent, in knobs
 ESTIMATE_ERROR = 0.05  # relative error of a calibrated memory estimate (measured: median 1-2%, max ~6%)
@@ -143,8 +146,11 @@ def guide_step(
     the frontier or the estimate (above ``estimate_margin`` x capacity) rule out are skipped, and the boundary of the
     ruled-out ones is returned for the record. ``estimate``: calibrated peak bytes per config, or None without a
     trace (P(stable) then comes from a PeakModel of the measured peaks)."""
-    measured = [(Knobs.model_validate(r["knobs"]), float(r["objective"])) for r in rows
-                if r.get("fidelity") in MEASURED and r.get("status") == "ok" and r.get("objective")]
+    measured = [
+        (Knobs.model_validate(r["knobs"]), float(r["objective"]))
+        for r in rows
+        if r.get("fidelity") in MEASURED and r.get("status") == "ok" and r.get("objective")
+    ]
     found = candidates(rows)
     best = max((c.objective for c in found), default=None)
     limit = headroom * capacity if capacity else None
@@ -169,8 +175,11 @@ def guide_step(
 
     peaks = None
     if estimate is None and limit:  # no trace: learn the memory need from the measured peaks
-        needs = [(Knobs.model_validate(r["knobs"]), need) for r in rows
-                 if r.get("fidelity") in MEASURED and (need := _need(r, capacity))]
+        needs = [
+            (Knobs.model_validate(r["knobs"]), need)
+            for r in rows
+            if r.get("fidelity") in MEASURED and (need := _need(r, capacity))
+        ]
         peaks = PeakModel(grid, needs, limit)
 
     def p_fit(k: Knobs) -> float:
@@ -180,8 +189,9 @@ def guide_step(
         return p_stable(estimates.get(key(k)), limit, verdict)
 
     incumbent = Knobs.model_validate(max(found, key=lambda c: c.objective).knobs) if found else None
-    choice = next_config(grid, measured, best, skip, p_fit, cost=lambda k: k.micro_batch_size * k.max_length,
-                         around=incumbent)
+    choice = next_config(
+        grid, measured, best, skip, p_fit, cost=lambda k: k.micro_batch_size * k.max_length, around=incumbent
+    )
     return Step(choice, best, list(ruled_out.values()))
 
 
@@ -192,8 +202,7 @@ def _need(row: dict[str, Any], capacity: int) -> float | None:
     if row.get("status") == "ok" and row.get("peak_allocated"):
         return float(row["peak_allocated"])
     if row.get("status") == "oom" and capacity:
-        refused = max((int(r.get("oom_need") or 0) for r in (row.get("result") or {}).get("ranks", [])),
-                      default=0)
+        refused = max((int(r.get("oom_need") or 0) for r in (row.get("result") or {}).get("ranks", [])), default=0)
         return float(max(int(row.get("peak_allocated") or 0), capacity, refused))
     return None
 
@@ -232,5 +241,15 @@ def _cdf(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2)))
 
 
-__all__ = ["Choice", "Featurizer", "Model", "NOISE_FLOOR", "PeakModel", "Step", "expected_improvement", "guide_step", "next_config",
-           "p_stable"]
+__all__ = [
+    "NOISE_FLOOR",
+    "Choice",
+    "Featurizer",
+    "Model",
+    "PeakModel",
+    "Step",
+    "expected_improvement",
+    "guide_step",
+    "next_config",
+    "p_stable",
+]

@@ -1,17 +1,16 @@
 """A throughput (or memory) model of the measured probes: Bayesian linear regression of log(value) on the knobs.
 
-Quadratic in log2(micro batch) and log2(max_length) with their interaction (throughput saturates with the batch,
-longer sequences cost more per token), one-hot for every other knob that varies (ZeRO stage, checkpointing,
-overlap_comm, buckets, offload, precision ...): the knob effects are mostly multiplicative, so few probes pin them
-down (the step-time model of Pollux, OSDI'21, fitted per knob). Used by tuner.search.guide (which config to probe next) and
-tuner.search.selection (which measured config to trust). Pure: numpy only.
-"""
+Quadratic in log2(micro batch) and log2(max_length) with their interaction (throughput saturates with the batch, longer
+sequences cost more per token), one-hot for every other knob that varies (ZeRO stage, checkpointing, overlap_comm,
+buckets, offload, precision ...): the knob effects are mostly multiplicative, so few probes pin them down (the step-time
+model of Pollux, OSDI'21, fitted per knob). Used by tuner.search.guide (which config to probe next) and
+tuner.search.selection (which measured config to trust). Pure: numpy only."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -36,8 +35,9 @@ class Featurizer:
         dumps = [k.model_dump(mode="json") for k in configs]
         names = sorted(dumps[0]) if dumps else []
         self.numeric = [n for n in NUMERIC if len({d[n] for d in dumps}) > 1]
-        self.sizes = {n: float(min(set_values)) for n in sizes
-                      if len(set_values := {d.get(n) for d in dumps if d.get(n)}) > 1}
+        self.sizes = {
+            n: float(min(set_values)) for n in sizes if len(set_values := {d.get(n) for d in dumps if d.get(n)}) > 1
+        }
         self.levels: dict[str, list[str]] = {}
         for name in names:
             if name in NUMERIC or name in self.sizes:
@@ -52,8 +52,14 @@ class Featurizer:
         n = len(self.numeric)
         second = n + (1 if n == 2 else 0)
         onehots = sum(len(v) for v in self.levels.values())
-        return np.asarray([OFFSET_SCALE] + [PRIOR_SCALE] * n + [CURVATURE_SCALE] * second
-                          + [PRIOR_SCALE] * len(self.sizes) + [PRIOR_SCALE] * onehots, dtype=float)
+        return np.asarray(
+            [OFFSET_SCALE]
+            + [PRIOR_SCALE] * n
+            + [CURVATURE_SCALE] * second
+            + [PRIOR_SCALE] * len(self.sizes)
+            + [PRIOR_SCALE] * onehots,
+            dtype=float,
+        )
 
     def prior_means(self, slopes: dict[str, float]) -> np.ndarray:
         """Prior mean per feature: zero, except the first-order term of the numeric and size knobs named in
@@ -93,8 +99,13 @@ class Model:
     noise: float
 
     @classmethod
-    def fit(cls, featurize: Featurizer, measured: Sequence[tuple[Knobs, float]], floor: float = NOISE_FLOOR,
-            slopes: dict[str, float] | None = None) -> Model:
+    def fit(
+        cls,
+        featurize: Featurizer,
+        measured: Sequence[tuple[Knobs, float]],
+        floor: float = NOISE_FLOOR,
+        slopes: dict[str, float] | None = None,
+    ) -> Model:
         """``slopes``: prior mean of the first-order effect of a doubling of a numeric knob (default none)."""
         x = np.stack([featurize(k) for k, _ in measured])
         y = np.log(np.asarray([v for _, v in measured], dtype=float))
@@ -118,4 +129,4 @@ class Model:
         return self.intercept + float(f @ self.mean_w), float(np.sqrt(max(f @ self.cov_w @ f, 1e-12)))
 
 
-__all__ = ["Featurizer", "Model", "NOISE_FLOOR", "SPEED_SLOPES"]
+__all__ = ["NOISE_FLOOR", "SPEED_SLOPES", "Featurizer", "Model"]

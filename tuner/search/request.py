@@ -12,8 +12,8 @@ from typing import Any
 from trials.contract import Knobs, ModelSpec
 from tuner.errors import ConfigError
 from tuner.job.objective import Objective
-from tuner.search.schedule import Schedule
 from tuner.job.space import Space, space_from_definition
+from tuner.search.schedule import Schedule
 
 
 @dataclass

@@ -10,8 +10,8 @@ import optuna
 from optuna.trial import TrialState
 
 from trials.contract import ProbeConfig, ProbeResult
-from tuner.memory.frontier import describe
 from tuner.job.objective import Objective
+from tuner.memory.frontier import describe
 from tuner.search.selection import is_stable
 
 OOM_CONSTRAINT = 1.0  # the "memory" constraint of an OOM (> 0 is infeasible for TPE)
@@ -56,8 +56,14 @@ def probe_row(
     }
 
 
-def inferred_row(trial_number: int, config: ProbeConfig, config_key: str, cause: str | None, estimate: int | None,
-                 capacity: int | None) -> dict[str, Any]:
+def inferred_row(
+    trial_number: int,
+    config: ProbeConfig,
+    config_key: str,
+    cause: str | None,
+    estimate: int | None,
+    capacity: int | None,
+) -> dict[str, Any]:
     """The row of a config the frontier or the memory estimate says must OOM: recorded, never run."""
     return {
         "trial_number": trial_number,

@@ -6,8 +6,9 @@ Pure functions over probe rows (the shape of tuner_probes rows), so a replay on 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from trials.contract import Knobs
 from tuner.search.selection import MEASURED
@@ -34,7 +35,9 @@ class Schedule:
     stuck_asks: int = 8  # consecutive duplicate/inferred proposals before picking an unknown config directly
     guide: bool = True  # after the opening, probe the config of highest constrained EI (tuner.search.guide), not TPE's
     min_expected_gain: float = 0.001  # the guide stops exploring when no config is expected to gain more (log units)
-    seed_bisection: bool = True  # start with a micro-batch bisection at the plainest config (tuner.search.strategy.Strategy._next_seed)
+    seed_bisection: bool = (
+        True  # start with a micro-batch bisection at the plainest config (tuner.search.strategy.Strategy._next_seed)
+    )
 
 
 def walls(rows: Rows, fidelity: str | None = None) -> list[float]:

@@ -1,21 +1,21 @@
 """Which config to hand the user: pure functions over stored probe rows (see tuner.storage.schema.probes).
 
-Probe throughput is noisy: on a shared CPU two probes of one config differ by 20-40%, and a search that keeps the
-config with the best single measurement hands over its luckiest draw, not its fastest config (the winner's curse).
-So stable configs are ranked on what all the probes say about each of them: the throughput model of every measured
-probe (tuner.search.regression) is the prior of a config's log throughput (its prediction, give or take the model's doubt and
+Probe throughput is noisy: on a shared CPU two probes of one config differ by 20-40%, and a search that keeps the config
+with the best single measurement hands over its luckiest draw, not its fastest config (the winner's curse). So stable
+configs are ranked on what all the probes say about each of them: the throughput model of every measured probe
+(tuner.search.regression) is the prior of a config's log throughput (its prediction, give or take the model's doubt and
 ``CONFIG_SPREAD`` for what the model misses), and the config's own measurements update it with the noise that repeat
 probes of one config show (pooled, with a prior of ``REPEAT_NOISE``). With precise measurements (a GPU: repeats agree
-within a few percent) a config's own numbers decide; with noisy ones, the neighbours' evidence counts too. The rank
-is that posterior's mean minus one standard deviation; ``Candidate.objective`` stays the measured throughput.
-"""
+within a few percent) a config's own numbers decide; with noisy ones, the neighbours' evidence counts too. The rank is
+that posterior's mean minus one standard deviation; ``Candidate.objective`` stays the measured throughput."""
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from trials.contract import Knobs
 from tuner.search.regression import SPEED_SLOPES, Featurizer, Model
@@ -59,9 +59,14 @@ def candidates(rows: Iterable[dict[str, Any]]) -> list[Candidate]:
     for row in rows:
         if row.get("fidelity") in MEASURED:
             by_key.setdefault(row["config_key"], []).append(row)
-    measured = {key: [math.log(float(r["objective"])) for r in group
-                      if r.get("status") == "ok" and r.get("objective") and float(r["objective"]) > 0]
-                for key, group in by_key.items()}
+    measured = {
+        key: [
+            math.log(float(r["objective"]))
+            for r in group
+            if r.get("status") == "ok" and r.get("objective") and float(r["objective"]) > 0
+        ]
+        for key, group in by_key.items()
+    }
     stable = {key: group for key, group in by_key.items() if all(r.get("stable") for r in group) and measured[key]}
     scores = _scores(stable, by_key, measured)
     out: list[Candidate] = []
@@ -93,8 +98,9 @@ def candidates(rows: Iterable[dict[str, Any]]) -> list[Candidate]:
     return out
 
 
-def _scores(stable: dict[str, list[dict[str, Any]]], groups: dict[str, list[dict[str, Any]]],
-            measured: dict[str, list[float]]) -> dict[str, tuple[float, float]]:
+def _scores(
+    stable: dict[str, list[dict[str, Any]]], groups: dict[str, list[dict[str, Any]]], measured: dict[str, list[float]]
+) -> dict[str, tuple[float, float]]:
     """Per stable config, the posterior mean -/+ one std of its log throughput (see the module docstring)."""
     noise2 = repeat_noise(measured.values()) ** 2
     knobs = {key: Knobs.model_validate(group[0]["knobs"]) for key, group in groups.items() if measured[key]}

@@ -2,16 +2,16 @@
 
 ``Strategy`` works on an Optuna study (in memory or RDB) and never runs anything itself: ``propose(seconds_left)``
 returns the next ProbeConfig to run (or None when done) and ``observe(proposal, result)`` records what came back.
-tuner/search/driver.py drives it with the real runner and the database; benchmarks/replay.py drives it with a table lookup
-and a simulated clock. The phases:
+tuner/search/driver.py drives it with the real runner and the database; benchmarks/replay.py drives it with a table
+lookup and a simulated clock. The phases:
 
 1. baseline: the user's current config (``--baseline``) is probed first, as trial 0.
 2. explore: an opening at the plainest config (the largest micro batch the memory estimate predicts stable, else a
-   micro-batch bisection), then the guide (tuner.search.guide: constrained expected improvement over a throughput model of
-   every probe) proposes, until no config is expected to gain 0.1%; TPE proposes only with ``Schedule(guide=False)``.
-   Duplicates reuse the earlier measurement; configs the feasibility frontier (or the memory estimate) says must OOM
-   are recorded as PRUNED trials with cause "inferred-oom" without running. OOM probes are PRUNED with a positive
-   constraint (``trial.set_constraint``) so TPE, where it proposes, learns the infeasible region.
+   micro-batch bisection), then the guide (tuner.search.guide: constrained expected improvement over a throughput model
+   of every probe) proposes, until no config is expected to gain 0.1%; TPE proposes only with ``Schedule(guide=False)``.
+   Duplicates reuse the earlier measurement; configs the feasibility frontier (or the memory estimate) says must OOM are
+   recorded as PRUNED trials with cause "inferred-oom" without running. OOM probes are PRUNED with a positive constraint
+   (``trial.set_constraint``) so TPE, where it proposes, learns the infeasible region.
 3. confirm: the best stable configs (finalists) are re-probed with more measured steps; selection ranks them on a
    lower bound of their throughput given every probe's evidence (tuner.search.selection).
 
@@ -29,16 +29,17 @@ import optuna
 from optuna.trial import TrialState
 
 from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
-from tuner.job.batching import accumulation_steps
 from tuner.errors import TunerError
+from tuner.job.batching import accumulation_steps
+from tuner.job.objective import Objective
+from tuner.job.space import Space, config_key
 from tuner.memory.frontier import Frontier
 from tuner.search.guide import guide_step
-from tuner.job.objective import Objective
+from tuner.search.rows import inferred_row, probe_row, tell, tell_skipped
+from tuner.search.sampling import PlainSuggester, fixed_params, make_sampler
 from tuner.search.schedule import Schedule, budgeted_seconds, expected_seconds, timeout_for
 from tuner.search.selection import MEASURED, best_stable, candidates
-from tuner.search.sampling import PlainSuggester, fixed_params, make_sampler
-from tuner.job.space import Space, config_key
-from tuner.search.rows import inferred_row, probe_row, tell, tell_skipped
+
 
 def _fits(row: dict[str, Any]) -> bool | None:
     """What a measured row tells the frontier: fits (stable), does not fit (OOM or above the headroom), or nothing."""
@@ -59,6 +60,7 @@ class EstimatorLike(Protocol):
     def predict(self, knobs: Knobs) -> Any: ...  # an object with ``.calibrated`` bytes
 
     def observe(self, knobs: Knobs, measured_peak: int) -> None: ...
+
 
 @dataclass
 class Proposal:
@@ -166,7 +168,7 @@ class Strategy:
     def best(self) -> Any:
         return best_stable(self.rows)
 
-    # -- time model (tuner.search.schedule) ------------------------------------------------------------------------------
+    # -- time model (tuner.search.schedule) ---------------------------------------------------------------------
     def expected_seconds(self, fidelity: Fidelity) -> float:
         return expected_seconds(self.rows, self.schedule, fidelity)
 
@@ -274,8 +276,12 @@ class Strategy:
             # the memory estimate already knows the boundary: one probe at the largest micro batch predicted stable
             self._seeded = True
             estimates = {k.micro_batch_size: self._estimate(k) for k in unknown}
-            far = [k for k in unknown if (est := estimates[k.micro_batch_size]) is not None
-                   and est > self.schedule.estimate_margin * self.device_memory]
+            far = [
+                k
+                for k in unknown
+                if (est := estimates[k.micro_batch_size]) is not None
+                and est > self.schedule.estimate_margin * self.device_memory
+            ]
             if far:  # the boundary of what the estimate rules out at this config goes on record, never run
                 self._record_inferred(far[0])
             fitting = [k for k in unknown if (est := estimates[k.micro_batch_size]) is not None and est <= limit]
@@ -291,9 +297,15 @@ class Strategy:
             self._grid = list(self.space.configs())
         capacity = self.device_memory or max((int(r.get("capacity") or 0) for r in self.rows), default=0)
         step = guide_step(
-            self._grid, self.rows, self.frontier, self._estimate if self.estimator is not None else None,
-            known=self._known(), key=lambda k: config_key(k, self.world_size, self._accum(k)), capacity=capacity,
-            headroom=self.headroom, estimate_margin=self.schedule.estimate_margin,
+            self._grid,
+            self.rows,
+            self.frontier,
+            self._estimate if self.estimator is not None else None,
+            known=self._known(),
+            key=lambda k: config_key(k, self.world_size, self._accum(k)),
+            capacity=capacity,
+            headroom=self.headroom,
+            estimate_margin=self.schedule.estimate_margin,
         )
         for k in step.ruled_out:  # the OOM boundary, recorded once so `tuner trials` shows what was never probed
             self._record_inferred(k)
@@ -364,7 +376,8 @@ class Strategy:
         estimate = self._estimate(knobs)
         capacity = self.device_memory or max((int(r.get("capacity") or 0) for r in self.rows), default=0)
         if estimate is not None and capacity and estimate > self.schedule.estimate_margin * capacity:
-            cause = f"inferred-oom: estimated peak {estimate / 2**20:.0f} MiB > {self.schedule.estimate_margin:g} x capacity"
+            margin = self.schedule.estimate_margin
+            cause = f"inferred-oom: estimated peak {estimate / 2**20:.0f} MiB > {margin:g} x capacity"
             return "oom", cause, estimate
         return None, None, estimate
 
@@ -388,8 +401,11 @@ class Strategy:
             within_top = rank < self.schedule.finalists and len(confirmed) < self.schedule.finalists
             # beyond the top finalists: a config whose upper bound still reaches the best confirmed one's lower bound
             # (measurements too noisy to tell them apart), up to max_finalists confirmed in all
-            contender = (best_confirmed is not None and cand.upper > best_confirmed
-                         and len(confirmed) < self.schedule.max_finalists)
+            contender = (
+                best_confirmed is not None
+                and cand.upper > best_confirmed
+                and len(confirmed) < self.schedule.max_finalists
+            )
             if not within_top and not contender and (best_confirmed is None or cand.score <= best_confirmed):
                 return None
             knobs = Knobs.model_validate(cand.knobs)
@@ -400,9 +416,17 @@ class Strategy:
 
     # -- observing ---------------------------------------------------------------------------------------------------
     def row_for(self, proposal: Proposal, result: ProbeResult) -> dict[str, Any]:
-        return probe_row(proposal.config, result, trial_number=proposal.trial_number, fidelity=proposal.fidelity,
-                         config_key=proposal.config_key, estimate_bytes=proposal.estimate_bytes,
-                         objective=self.objective, device_memory=self.device_memory, headroom=self.headroom)
+        return probe_row(
+            proposal.config,
+            result,
+            trial_number=proposal.trial_number,
+            fidelity=proposal.fidelity,
+            config_key=proposal.config_key,
+            estimate_bytes=proposal.estimate_bytes,
+            objective=self.objective,
+            device_memory=self.device_memory,
+            headroom=self.headroom,
+        )
 
     def observe(self, proposal: Proposal, result: ProbeResult) -> Outcome:
         """Records a probe's result: the trial is told COMPLETE, PRUNED (OOM) or FAIL (error/timeout)."""
@@ -445,5 +469,3 @@ class Strategy:
         self.rows.append(row)
         self.events.append(row)
         self.inferred += 1
-
-

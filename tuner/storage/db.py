@@ -34,7 +34,7 @@ def _check_url(url: str) -> sa.URL:
     return parsed
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - SQLAlchemy event signature
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     # WAL: the API reads while a search writes, without "database is locked".
     cur.execute("PRAGMA journal_mode=WAL")
@@ -109,9 +109,7 @@ def _upgrade(url: str) -> int:
             if found is None:
                 conn.execute(sa.insert(meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
             elif found < SCHEMA_VERSION:
-                conn.execute(
-                    sa.update(meta).where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION))
-                )
+                conn.execute(sa.update(meta).where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
     except (OperationalError, IntegrityError) as err:
         if _created_concurrently(err):
             raise

@@ -5,12 +5,12 @@ import io
 from rich.console import Console
 
 from trials.contract import Knobs, ProbeConfig
-from tuner.units import Deadline
-from tuner.job.objective import Objective
 from tuner.cli.progress import LiveProgress, summary_table
+from tuner.job.objective import Objective
 from tuner.search.driver import SearchSummary
 from tuner.search.selection import best_stable
 from tuner.search.strategy import Outcome, Proposal
+from tuner.units import Deadline
 
 MiB = 2**20
 
@@ -59,8 +59,16 @@ def test_live_panel_counts_ooms_inferred_and_the_best():
 def test_summary_table_shows_best_and_baseline_speedup():
     rows = [_row("ok", 12.5, True, micro=4), {**_row("ok", 5.0, True, micro=2), "fidelity": "baseline"}]
     summary = SearchSummary(
-        study_name="demo", run_id=1, elapsed_s=100, stop_reason="budget", counts={"ok": 2}, best=best_stable(rows),
-        baseline=rows[1], probes_run=2, probe_seconds=13, trials=2,
+        study_name="demo",
+        run_id=1,
+        elapsed_s=100,
+        stop_reason="budget",
+        counts={"ok": 2},
+        best=best_stable(rows),
+        baseline=rows[1],
+        probes_run=2,
+        probe_seconds=13,
+        trials=2,
     )
     out = io.StringIO()
     Console(file=out, width=200, color_system=None).print(summary_table(summary, Objective()))

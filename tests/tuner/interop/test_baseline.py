@@ -11,28 +11,61 @@ from typing import Any
 import pytest
 
 from trials.contract import Knobs
-from tuner.interop.baseline import Baseline, load_baseline, parse_baseline
 from tuner.errors import BaselineError, ConfigError
+from tuner.interop.baseline import Baseline, load_baseline, parse_baseline
 from tuner.interop.export import render
 from tuner.interop.export.mapping import HF_DEFAULTS, auto_paths
 from tuner.job.space import default_space
 
 # The team's setup from DESIGN.md: HF-style "auto" everywhere, ZeRO-2 with CPU offload, overlap_comm, 2e8 buckets.
 HF_ZERO2 = {
-    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-    "gradient_clipping": "auto", "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "fp16": {"enabled": "auto"},
+    "bf16": {"enabled": "auto"},
     "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
-    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
-                                                      "warmup_num_steps": "auto", "total_num_steps": "auto"}},
-    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                          "allgather_partitions": True, "allgather_bucket_size": 2e8, "overlap_comm": True,
-                          "reduce_scatter": True, "reduce_bucket_size": 2e8, "contiguous_gradients": True},
-}  # fmt: skip
-HF_ARGS = {"output_dir": "out", "per_device_train_batch_size": 4, "per_device_eval_batch_size": 32,
-           "gradient_accumulation_steps": 2, "bf16": True, "predict_with_generate": True, "max_source_length": 512,
-           "max_target_length": 128, "learning_rate": 1e-4, "max_steps": 1000, "warmup_steps": 50}  # fmt: skip
-EXPLICIT = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
-            "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}}  # fmt: skip
+    "scheduler": {
+        "type": "WarmupDecayLR",
+        "params": {
+            "warmup_min_lr": "auto",
+            "warmup_max_lr": "auto",
+            "warmup_num_steps": "auto",
+            "total_num_steps": "auto",
+        },
+    },
+    "zero_optimization": {
+        "stage": 2,
+        "offload_optimizer": {"device": "cpu", "pin_memory": True},
+        "allgather_partitions": True,
+        "allgather_bucket_size": 2e8,
+        "overlap_comm": True,
+        "reduce_scatter": True,
+        "reduce_bucket_size": 2e8,
+        "contiguous_gradients": True,
+    },
+}
+HF_ARGS = {
+    "output_dir": "out",
+    "per_device_train_batch_size": 4,
+    "per_device_eval_batch_size": 32,
+    "gradient_accumulation_steps": 2,
+    "bf16": True,
+    "predict_with_generate": True,
+    "max_source_length": 512,
+    "max_target_length": 128,
+    "learning_rate": 1e-4,
+    "max_steps": 1000,
+    "warmup_steps": 50,
+}
+EXPLICIT = {
+    "train_batch_size": 32,
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 2,
+    "zero_optimization": {"stage": 1},
+    "bf16": {"enabled": True},
+}
 
 
 def with_(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
@@ -54,17 +87,31 @@ _DEL = object()
 def test_the_teams_setup_maps_onto_the_knobs() -> None:
     b = parse_baseline(HF_ZERO2, HF_ARGS, world_size=4)
     assert b.knobs == {
-        "micro_batch_size": 4, "max_length": 512, "engine": "deepspeed", "zero_stage": 2,
-        "allgather_bucket_size": 200_000_000, "reduce_bucket_size": 200_000_000, "overlap_comm": True,
-        "contiguous_gradients": True, "offload_optimizer": True, "gradient_checkpointing": False, "precision": "bf16",
-        "alloc_conf": None, "eval_batch_size": 32, "generate": True,
-    }  # fmt: skip
+        "micro_batch_size": 4,
+        "max_length": 512,
+        "engine": "deepspeed",
+        "zero_stage": 2,
+        "allgather_bucket_size": 200_000_000,
+        "reduce_bucket_size": 200_000_000,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "offload_optimizer": True,
+        "gradient_checkpointing": False,
+        "precision": "bf16",
+        "alloc_conf": None,
+        "eval_batch_size": 32,
+        "generate": True,
+    }
     assert (b.world_size, b.gradient_accumulation_steps, b.global_batch) == (4, 2, 32)
     # every "auto" resolved the way the HF Trainer resolves it
     assert auto_paths(b.ds_config) == []
     assert b.ds_config["optimizer"]["params"] == {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
-    assert b.ds_config["scheduler"]["params"] == {"warmup_min_lr": 0, "warmup_max_lr": 1e-4, "warmup_num_steps": 50,
-                                                  "total_num_steps": 1000}  # fmt: skip
+    assert b.ds_config["scheduler"]["params"] == {
+        "warmup_min_lr": 0,
+        "warmup_max_lr": 1e-4,
+        "warmup_num_steps": 50,
+        "total_num_steps": 1000,
+    }
     assert b.ds_config["gradient_clipping"] == 1.0 and b.ds_config["train_batch_size"] == 32
     assert HF_ZERO2["train_micro_batch_size_per_gpu"] == "auto"  # input untouched
     Knobs(**b.knobs)
@@ -82,40 +129,87 @@ def test_baseline_round_trips_and_exports_keep_its_optimizer() -> None:
     ("ds", "hf", "kw", "expect"),
     [
         # explicit DeepSpeed only: world size derived from train_batch_size
-        (EXPLICIT, None, {"max_length": 256}, {"micro_batch_size": 4, "zero_stage": 1, "precision": "bf16",
-                                               "world": 4, "accum": 2, "global": 32, "max_length": 256}),
+        (
+            EXPLICIT,
+            None,
+            {"max_length": 256},
+            {
+                "micro_batch_size": 4,
+                "zero_stage": 1,
+                "precision": "bf16",
+                "world": 4,
+                "accum": 2,
+                "global": 32,
+                "max_length": 256,
+            },
+        ),
         # train_batch_size + micro: accumulation derived with the study's world size
-        (with_(EXPLICIT, "gradient_accumulation_steps", _DEL), None, {"world_size": 2, "max_length": 64},
-         {"accum": 4, "global": 32, "world": 2}),
+        (
+            with_(EXPLICIT, "gradient_accumulation_steps", _DEL),
+            None,
+            {"world_size": 2, "max_length": 64},
+            {"accum": 4, "global": 32, "world": 2},
+        ),
         # train_batch_size + accumulation: micro derived
-        (with_(EXPLICIT, "train_micro_batch_size_per_gpu", _DEL), None, {"world_size": 8, "max_length": 64},
-         {"micro_batch_size": 2, "accum": 2}),
+        (
+            with_(EXPLICIT, "train_micro_batch_size_per_gpu", _DEL),
+            None,
+            {"world_size": 8, "max_length": 64},
+            {"micro_batch_size": 2, "accum": 2},
+        ),
         # micro only: accumulation 1, global unknown without the world size
         ({"train_micro_batch_size_per_gpu": 3}, None, {"max_length": 64}, {"accum": 1, "global": None, "world": None}),
         # training args only: plain torch (DDP) baseline, HF defaults fill the rest
-        (None, {"per_device_train_batch_size": 2, "max_seq_length": 128, "fp16": True}, {},
-         {"engine": "torch", "zero_stage": 0, "precision": "fp16", "eval_batch_size": 8, "accum": 1}),
+        (
+            None,
+            {"per_device_train_batch_size": 2, "max_seq_length": 128, "fp16": True},
+            {},
+            {"engine": "torch", "zero_stage": 0, "precision": "fp16", "eval_batch_size": 8, "accum": 1},
+        ),
         # training args naming an inline DeepSpeed dict
         (None, {**HF_ARGS, "deepspeed": HF_ZERO2}, {"world_size": 4}, {"zero_stage": 2, "offload_optimizer": True}),
         # legacy spellings: cpu_offload, bfloat16; stage 3 overlaps by default
-        ({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "cpu_offload": True},
-          "bfloat16": {"enabled": True}}, None, {"max_length": 8},
-         {"offload_optimizer": True, "precision": "bf16", "overlap_comm": True}),
+        (
+            {
+                "train_micro_batch_size_per_gpu": 1,
+                "zero_optimization": {"stage": 3, "cpu_offload": True},
+                "bfloat16": {"enabled": True},
+            },
+            None,
+            {"max_length": 8},
+            {"offload_optimizer": True, "precision": "bf16", "overlap_comm": True},
+        ),
         # activation_checkpointing (transformers 5) and gradient_checkpointing both count
-        (None, {"per_device_train_batch_size": 2, "max_length": 64, "activation_checkpointing": True}, {},
-         {"gradient_checkpointing": True}),
-        (None, {"per_device_train_batch_size": 2, "max_length": 64, "gradient_checkpointing": True}, {},
-         {"gradient_checkpointing": True}),
+        (
+            None,
+            {"per_device_train_batch_size": 2, "max_length": 64, "activation_checkpointing": True},
+            {},
+            {"gradient_checkpointing": True},
+        ),
+        (
+            None,
+            {"per_device_train_batch_size": 2, "max_length": 64, "gradient_checkpointing": True},
+            {},
+            {"gradient_checkpointing": True},
+        ),
         # "auto" buckets with the model's hidden size, as the Trainer fills them
-        (with_(HF_ZERO2, "zero_optimization.reduce_bucket_size", "auto"), HF_ARGS, {"hidden_size": 1024},
-         {"reduce_bucket_size": 1024 * 1024}),
+        (
+            with_(HF_ZERO2, "zero_optimization.reduce_bucket_size", "auto"),
+            HF_ARGS,
+            {"hidden_size": 1024},
+            {"reduce_bucket_size": 1024 * 1024},
+        ),
         # ... and without it: DeepSpeed's default (knob unset), noted
         (with_(HF_ZERO2, "zero_optimization.reduce_bucket_size", "auto"), HF_ARGS, {}, {"reduce_bucket_size": None}),
         # no length anywhere: the default space's max_length, so trial 0 and the trials share shapes
         (EXPLICIT, None, {}, {"max_length": max(default_space().max_length)}),
         # the length the training args name wins over the default given
-        (EXPLICIT, {**HF_ARGS, "deepspeed": "ignored.json", "bf16": True, "per_device_train_batch_size": 4},
-         {"max_length": 64}, {"max_length": 512}),
+        (
+            EXPLICIT,
+            {**HF_ARGS, "deepspeed": "ignored.json", "bf16": True, "per_device_train_batch_size": 4},
+            {"max_length": 64},
+            {"max_length": 512},
+        ),
     ],
 )
 def test_parse_table(ds: dict | None, hf: dict | None, kw: dict, expect: dict) -> None:
@@ -134,37 +228,75 @@ def test_parse_table(ds: dict | None, hf: dict | None, kw: dict, expect: dict) -
         (with_(EXPLICIT, "train_batch_size", 33), None, {"max_length": 8}, "train_batch_size=33"),
         (EXPLICIT, None, {"world_size": 2, "max_length": 8}, r"train_batch_size=32 contradicts .* 4 x 2 x 2 = 16"),
         (with_(EXPLICIT, "train_micro_batch_size_per_gpu", _DEL), None, {"max_length": 8}, "needs the world size"),
-        (with_(EXPLICIT, "gradient_accumulation_steps", _DEL), None, {"world_size": 3, "max_length": 8},
-         "does not split"),
-        (with_(EXPLICIT, "zero_optimization.bucket_size", 5), None, {"max_length": 8},
-         "unknown key zero_optimization.bucket_size"),
-        (with_(EXPLICIT, "zero_optimization.overlap_com", True), None, {"max_length": 8}, "did you mean 'overlap_comm'"),
+        (
+            with_(EXPLICIT, "gradient_accumulation_steps", _DEL),
+            None,
+            {"world_size": 3, "max_length": 8},
+            "does not split",
+        ),
+        (
+            with_(EXPLICIT, "zero_optimization.bucket_size", 5),
+            None,
+            {"max_length": 8},
+            "unknown key zero_optimization.bucket_size",
+        ),
+        (
+            with_(EXPLICIT, "zero_optimization.overlap_com", True),
+            None,
+            {"max_length": 8},
+            "did you mean 'overlap_comm'",
+        ),
         (with_(EXPLICIT, "zero_optimization.stage", 4), None, {"max_length": 8}, "stage must be 0, 1, 2 or 3, got 4"),
         (with_(EXPLICIT, "zero_optimization.stage", "auto"), None, {"max_length": 8}, "stage must be"),
         (with_(EXPLICIT, "zero_optimization", [1]), None, {"max_length": 8}, "zero_optimization must be an object"),
         ({**EXPLICIT, "zero_optimisation": {"stage": 2}}, None, {"max_length": 8}, "did you mean 'zero_optimization'"),
         (with_(EXPLICIT, "zero_optimization.offload_optimizer", {"device": "nvme"}), None, {"max_length": 8}, "nvme"),
-        (with_(EXPLICIT, "zero_optimization.offload_optimizer", {"device": "gpu"}), None, {"max_length": 8},
-         "device none, cpu or nvme"),
-        (with_(EXPLICIT, "zero_optimization.offload_param", {"device": "cpu"}), None, {"max_length": 8},
-         "offload_param"),
-        (with_(EXPLICIT, "zero_optimization", {"stage": 0, "offload_optimizer": {"device": "cpu"}}), None,
-         {"max_length": 8}, "offload_optimizer needs zero_stage"),
+        (
+            with_(EXPLICIT, "zero_optimization.offload_optimizer", {"device": "gpu"}),
+            None,
+            {"max_length": 8},
+            "device none, cpu or nvme",
+        ),
+        (
+            with_(EXPLICIT, "zero_optimization.offload_param", {"device": "cpu"}),
+            None,
+            {"max_length": 8},
+            "offload_param",
+        ),
+        (
+            with_(EXPLICIT, "zero_optimization", {"stage": 0, "offload_optimizer": {"device": "cpu"}}),
+            None,
+            {"max_length": 8},
+            "offload_optimizer needs zero_stage",
+        ),
         (with_(EXPLICIT, "zero_optimization.reduce_bucket_size", -5), None, {"max_length": 8}, "reduce_bucket_size"),
         (with_(EXPLICIT, "zero_optimization.overlap_comm", "yes"), None, {"max_length": 8}, "overlap_comm must be"),
         (with_(EXPLICIT, "fp16", {"enabled": True}), None, {"max_length": 8}, "both true"),
         (with_(EXPLICIT, "train_micro_batch_size_per_gpu", 0), None, {"max_length": 8}, "integer >= 1"),
         (with_(EXPLICIT, "fp16", True), None, {"max_length": 8}, "fp16 must be an object"),
         ({"gradient_clipping": 1.0}, None, {"max_length": 8}, "no batch size"),
-        (EXPLICIT, {"per_device_train_batch_size": 8, "max_length": 8}, {}, r"contradicts training args "
-         r"per_device_train_batch_size=8"),
-        (EXPLICIT, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_length": 8}, {},
-         r"bf16.enabled=True contradicts training args bf16=False \(its default\)"),
+        (
+            EXPLICIT,
+            {"per_device_train_batch_size": 8, "max_length": 8},
+            {},
+            r"contradicts training args "
+            r"per_device_train_batch_size=8",
+        ),
+        (
+            EXPLICIT,
+            {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_length": 8},
+            {},
+            r"bf16.enabled=True contradicts training args bf16=False \(its default\)",
+        ),
         (None, {"per_device_train_batch_size": "4", "max_length": 8}, {}, "per_device_train_batch_size must be"),
         (None, {"per_device_train_batch_size": 4, "max_length": 8, "bf16": True, "fp16": True}, {}, "both true"),
         (None, {"per_device_train_batch_size": 4, "max_length": 0}, {}, "max length must be an integer"),
-        (None, {"per_device_train_batch_size": 4, "max_length": 8, "predict_with_generate": "yes"}, {},
-         "predict_with_generate must be true or false"),
+        (
+            None,
+            {"per_device_train_batch_size": 4, "max_length": 8, "predict_with_generate": "yes"},
+            {},
+            "predict_with_generate must be true or false",
+        ),
         (None, {"deepspeed": "ds.json", "max_length": 8}, {}, "pass that file as the DeepSpeed config"),
     ],
 )

@@ -11,14 +11,26 @@ from typing import Any
 
 import pytest
 
-from tuner.interop.doctor import diagnose, visible_gpus
 from tuner.errors import BaselineError
+from tuner.interop.doctor import diagnose, visible_gpus
 
-DS = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "overlap_comm": True,
-                            "reduce_bucket_size": 2e8, "allgather_bucket_size": 2e8}}  # fmt: skip
-ARGS = {"per_device_train_batch_size": 4, "per_device_eval_batch_size": 4, "max_source_length": 512,
-        "logging_steps": 50}  # fmt: skip
+DS = {
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 1,
+    "zero_optimization": {
+        "stage": 2,
+        "offload_optimizer": {"device": "cpu"},
+        "overlap_comm": True,
+        "reduce_bucket_size": 2e8,
+        "allgather_bucket_size": 2e8,
+    },
+}
+ARGS = {
+    "per_device_train_batch_size": 4,
+    "per_device_eval_batch_size": 4,
+    "max_source_length": 512,
+    "logging_steps": 50,
+}
 QUIET_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
@@ -40,18 +52,42 @@ def zero(**kw: Any) -> dict:
         (zero(reduce_bucket_size=5e7, allgather_bucket_size=5e7), ARGS, None, 0, set(), {"overlap-comm-buckets"}),
         (zero(offload_optimizer={"device": "none"}), ARGS, None, 0, set(), {"overlap-comm-buckets"}),
         # unset buckets are DeepSpeed's 5e8 default: flagged
-        ({**DS, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}, "overlap_comm": True}},
-         ARGS, None, 0, {"overlap-comm-buckets"}, set()),
+        (
+            {**DS, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}, "overlap_comm": True}},
+            ARGS,
+            None,
+            0,
+            {"overlap-comm-buckets"},
+            set(),
+        ),
         # eval batch far above the train batch with generate
-        (DS, {**ARGS, "per_device_eval_batch_size": 32, "predict_with_generate": True}, None, 0,
-         {"eval-batch-generate", "eval-accumulation"}, set()),
+        (
+            DS,
+            {**ARGS, "per_device_eval_batch_size": 32, "predict_with_generate": True},
+            None,
+            0,
+            {"eval-batch-generate", "eval-accumulation"},
+            set(),
+        ),
         (DS, {**ARGS, "per_device_eval_batch_size": 32}, None, 0, set(), {"eval-batch-generate"}),
-        (DS, {**ARGS, "per_device_eval_batch_size": 4, "predict_with_generate": True, "eval_accumulation_steps": 4},
-         None, 0, set(), {"eval-batch-generate", "eval-accumulation"}),
+        (
+            DS,
+            {**ARGS, "per_device_eval_batch_size": 4, "predict_with_generate": True, "eval_accumulation_steps": 4},
+            None,
+            0,
+            set(),
+            {"eval-batch-generate", "eval-accumulation"},
+        ),
         (DS, {**ARGS, "eval_strategy": "steps"}, None, 0, {"eval-accumulation"}, set()),
         # the Trainer's default eval batch (8) against micro 2, with generate
-        (None, {"per_device_train_batch_size": 2, "max_seq_length": 64, "predict_with_generate": True}, None, 0,
-         {"eval-batch-generate"}, {"overlap-comm-buckets"}),
+        (
+            None,
+            {"per_device_train_batch_size": 2, "max_seq_length": 64, "predict_with_generate": True},
+            None,
+            0,
+            {"eval-batch-generate"},
+            {"overlap-comm-buckets"},
+        ),
         # truncation
         (DS, {k: v for k, v in ARGS.items() if k != "max_source_length"}, None, 0, {"no-truncation"}, set()),
         # logging every step, in the Trainer or in DeepSpeed
@@ -60,16 +96,34 @@ def zero(**kw: Any) -> dict:
         ({**DS, "wall_clock_breakdown": True}, ARGS, None, 0, {"deepspeed-logging"}, set()),
         # several GPUs and no launcher; with a launcher's env it is fine
         (DS, ARGS, {}, 4, {"gpus-without-launcher", "allocator-fragmentation"}, set()),
-        (DS, ARGS, {"WORLD_SIZE": "4", "LOCAL_RANK": "0", **QUIET_ENV}, 4, set(),
-         {"gpus-without-launcher", "allocator-fragmentation"}),
+        (
+            DS,
+            ARGS,
+            {"WORLD_SIZE": "4", "LOCAL_RANK": "0", **QUIET_ENV},
+            4,
+            set(),
+            {"gpus-without-launcher", "allocator-fragmentation"},
+        ),
         (DS, ARGS, {}, 1, {"allocator-fragmentation"}, {"gpus-without-launcher"}),
         (DS, ARGS, {}, None, set(), {"gpus-without-launcher", "allocator-fragmentation"}),
         # "auto" without training args: the ZeRO checks still run, the batch checks say what they need
-        ({**zero(), "train_micro_batch_size_per_gpu": "auto"}, None, None, 0,
-         {"overlap-comm-buckets", "auto-needs-training-args", "no-training-args"}, set()),
+        (
+            {**zero(), "train_micro_batch_size_per_gpu": "auto"},
+            None,
+            None,
+            0,
+            {"overlap-comm-buckets", "auto-needs-training-args", "no-training-args"},
+            set(),
+        ),
         # a clean setup has no warnings at all
-        (zero(overlap_comm=False), {**ARGS, "eval_accumulation_steps": 8}, None, 0, set(),
-         {"overlap-comm-buckets", "eval-batch-generate", "eval-accumulation", "no-truncation", "logging-every-step"}),
+        (
+            zero(overlap_comm=False),
+            {**ARGS, "eval_accumulation_steps": 8},
+            None,
+            0,
+            set(),
+            {"overlap-comm-buckets", "eval-batch-generate", "eval-accumulation", "no-truncation", "logging-every-step"},
+        ),
     ],
 )
 def test_traps(ds: dict | None, hf: dict | None, env: dict | None, gpus: int | None, present: set, absent: set) -> None:
@@ -79,8 +133,13 @@ def test_traps(ds: dict | None, hf: dict | None, env: dict | None, gpus: int | N
 
 
 def test_every_finding_says_what_to_try_and_how_the_search_tests_it() -> None:
-    hf = {**{k: v for k, v in ARGS.items() if k != "max_source_length"}, "per_device_eval_batch_size": 32,
-          "predict_with_generate": True, "logging_steps": 1, "bf16": True}  # fmt: skip
+    hf = {
+        **{k: v for k, v in ARGS.items() if k != "max_source_length"},
+        "per_device_eval_batch_size": 32,
+        "predict_with_generate": True,
+        "logging_steps": 1,
+        "bf16": True,
+    }
     _, findings = diagnose({**DS, "steps_per_print": 1, "bf16": {"enabled": True}}, hf, env={}, gpus=4)
     assert len(findings) >= 8
     for f in findings:
@@ -96,7 +155,7 @@ def test_fp32_doubles_the_overlap_buffers() -> None:
 
 
 def test_broken_config_is_an_error_not_a_finding() -> None:
-    with pytest.raises(BaselineError, match="zero_optimization.bogus"):
+    with pytest.raises(BaselineError, match=r"zero_optimization\.bogus"):
         diagnose(zero(bogus=1), ARGS, env={}, gpus=0)
 
 
@@ -141,7 +200,9 @@ def test_doctor_cli(tmp_path: Path) -> None:
     assert run("doctor", "--ds-config", str(ds), "--strict").returncode == 1
     clean = write(tmp_path / "clean.json", zero(overlap_comm=False))
     assert run("doctor", "--ds-config", str(clean), "--strict", env={"CUDA_VISIBLE_DEVICES": ""}).returncode == 0
-    out = run("doctor", "--ds-config", str(ds), "--training-args", str(args), "--json", env={"CUDA_VISIBLE_DEVICES": ""})
+    out = run(
+        "doctor", "--ds-config", str(ds), "--training-args", str(args), "--json", env={"CUDA_VISIBLE_DEVICES": ""}
+    )
     doc = json.loads(out.stdout)
     # training args naming their DeepSpeed file (relative to themselves) are enough
     (tmp_path / "sub").mkdir()

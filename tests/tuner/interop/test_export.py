@@ -25,19 +25,21 @@ USER_DS = {
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-4, "warmup_num_steps": 100}},
     "fp16": {"enabled": True, "loss_scale_window": 500, "initial_scale_power": 12},
     "zero_optimization": {
-        "stage": 2, "overlap_comm": True, "reduce_bucket_size": 2e8, "allgather_bucket_size": 2e8,
-        "offload_optimizer": {"device": "cpu", "pin_memory": False}, "round_robin_gradients": True,
+        "stage": 2,
+        "overlap_comm": True,
+        "reduce_bucket_size": 2e8,
+        "allgather_bucket_size": 2e8,
+        "offload_optimizer": {"device": "cpu", "pin_memory": False},
+        "round_robin_gradients": True,
     },
-}  # fmt: skip
+}
 
 
 def knobs(**kw: object) -> dict[str, object]:
     return {**BASE, **kw}
 
 
-@pytest.mark.parametrize(
-    ("micro", "accum", "world"), [(1, 1, 1), (4, 2, 1), (2, 8, 4), (3, 5, 7)]
-)
+@pytest.mark.parametrize(("micro", "accum", "world"), [(1, 1, 1), (4, 2, 1), (2, 8, 4), (3, 5, 7)])
 def test_batch_fields_multiply(micro: int, accum: int, world: int) -> None:
     ds = to_deepspeed(knobs(micro_batch_size=micro), world_size=world, gradient_accumulation_steps=accum)
     assert ds["train_micro_batch_size_per_gpu"] == micro
@@ -46,8 +48,14 @@ def test_batch_fields_multiply(micro: int, accum: int, world: int) -> None:
 
 
 def test_every_mapped_knob_lands_on_its_path() -> None:
-    k = knobs(zero_stage=2, allgather_bucket_size=123, reduce_bucket_size=456, overlap_comm=True,
-              contiguous_gradients=False, offload_optimizer=True)  # fmt: skip
+    k = knobs(
+        zero_stage=2,
+        allgather_bucket_size=123,
+        reduce_bucket_size=456,
+        overlap_comm=True,
+        contiguous_gradients=False,
+        offload_optimizer=True,
+    )
     ds = to_deepspeed(k, world_size=1, gradient_accumulation_steps=1)
     for field in DS_FIELDS:
         value = get_path(ds, field.path)
@@ -71,7 +79,9 @@ def test_stage_zero_writes_no_zero_knobs() -> None:
     assert ds["zero_optimization"] == {"stage": 0}
 
 
-@pytest.mark.parametrize(("precision", "bf16", "fp16"), [("fp32", False, False), ("bf16", True, False), ("fp16", False, True)])
+@pytest.mark.parametrize(
+    ("precision", "bf16", "fp16"), [("fp32", False, False), ("bf16", True, False), ("fp16", False, True)]
+)
 def test_precision_blocks(precision: str, bf16: bool, fp16: bool) -> None:
     ds = to_deepspeed(knobs(precision=precision), world_size=1, gradient_accumulation_steps=1)
     assert ds["bf16"]["enabled"] is bf16
@@ -96,11 +106,16 @@ def test_baseline_sections_kept_and_tuned_keys_replaced() -> None:
 
 
 def test_baseline_offload_options_kept_when_offload_stays_on() -> None:
-    ds = to_deepspeed(knobs(zero_stage=2, offload_optimizer=True), world_size=1, gradient_accumulation_steps=1,
-                      baseline={"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})
+    ds = to_deepspeed(
+        knobs(zero_stage=2, offload_optimizer=True),
+        world_size=1,
+        gradient_accumulation_steps=1,
+        baseline={"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}},
+    )
     assert ds["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "ratio": 0.5, "pin_memory": True}
-    ds = to_deepspeed(knobs(zero_stage=1, offload_optimizer=True), world_size=1, gradient_accumulation_steps=1,
-                      baseline=USER_DS)
+    ds = to_deepspeed(
+        knobs(zero_stage=1, offload_optimizer=True), world_size=1, gradient_accumulation_steps=1, baseline=USER_DS
+    )
     assert ds["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}  # the user's pin
 
 
@@ -129,9 +144,16 @@ def test_hf_kwargs_are_the_single_source_of_truth() -> None:
     assert hf["weight_decay"] == 0.01 and hf["max_grad_norm"] == 0.5 and hf["adam_epsilon"] == 1e-8
     ds = hf["deepspeed"]
     assert {p for p in auto_paths(ds)} >= {
-        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-        "bf16.enabled", "fp16.enabled", "optimizer.params.lr", "optimizer.params.betas", "scheduler.params.warmup_max_lr",
-    }  # fmt: skip
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "bf16.enabled",
+        "fp16.enabled",
+        "optimizer.params.lr",
+        "optimizer.params.betas",
+        "scheduler.params.warmup_max_lr",
+    }
     assert ds["zero_optimization"]["stage"] == 2 and ds["fp16"]["loss_scale_window"] == 500
 
 
@@ -150,7 +172,9 @@ def test_accelerate_points_at_the_deepspeed_json() -> None:
     plain = to_accelerate(knobs(engine="torch"), world_size=2, gradient_accumulation_steps=1)
     assert plain["distributed_type"] == "MULTI_GPU" and "deepspeed_config" not in plain
     assert plain["mixed_precision"] == "no"
-    assert yaml.safe_load(render("accelerate", knobs(), world_size=1, gradient_accumulation_steps=1))["num_processes"] == 1
+    assert (
+        yaml.safe_load(render("accelerate", knobs(), world_size=1, gradient_accumulation_steps=1))["num_processes"] == 1
+    )
 
 
 def test_env_export_and_its_shell_form() -> None:
@@ -161,8 +185,12 @@ def test_env_export_and_its_shell_form() -> None:
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
     assert "PYTORCH_CUDA_ALLOC_CONF" not in to_env(knobs(), world_size=1, gradient_accumulation_steps=1)
     text = render("env", k, world_size=2, gradient_accumulation_steps=4)
-    out = subprocess.run(["sh", "-c", text + 'printf %s "$PYTORCH_CUDA_ALLOC_CONF|$TUNER_WORLD_SIZE"'],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", text + 'printf %s "$PYTORCH_CUDA_ALLOC_CONF|$TUNER_WORLD_SIZE"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out == f"{k['alloc_conf']}|2"
     assert all(line.startswith("export ") and shlex.split(line) for line in text.splitlines())
 
@@ -203,6 +231,9 @@ def test_bad_batch_arithmetic(world: int, accum: int) -> None:
 
 
 def test_export_package_imports_no_torch() -> None:
-    code = "import sys, tuner.interop.export, tuner.interop.baseline; print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))"
+    code = (
+        "import sys, tuner.interop.export, tuner.interop.baseline; "
+        "print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

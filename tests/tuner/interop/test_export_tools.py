@@ -27,19 +27,28 @@ from tuner.interop.export.mapping import ZERO_KEYS
 from tuner.settings import load_settings
 
 KNOB_GRID = [
-    {"micro_batch_size": 2, "max_length": 64, "zero_stage": stage, "offload_optimizer": offload, "precision": prec,
-     "overlap_comm": stage == 2, "reduce_bucket_size": 50_000_000 if stage else None}
+    {
+        "micro_batch_size": 2,
+        "max_length": 64,
+        "zero_stage": stage,
+        "offload_optimizer": offload,
+        "precision": prec,
+        "overlap_comm": stage == 2,
+        "reduce_bucket_size": 50_000_000 if stage else None,
+    }
     for stage, offload, prec in itertools.product(range(4), (False, True), ("fp32", "bf16", "fp16"))
     if not (offload and stage == 0)
-]  # fmt: skip
+]
 USER_DS = {
     "gradient_clipping": 0.7,
     "optimizer": {"type": "AdamW", "params": {"lr": 2e-4, "betas": [0.9, 0.98], "eps": 1e-8, "weight_decay": 0.0}},
-    "scheduler": {"type": "WarmupDecayLR",
-                  "params": {"warmup_min_lr": 0, "warmup_max_lr": 2e-4, "warmup_num_steps": 10, "total_num_steps": 100}},
+    "scheduler": {
+        "type": "WarmupDecayLR",
+        "params": {"warmup_min_lr": 0, "warmup_max_lr": 2e-4, "warmup_num_steps": 10, "total_num_steps": 100},
+    },
     "fp16": {"enabled": True, "loss_scale": 0, "loss_scale_window": 200},
     "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1000, "sub_group_size": 1_000_000},
-}  # fmt: skip
+}
 
 
 class DataParallelMpu:
@@ -97,7 +106,9 @@ def ds_validate(config: dict[str, Any], world: int) -> Any:
 
 @pytest.mark.parametrize("world", [1, 4])
 @pytest.mark.parametrize("baseline", [None, USER_DS], ids=["plain", "baseline"])
-@pytest.mark.parametrize("knobs", KNOB_GRID, ids=lambda k: f"z{k['zero_stage']}-off{int(k['offload_optimizer'])}-{k['precision']}")
+@pytest.mark.parametrize(
+    "knobs", KNOB_GRID, ids=lambda k: f"z{k['zero_stage']}-off{int(k['offload_optimizer'])}-{k['precision']}"
+)
 def test_deepspeed_config_accepts_every_export(ds_comm: None, knobs: dict, baseline: dict | None, world: int) -> None:
     config = json.loads(render("deepspeed", knobs, world_size=world, gradient_accumulation_steps=3, baseline=baseline))
     parsed = ds_validate(config, world)
@@ -127,11 +138,14 @@ def test_zero_key_table_matches_deepspeed() -> None:
 
     fields = DeepSpeedZeroConfig.model_fields
     accepted = set(fields) | {f.alias for f in fields.values() if f.alias}
-    assert ZERO_KEYS == accepted
+    assert accepted == ZERO_KEYS
 
 
-@pytest.mark.parametrize("knobs", [k for k in KNOB_GRID if k["precision"] != "fp16"],
-                         ids=lambda k: f"z{k['zero_stage']}-off{int(k['offload_optimizer'])}-{k['precision']}")  # fmt: skip
+@pytest.mark.parametrize(
+    "knobs",
+    [k for k in KNOB_GRID if k["precision"] != "fp16"],
+    ids=lambda k: f"z{k['zero_stage']}-off{int(k['offload_optimizer'])}-{k['precision']}",
+)
 def test_training_arguments_accept_the_deepspeed_export(tmp_path: Path, knobs: dict) -> None:
     """World size 1 (one CPU process): the Trainer's own mismatch check then runs for real (trainer_config_finalize).
     fp16 is left out: TrainingArguments refuses fp16 without a GPU."""
@@ -140,9 +154,20 @@ def test_training_arguments_accept_the_deepspeed_export(tmp_path: Path, knobs: d
 
     ds = to_deepspeed(knobs, world_size=1, gradient_accumulation_steps=2, baseline=USER_DS)
     bf16 = knobs["precision"] == "bf16"
-    args = TrainingArguments(output_dir=str(tmp_path), deepspeed=ds, use_cpu=True, bf16=bf16, report_to=[],
-                             per_device_train_batch_size=2, gradient_accumulation_steps=2, max_grad_norm=0.7,
-                             learning_rate=2e-4, adam_beta2=0.98, weight_decay=0.0, warmup_steps=10)  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        deepspeed=ds,
+        use_cpu=True,
+        bf16=bf16,
+        report_to=[],
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_grad_norm=0.7,
+        learning_rate=2e-4,
+        adam_beta2=0.98,
+        weight_decay=0.0,
+        warmup_steps=10,
+    )
     hf_ds = args.hf_deepspeed_config
     hf_ds.trainer_config_finalize(args, torch.nn.Linear(2, 2), num_training_steps=100)  # raises on any mismatch
     assert hf_ds.config["zero_optimization"]["stage"] == knobs["zero_stage"]
@@ -151,14 +176,18 @@ def test_training_arguments_accept_the_deepspeed_export(tmp_path: Path, knobs: d
     assert hf_ds.is_offload() is (knobs["offload_optimizer"] and knobs["zero_stage"] >= 2)
 
 
-@pytest.mark.parametrize("knobs", [k for k in KNOB_GRID if k["precision"] != "fp16"][::2],
-                         ids=lambda k: f"z{k['zero_stage']}-off{int(k['offload_optimizer'])}-{k['precision']}")  # fmt: skip
+@pytest.mark.parametrize(
+    "knobs",
+    [k for k in KNOB_GRID if k["precision"] != "fp16"][::2],
+    ids=lambda k: f"z{k['zero_stage']}-off{int(k['offload_optimizer'])}-{k['precision']}",
+)
 def test_hf_export_builds_seq2seq_training_arguments(tmp_path: Path, knobs: dict) -> None:
     import torch
     from transformers import Seq2SeqTrainingArguments
 
-    kwargs = to_hf({**knobs, "eval_batch_size": 1, "generate": True}, world_size=1, gradient_accumulation_steps=2,
-                   baseline=USER_DS)  # fmt: skip
+    kwargs = to_hf(
+        {**knobs, "eval_batch_size": 1, "generate": True}, world_size=1, gradient_accumulation_steps=2, baseline=USER_DS
+    )
     args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], **kwargs)
     assert args.per_device_train_batch_size == 2 and args.gradient_accumulation_steps == 2
     assert args.predict_with_generate and args.per_device_eval_batch_size == 1 and args.learning_rate == 2e-4

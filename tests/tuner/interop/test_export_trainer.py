@@ -58,22 +58,42 @@ def run_trainer(tmp_path: Path, knobs: dict, accum: int) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     # the probes' op cache and the venv's ninja first (another ninja invalidates the cache: a rebuild of minutes)
     env["TORCH_EXTENSIONS_DIR"] = str(load_settings().torch_extensions_dir)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(knobs), str(accum), str(out)], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(knobs), str(accum), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
 @pytest.mark.slow
 def test_seq2seq_trainer_trains_with_the_hf_export(tmp_path: Path) -> None:
-    knobs = {"micro_batch_size": 2, "max_length": 16, "engine": "torch", "gradient_checkpointing": True,
-             "eval_batch_size": 2, "generate": True}  # fmt: skip
+    knobs = {
+        "micro_batch_size": 2,
+        "max_length": 16,
+        "engine": "torch",
+        "gradient_checkpointing": True,
+        "eval_batch_size": 2,
+        "generate": True,
+    }
     info = run_trainer(tmp_path, knobs, accum=2)
     assert info["steps"] == 3 and not info["deepspeed"]
     assert len(info["losses"]) == 3 and all(0 < float(x) < 100 for x in info["losses"])
@@ -81,8 +101,13 @@ def test_seq2seq_trainer_trains_with_the_hf_export(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_seq2seq_trainer_trains_with_the_hf_export_through_deepspeed(tmp_path: Path) -> None:
-    knobs = {"micro_batch_size": 2, "max_length": 16, "zero_stage": 2, "overlap_comm": True,
-             "reduce_bucket_size": 10_000_000}  # fmt: skip
+    knobs = {
+        "micro_batch_size": 2,
+        "max_length": 16,
+        "zero_stage": 2,
+        "overlap_comm": True,
+        "reduce_bucket_size": 10_000_000,
+    }
     info = run_trainer(tmp_path, knobs, accum=2)
     assert info["steps"] == 3 and info["deepspeed"]
     assert (info["stage"], info["micro"], info["accum"], info["bucket"]) == (2, 2, 2, 10_000_000)

@@ -1,7 +1,7 @@
 import pytest
 
-from tuner.job.batching import accumulation_steps, default_global_batch, reachable_micro_batches, require_reachable
 from tuner.errors import ConfigError
+from tuner.job.batching import accumulation_steps, default_global_batch, reachable_micro_batches, require_reachable
 
 
 def test_accumulation_reaches_the_global_batch_exactly():

@@ -14,7 +14,7 @@ def test_builtin_presets():
 
 
 def test_local_dir_needs_config_json(tmp_path):
-    with pytest.raises(ModelSourceError, match="config.json"):
+    with pytest.raises(ModelSourceError, match=r"config\.json"):
         resolve_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
     assert resolve_model(str(tmp_path)).source == str(tmp_path.resolve())

@@ -14,7 +14,7 @@ class Fixed:
 
     def suggest_categorical(self, name, choices):
         self.asked.append(name)
-        return self.picks.get(name, list(choices)[0])
+        return self.picks.get(name, next(iter(choices)))
 
 
 def test_default_space_is_valid_and_conditional():
@@ -110,7 +110,9 @@ def test_torch_engine_without_zero(tmp_path):
 
 
 def test_mixed_engines_skip_zero_for_torch():
-    space = space_from_dict({"micro_batch_size": [1], "max_length": [8], "engine": ["torch", "deepspeed"], "zero_stage": [0, 2]})
+    space = space_from_dict(
+        {"micro_batch_size": [1], "max_length": [8], "engine": ["torch", "deepspeed"], "zero_stage": [0, 2]}
+    )
     configs = list(space.configs())
     assert sum(k.engine == "torch" for k in configs) == 1
     assert all(k.zero_stage == 0 for k in configs if k.engine == "torch")

@@ -18,7 +18,12 @@ MiB = 1 << 20
 
 
 def kn(**kw: object) -> Knobs:
-    base: dict[str, object] = {"micro_batch_size": 4, "max_length": 128, "reduce_bucket_size": 1000, "allgather_bucket_size": 1000}
+    base: dict[str, object] = {
+        "micro_batch_size": 4,
+        "max_length": 128,
+        "reduce_bucket_size": 1000,
+        "allgather_bucket_size": 1000,
+    }
     base.update(kw)
     return Knobs.model_validate(base)
 
@@ -72,14 +77,20 @@ def test_activation_interpolation() -> None:
     est = Estimator(trace=_trace())
     # exact hit, then the fitted a*len + b*len^2 per sample, scaled by the micro batch
     assert est.activation_bytes(kn(micro_batch_size=2, max_length=64)) == 2 * (64 * 1000 + 64 * 64 * 10)
-    assert est.activation_bytes(kn(micro_batch_size=8, max_length=256)) == pytest.approx(8 * (256 * 1000 + 256**2 * 10), rel=1e-6)
-    assert est.activation_bytes(kn(micro_batch_size=4, max_length=32, gradient_checkpointing=True)) == pytest.approx(4 * 32 * 300)
+    assert est.activation_bytes(kn(micro_batch_size=8, max_length=256)) == pytest.approx(
+        8 * (256 * 1000 + 256**2 * 10), rel=1e-6
+    )
+    assert est.activation_bytes(kn(micro_batch_size=4, max_length=32, gradient_checkpointing=True)) == pytest.approx(
+        4 * 32 * 300
+    )
     with pytest.raises(ConfigError, match="trace one first"):
         est.activation_bytes(kn(precision="bf16"))
 
 
 def test_accumulating_configs_need_the_peak_with_the_earlier_grads_resident() -> None:
-    point = TracePoint(micro_batch_size=2, max_length=64, activation_bytes=1000 * MiB, resident_activation_bytes=1500 * MiB)
+    point = TracePoint(
+        micro_batch_size=2, max_length=64, activation_bytes=1000 * MiB, resident_activation_bytes=1500 * MiB
+    )
     tr = Trace(param_count=P, param_bytes=4 * P, largest_param=10_000, points=[point])
     k = kn(micro_batch_size=2, max_length=64)
     assert Estimator(trace=tr).activation_bytes(k) == 1500 * MiB  # global batch unknown: the larger need
@@ -87,8 +98,12 @@ def test_accumulating_configs_need_the_peak_with_the_earlier_grads_resident() ->
     assert Estimator(trace=tr, world_size=2, global_batch=4).activation_bytes(k) == 1000 * MiB  # one: no grads yet
     # interpolated points follow the same rule; a trace without the field (older tables) keeps the plain peak
     assert Estimator(trace=tr, global_batch=64).activation_bytes(kn(micro_batch_size=8, max_length=64)) == 6000 * MiB
-    old = Trace(param_count=P, param_bytes=4 * P, largest_param=10_000,
-                points=[point.model_copy(update={"resident_activation_bytes": None})])
+    old = Trace(
+        param_count=P,
+        param_bytes=4 * P,
+        largest_param=10_000,
+        points=[point.model_copy(update={"resident_activation_bytes": None})],
+    )
     assert Estimator(trace=old).activation_bytes(k) == 1000 * MiB
 
 
@@ -124,21 +139,40 @@ def test_one_probe_moves_the_calibration_gently() -> None:
 def test_cli_estimate_through_the_entry_point(tmp_path: Path) -> None:
     tuner = Path(sys.executable).with_name("tuner")
     args = [str(tuner), "estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "4", "--max-length", "64"]
-    done = subprocess.run(args + ["--zero-stage", "2", "--reduce-bucket-size", "1e6", "--allgather-bucket-size", "1e6",
-                                  "--device-memory", "64MiB", "--json"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            *args,
+            "--zero-stage",
+            "2",
+            "--reduce-bucket-size",
+            "1e6",
+            "--allgather-bucket-size",
+            "1e6",
+            "--device-memory",
+            "64MiB",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["param_count"] > 0 and out["activations"] > 0
     assert out["raw"] == out["params"] + out["grads"] + out["optimizer"] + out["buffers"] + out["activations"]
     assert out["verdict"] == "fits" and out["gradient_accumulation"] is True  # no --global-batch: the larger need
-    one_step = subprocess.run(args + ["--global-batch", "4", "--json"], capture_output=True, text=True, timeout=120)
+    one_step = subprocess.run([*args, "--global-batch", "4", "--json"], capture_output=True, text=True, timeout=120)
     assert one_step.returncode == 0, one_step.stderr
     single = json.loads(one_step.stdout.strip().splitlines()[-1])
     assert single["gradient_accumulation"] is False and single["activations"] < out["activations"]
-    bad = subprocess.run(args + ["--zero-stage", "0", "--offload-optimizer"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [*args, "--zero-stage", "0", "--offload-optimizer"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and "offload_optimizer needs zero_stage >= 1" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
-    missing = subprocess.run(args[:3] + ["builtin:nope", "--micro-batch-size", "1"], capture_output=True, text=True, timeout=60)
+    missing = subprocess.run(
+        [*args[:3], "builtin:nope", "--micro-batch-size", "1"], capture_output=True, text=True, timeout=60
+    )
     assert missing.returncode == 2 and "unknown built-in model" in missing.stderr
 
 
@@ -155,10 +189,10 @@ def test_zero_stage_need_follows_the_arithmetic() -> None:
     assert zero_stage_need(263_168, 1, space) == {0: 0, 1: 1, 2: 1}  # 1 vs 2: equal by the formulas, not ordered
     assert zero_stage_need(263_168, 2, space) == {0: 0, 1: 2, 2: 1}
     # flan-t5-large on 4 ranks: the textbook order
-    big = zero_stage_need(780_000_000, 4, space + [kn(zero_stage=3)])
+    big = zero_stage_need(780_000_000, 4, [*space, kn(zero_stage=3)])
     assert big is not None and big[0] > big[1] > big[2] > big[3]
     # buckets that straddle the savings: no single order holds for the whole space
-    mixed = space + [kn(zero_stage=1, reduce_bucket_size=10**5, allgather_bucket_size=10**5)]
+    mixed = [*space, kn(zero_stage=1, reduce_bucket_size=10**5, allgather_bucket_size=10**5)]
     assert zero_stage_need(2_000_000, 4, mixed) is None
     assert zero_stage_need(263_168, 1, [kn(zero_stage=0)]) is None
 
@@ -173,17 +207,36 @@ def test_cli_estimate_calibrates_from_a_stored_study(tmp_path: Path) -> None:
     store.ensure_study("s", {"model": "builtin:tiny-t5"})
     knobs = Knobs(micro_batch_size=4, max_length=64)
     cfg = ProbeConfig(knobs=knobs)
-    store.record_probe({
-        "study_name": "s", "fidelity": "short", "config_key": "k1", "knobs": knobs.model_dump(mode="json"),
-        "config": cfg.model_dump(mode="json"), "status": "ok", "stable": True, "peak_allocated": 40 * MiB,
-    })
+    store.record_probe(
+        {
+            "study_name": "s",
+            "fidelity": "short",
+            "config_key": "k1",
+            "knobs": knobs.model_dump(mode="json"),
+            "config": cfg.model_dump(mode="json"),
+            "status": "ok",
+            "stable": True,
+            "peak_allocated": 40 * MiB,
+        }
+    )
     tuner = Path(sys.executable).with_name("tuner")
-    base = [str(tuner), "estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "4", "--max-length", "64",
-            "--storage", url, "--json"]
-    done = subprocess.run(base + ["--calibrate-from-study", "s"], capture_output=True, text=True, timeout=120)
+    base = [
+        str(tuner),
+        "estimate",
+        "--model",
+        "builtin:tiny-t5",
+        "--micro-batch-size",
+        "4",
+        "--max-length",
+        "64",
+        "--storage",
+        url,
+        "--json",
+    ]
+    done = subprocess.run([*base, "--calibrate-from-study", "s"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["calibration_probes"] == 1 and out["calibration"] != [1.0, 1.0, 0.0]
     assert abs(out["calibrated"] - 40 * MiB) < abs(out["raw"] - 40 * MiB) or out["raw"] == 40 * MiB
-    missing = subprocess.run(base + ["--calibrate-from-study", "nope"], capture_output=True, text=True, timeout=60)
+    missing = subprocess.run([*base, "--calibrate-from-study", "nope"], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no study named 'nope'" in missing.stderr

@@ -25,7 +25,7 @@ def ranks(*peaks: int) -> list[RankMemory]:
 
 
 def test_threshold_is_twenty_percent() -> None:
-    assert THRESHOLD == pytest.approx(0.20)
+    assert pytest.approx(0.20) == THRESHOLD
 
 
 def test_single_rank_has_no_imbalance() -> None:
@@ -102,5 +102,7 @@ def test_accepts_dicts_and_stored_probe_rows() -> None:
 
 
 def test_duplicate_rank_entries_keep_the_max() -> None:
-    imb = rank_imbalance([{"rank": 0, "peak_allocated": 10}, {"rank": 0, "peak_allocated": 30}, {"rank": 1, "peak_allocated": 30}])
+    imb = rank_imbalance(
+        [{"rank": 0, "peak_allocated": 10}, {"rank": 0, "peak_allocated": 30}, {"rank": 1, "peak_allocated": 30}]
+    )
     assert imb is not None and imb.peaks == {0: 30, 1: 30} and not imb.flagged

@@ -35,8 +35,9 @@ def test_missing_ops_looks_for_the_built_library(tmp_path: Path) -> None:
 
 def test_a_dead_builds_lock_is_cleared_before_building(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A build killed from outside (kill -9 of a runner) leaves torch's FileBaton lock; every later load would wait on
-    it until the probe's timeout. The next build, under tuner's flock, removes it first. The compiler is replaced by
-    a stand-in that records whether the lock was still there (the real build runs in tests/tuner/probing/test_runner.py)."""
+    it until the probe's timeout. The next build, under tuner's flock, removes it first. The compiler is replaced by a
+    stand-in that records whether the lock was still there (the real build runs in
+    tests/tuner/probing/test_runner.py)."""
     (tmp_path / "cpu_adam").mkdir()
     (tmp_path / "cpu_adam" / "lock").write_text("")
     seen: dict[str, bool] = {}

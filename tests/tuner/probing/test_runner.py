@@ -59,8 +59,13 @@ def _assert_ok(result: ProbeResult) -> None:
 
 
 def test_one_rank_plain_torch_probe(tmp_path: Path, launcher: str) -> None:
-    cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=4, max_length=32, engine="torch"),
-                      gradient_accumulation_steps=4, measure_steps=4, timeout_s=240)
+    cfg = ProbeConfig(
+        model=TINY,
+        knobs=Knobs(micro_batch_size=4, max_length=32, engine="torch"),
+        gradient_accumulation_steps=4,
+        measure_steps=4,
+        timeout_s=240,
+    )
     result = run_probe(cfg, tmp_path, launcher=launcher)
     _assert_ok(result)
     steps = result.steps
@@ -81,10 +86,18 @@ def test_one_rank_plain_torch_probe(tmp_path: Path, launcher: str) -> None:
 
 
 def test_two_rank_deepspeed_zero2_overlap_comm_custom_buckets(tmp_path: Path) -> None:
-    knobs = Knobs(micro_batch_size=2, max_length=32, zero_stage=2, overlap_comm=True, contiguous_gradients=True,
-                  allgather_bucket_size=50_000, reduce_bucket_size=50_000)
-    cfg = ProbeConfig(model=TINY, knobs=knobs, world_size=2, gradient_accumulation_steps=2, measure_steps=2,
-                      timeout_s=300)
+    knobs = Knobs(
+        micro_batch_size=2,
+        max_length=32,
+        zero_stage=2,
+        overlap_comm=True,
+        contiguous_gradients=True,
+        allgather_bucket_size=50_000,
+        reduce_bucket_size=50_000,
+    )
+    cfg = ProbeConfig(
+        model=TINY, knobs=knobs, world_size=2, gradient_accumulation_steps=2, measure_steps=2, timeout_s=300
+    )
     result = run_probe(cfg, tmp_path, launcher="forkserver")
     _assert_ok(result)
     assert sorted(r.rank for r in result.ranks) == [0, 1]
@@ -98,8 +111,18 @@ def test_local_save_pretrained_dir_with_eval_and_generate(tmp_path: Path) -> Non
     from transformers import T5Config, T5ForConditionalGeneration
 
     model_dir = tmp_path / "tiny-model"
-    config = T5Config(vocab_size=300, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4,
-                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    config = T5Config(
+        vocab_size=300,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=4,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     T5ForConditionalGeneration(config).save_pretrained(model_dir)
     knobs = Knobs(micro_batch_size=2, max_length=16, engine="torch", eval_batch_size=4, generate=True)
     cfg = ProbeConfig(model=ModelSpec(source=str(model_dir)), knobs=knobs, timeout_s=240)
@@ -107,8 +130,12 @@ def test_local_save_pretrained_dir_with_eval_and_generate(tmp_path: Path) -> Non
 
 
 def test_too_small_device_memory_is_oom(tmp_path: Path) -> None:
-    cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=8, max_length=128, engine="torch"),
-                      device_memory=8_000_000, timeout_s=240)
+    cfg = ProbeConfig(
+        model=TINY,
+        knobs=Knobs(micro_batch_size=8, max_length=128, engine="torch"),
+        device_memory=8_000_000,
+        timeout_s=240,
+    )
     result = run_probe(cfg, tmp_path)
     assert result.status == "oom", result.cause
     assert "out of memory" in (result.cause or "")
@@ -118,24 +145,31 @@ def test_too_small_device_memory_is_oom(tmp_path: Path) -> None:
 
 
 def test_two_rank_oom_ends_the_whole_group(tmp_path: Path) -> None:
-    cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=8, max_length=128, engine="torch"), world_size=2,
-                      device_memory=8_000_000, timeout_s=240)
+    cfg = ProbeConfig(
+        model=TINY,
+        knobs=Knobs(micro_batch_size=8, max_length=128, engine="torch"),
+        world_size=2,
+        device_memory=8_000_000,
+        timeout_s=240,
+    )
     result = run_probe(cfg, tmp_path, launcher="spawn")
     assert result.status == "oom", result.cause
     _assert_no_survivors(tmp_path)
 
 
 def test_error_probe_reports_its_message(tmp_path: Path) -> None:
-    cfg = ProbeConfig(model=ModelSpec(source="builtin:no-such-preset"), knobs=Knobs(micro_batch_size=1, max_length=8),
-                      timeout_s=120)
+    cfg = ProbeConfig(
+        model=ModelSpec(source="builtin:no-such-preset"), knobs=Knobs(micro_batch_size=1, max_length=8), timeout_s=120
+    )
     result = run_probe(cfg, tmp_path)
     assert result.status == "error"
     assert result.cause is not None and "unknown built-in model 'builtin:no-such-preset'" in result.cause
 
 
 def test_timeout_kills_every_process_of_the_probe(tmp_path: Path, launcher: str) -> None:
-    cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"),
-                      measure_steps=10**7, timeout_s=4)
+    cfg = ProbeConfig(
+        model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"), measure_steps=10**7, timeout_s=4
+    )
     result = run_probe(cfg, tmp_path, launcher=launcher)
     assert result.status == "timeout"
     assert "timeout" in (result.cause or "")
@@ -144,8 +178,9 @@ def test_timeout_kills_every_process_of_the_probe(tmp_path: Path, launcher: str)
 
 
 def test_rank_killed_by_sigkill_is_oom(tmp_path: Path, launcher: str) -> None:
-    cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"),
-                      measure_steps=10**7, timeout_s=120)
+    cfg = ProbeConfig(
+        model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"), measure_steps=10**7, timeout_s=120
+    )
     box: dict[str, ProbeResult] = {}
     worker = threading.Thread(target=lambda: box.setdefault("r", run_probe(cfg, tmp_path, launcher=launcher)))
     worker.start()
@@ -164,9 +199,16 @@ def test_rank_killed_by_sigkill_is_oom(tmp_path: Path, launcher: str) -> None:
 
 def test_offload_takes_optimizer_state_off_the_emulated_device(tmp_path: Path) -> None:
     """ZeRO-1 with and without CPU offload (DeepSpeedCPUAdam; the op compiles once, outside the probe's clock)."""
+
     def peak(offload: bool) -> int:
-        knobs = Knobs(micro_batch_size=2, max_length=32, zero_stage=1, offload_optimizer=offload,
-                      reduce_bucket_size=50_000, allgather_bucket_size=50_000)
+        knobs = Knobs(
+            micro_batch_size=2,
+            max_length=32,
+            zero_stage=1,
+            offload_optimizer=offload,
+            reduce_bucket_size=50_000,
+            allgather_bucket_size=50_000,
+        )
         cfg = ProbeConfig(model=TINY, knobs=knobs, gradient_accumulation_steps=2, measure_steps=2, timeout_s=300)
         result = run_probe(cfg, tmp_path / f"offload-{offload}")
         _assert_ok(result)

@@ -36,8 +36,17 @@ def _peak(micro: int, length: int, stage: int) -> int:
 def populate_study(url: str, name: str, *, two_rank_imbalance: bool = True) -> dict[str, Any]:
     """A study of 40+ probes over micro batch x max_length x ZeRO stage, some OOM, one imbalanced 2-rank probe."""
     store = Store(url)
-    store.ensure_study(name, {"model": {"source": "builtin:tiny-t5"}, "device_memory": CAPACITY, "headroom": HEADROOM,
-                              "global_batch": 32, "world_size": 1, "note": XSS})
+    store.ensure_study(
+        name,
+        {
+            "model": {"source": "builtin:tiny-t5"},
+            "device_memory": CAPACITY,
+            "headroom": HEADROOM,
+            "global_batch": 32,
+            "world_size": 1,
+            "note": XSS,
+        },
+    )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=name, storage=optuna_storage(url), direction="maximize", load_if_exists=True)
     dists = {
@@ -52,30 +61,52 @@ def populate_study(url: str, name: str, *, two_rank_imbalance: bool = True) -> d
         for length in (64, 128):
             for micro in (1, 2, 4, 8, 16, 32):
                 knobs = Knobs(micro_batch_size=micro, max_length=length, zero_stage=stage)
-                config = ProbeConfig(knobs=knobs, gradient_accumulation_steps=max(1, 32 // micro),
-                                     device_memory=CAPACITY)
+                config = ProbeConfig(
+                    knobs=knobs, gradient_accumulation_steps=max(1, 32 // micro), device_memory=CAPACITY
+                )
                 peak = _peak(micro, length, stage)
                 world = 2 if (two_rank_imbalance and stage == 2 and micro == 4 and length == 64) else 1
                 if peak > CAPACITY:
-                    result = ProbeResult(status="oom", cause="torch.OutOfMemoryError: emulated device full",
-                                         ranks=[RankMemory(rank=0, peak_allocated=CAPACITY, capacity=CAPACITY)],
-                                         capacity=CAPACITY, wall_s=3.0)
+                    result = ProbeResult(
+                        status="oom",
+                        cause="torch.OutOfMemoryError: emulated device full",
+                        ranks=[RankMemory(rank=0, peak_allocated=CAPACITY, capacity=CAPACITY)],
+                        capacity=CAPACITY,
+                        wall_s=3.0,
+                    )
                     value = None
                 else:
-                    sps = 10.0 * micro ** 0.5 * (1 - 0.1 * stage) * (64 / length)
-                    ranks = [RankMemory(rank=r, peak_allocated=peak if r == 0 else int(peak * 0.6),
-                                        peak_reserved=peak, capacity=CAPACITY) for r in range(world)]
-                    result = ProbeResult(status="ok", samples_per_s=sps, tokens_per_s=sps * length,
-                                         steps=StepStats(micro_mean_s=0.1, micro_p50_s=0.1, micro_max_s=0.12,
-                                                         optimizer_step_s=0.15, cycle_s=0.4),
-                                         ranks=ranks, capacity=CAPACITY, wall_s=5.0)
+                    sps = 10.0 * micro**0.5 * (1 - 0.1 * stage) * (64 / length)
+                    ranks = [
+                        RankMemory(
+                            rank=r,
+                            peak_allocated=peak if r == 0 else int(peak * 0.6),
+                            peak_reserved=peak,
+                            capacity=CAPACITY,
+                        )
+                        for r in range(world)
+                    ]
+                    result = ProbeResult(
+                        status="ok",
+                        samples_per_s=sps,
+                        tokens_per_s=sps * length,
+                        steps=StepStats(
+                            micro_mean_s=0.1, micro_p50_s=0.1, micro_max_s=0.12, optimizer_step_s=0.15, cycle_s=0.4
+                        ),
+                        ranks=ranks,
+                        capacity=CAPACITY,
+                        wall_s=5.0,
+                    )
                     value = sps * length
                 stable = is_stable(result.status, result.peak_allocated, CAPACITY, HEADROOM, result.alloc_retries)
                 params = {"micro_batch_size": micro, "max_length": length, "zero_stage": stage}
                 if value is None:
-                    trial = optuna.trial.create_trial(params=params, distributions=dists,
-                                                      state=optuna.trial.TrialState.PRUNED,
-                                                      system_attrs={"constraints": [1.0]})
+                    trial = optuna.trial.create_trial(
+                        params=params,
+                        distributions=dists,
+                        state=optuna.trial.TrialState.PRUNED,
+                        system_attrs={"constraints": [1.0]},
+                    )
                     expected["oom"] += 1
                 else:
                     trial = optuna.trial.create_trial(params=params, distributions=dists, value=value)
@@ -84,26 +115,58 @@ def populate_study(url: str, name: str, *, two_rank_imbalance: bool = True) -> d
                         expected["best"] = (params, value)
                 study.add_trial(trial)
                 key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
-                store.record_probe({
-                    "study_name": name, "trial_number": number, "fidelity": "short", "config_key": key,
-                    "knobs": knobs.model_dump(mode="json"), "config": config.model_dump(mode="json"),
-                    "status": result.status, "cause": result.cause, "samples_per_s": result.samples_per_s,
-                    "tokens_per_s": result.tokens_per_s, "objective": value,
-                    "peak_allocated": result.peak_allocated, "peak_reserved": result.peak_reserved,
-                    "capacity": CAPACITY, "alloc_retries": result.alloc_retries, "stable": stable,
-                    "probe_seconds": result.wall_s, "result": result.model_dump(mode="json"),
-                    "created_at": start + dt.timedelta(seconds=30 * number),
-                })
+                store.record_probe(
+                    {
+                        "study_name": name,
+                        "trial_number": number,
+                        "fidelity": "short",
+                        "config_key": key,
+                        "knobs": knobs.model_dump(mode="json"),
+                        "config": config.model_dump(mode="json"),
+                        "status": result.status,
+                        "cause": result.cause,
+                        "samples_per_s": result.samples_per_s,
+                        "tokens_per_s": result.tokens_per_s,
+                        "objective": value,
+                        "peak_allocated": result.peak_allocated,
+                        "peak_reserved": result.peak_reserved,
+                        "capacity": CAPACITY,
+                        "alloc_retries": result.alloc_retries,
+                        "stable": stable,
+                        "probe_seconds": result.wall_s,
+                        "result": result.model_dump(mode="json"),
+                        "created_at": start + dt.timedelta(seconds=30 * number),
+                    }
+                )
                 number += 1
     # one inferred OOM (recorded without running) and one error with a hostile cause string
-    store.record_probe({"study_name": name, "trial_number": None, "fidelity": "inferred", "config_key": "inf1",
-                        "knobs": {"micro_batch_size": 64, "max_length": 128, "zero_stage": 0},
-                        "config": {}, "status": "inferred-oom", "stable": False,
-                        "created_at": start + dt.timedelta(seconds=30 * number)})
-    store.record_probe({"study_name": name, "trial_number": number, "fidelity": "short", "config_key": "err1",
-                        "knobs": {"micro_batch_size": 3, "max_length": 64, "zero_stage": 1}, "config": {},
-                        "status": "error", "cause": "ValueError: " + XSS, "stable": False,
-                        "created_at": start + dt.timedelta(seconds=30 * number)})
+    store.record_probe(
+        {
+            "study_name": name,
+            "trial_number": None,
+            "fidelity": "inferred",
+            "config_key": "inf1",
+            "knobs": {"micro_batch_size": 64, "max_length": 128, "zero_stage": 0},
+            "config": {},
+            "status": "inferred-oom",
+            "stable": False,
+            "created_at": start + dt.timedelta(seconds=30 * number),
+        }
+    )
+    store.record_probe(
+        {
+            "study_name": name,
+            "trial_number": number,
+            "fidelity": "short",
+            "config_key": "err1",
+            "knobs": {"micro_batch_size": 3, "max_length": 64, "zero_stage": 1},
+            "config": {},
+            "status": "error",
+            "cause": "ValueError: " + XSS,
+            "stable": False,
+            "created_at": start + dt.timedelta(seconds=30 * number),
+        }
+    )
     expected["probes"] = number + 2
     return expected
 
@@ -138,8 +201,13 @@ def test_report_shows_plots_best_config_and_flags(url: str, tmp_path: Path) -> N
     assert not re.search(r"<script[^>]+src=", page)
     assert not re.search(r"<link[^>]+href=\"http", page)
     # the four required plots and the optuna views, each as a plotly div
-    for title in ("Throughput per probe over time", "Throughput vs micro batch, per ZeRO stage",
-                  "Peak memory vs micro batch", "OOM frontier", "Peak memory per rank"):
+    for title in (
+        "Throughput per probe over time",
+        "Throughput vs micro batch, per ZeRO stage",
+        "Peak memory vs micro batch",
+        "OOM frontier",
+        "Peak memory per rank",
+    ):
         assert title in page, title
     assert len(re.findall(r'<div id="plot-\d+" class="plotly-graph-div"', page)) >= 7
     assert "capacity" in page and "headroom 90%" in page
@@ -186,13 +254,21 @@ def test_cli_report_writes_the_page(url: str, tmp_path: Path) -> None:
     populate_study(url, "clirep")
     out = tmp_path / "r.html"
     tuner = Path(sys.executable).with_name("tuner")
-    done = subprocess.run([str(tuner), "report", "--study", "clirep", "-o", str(out), "--storage", url],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(tuner), "report", "--study", "clirep", "-o", str(out), "--storage", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert out.exists() and "Chosen config" in out.read_text()
     assert str(out) in done.stdout
-    bad = subprocess.run([str(tuner), "report", "--study", "nope", "-o", str(out), "--storage", url],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [str(tuner), "report", "--study", "nope", "-o", str(out), "--storage", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "no study named 'nope'" in bad.stderr
     assert "Traceback" not in bad.stderr
@@ -207,7 +283,12 @@ def test_tuner_trials_shows_per_rank_peaks_and_the_imbalance_flag(url: str) -> N
     assert notes[0].startswith("r0=") and " r1=" in notes[0]
     assert "IMBALANCE: rank 0 peaks 67% above rank 1" in notes[0] and "rank-0 gathering" in notes[0]
     tuner = Path(sys.executable).with_name("tuner")
-    done = subprocess.run([str(tuner), "trials", "--study", "ranks", "--storage", url], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "COLUMNS": "400"})
+    done = subprocess.run(
+        [str(tuner), "trials", "--study", "ranks", "--storage", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
     assert done.returncode == 0, done.stderr
     assert "IMBALANCE" in done.stdout and "r0=" in done.stdout

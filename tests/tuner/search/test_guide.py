@@ -57,9 +57,13 @@ def test_next_config_goes_for_the_largest_batch_that_fits_and_skips_the_rest():
     measured = [(c, speed(c)) for c in (k(2), k(8), k(2, ckpt=True), k(2, stage=2), k(2, 64))]
     fits = {16: 0.97, 32: 0.02}  # micro 32 is predicted over the headroom line
 
-    choice = next_config(GRID, measured, best=max(v for _, v in measured),
-                         skip=lambda c: any(c == m for m, _ in measured),
-                         p_fit=lambda c: fits.get(c.micro_batch_size, 1.0))
+    choice = next_config(
+        GRID,
+        measured,
+        best=max(v for _, v in measured),
+        skip=lambda c: any(c == m for m, _ in measured),
+        p_fit=lambda c: fits.get(c.micro_batch_size, 1.0),
+    )
     assert choice is not None
     assert choice.knobs.micro_batch_size == 16 and not choice.knobs.gradient_checkpointing
     assert choice.knobs.zero_stage == 0 and choice.p_stable == pytest.approx(0.97)
@@ -75,8 +79,14 @@ def test_next_config_needs_a_measurement_and_a_candidate():
 def test_near_ties_go_to_the_cheaper_probe():
     grid = [k(4, 64), k(4, 128)]
     measured = [(k(1, 64), 10.0), (k(1, 128), 10.0)]
-    choice = next_config(grid, measured, None, skip=lambda c: False, p_fit=lambda c: 1.0,
-                         cost=lambda c: c.micro_batch_size * c.max_length)
+    choice = next_config(
+        grid,
+        measured,
+        None,
+        skip=lambda c: False,
+        p_fit=lambda c: 1.0,
+        cost=lambda c: c.micro_batch_size * c.max_length,
+    )
     assert choice.knobs.max_length == 64
 
 
@@ -96,8 +106,9 @@ def test_peak_model_predicts_the_memory_boundary_from_measured_peaks():
 
 def test_peak_model_carries_what_one_bucket_size_taught_over_to_the_others():
     def z1(micro, bucket):
-        return Knobs(micro_batch_size=micro, max_length=128, zero_stage=1, reduce_bucket_size=bucket,
-                     allgather_bucket_size=10**7)
+        return Knobs(
+            micro_batch_size=micro, max_length=128, zero_stage=1, reduce_bucket_size=bucket, allgather_bucket_size=10**7
+        )
 
     grid = [z1(m, b) for m in (1, 2, 4) for b in (10**7, 5 * 10**7, 2 * 10**8)] + [k(m) for m in (1, 2, 4)]
     # ZeRO-1 with the 1e7 bucket peaks at 70 MB, the 5e7 bucket ran out of memory (a need of at least 100 MB)
@@ -128,8 +139,14 @@ def test_switching_zero_on_with_the_smallest_buckets_is_one_move():
     from tuner.search.guide import _distance, _plainest
 
     def z(stage, bucket, micro=4, overlap=False):
-        return Knobs(micro_batch_size=micro, max_length=128, zero_stage=stage, reduce_bucket_size=bucket,
-                     allgather_bucket_size=bucket, overlap_comm=overlap)
+        return Knobs(
+            micro_batch_size=micro,
+            max_length=128,
+            zero_stage=stage,
+            reduce_bucket_size=bucket,
+            allgather_bucket_size=bucket,
+            overlap_comm=overlap,
+        )
 
     grid = [z(0, None), z(1, 2_000_000), z(1, 8_000_000), z(1, 2_000_000, overlap=True)]
     plain = _plainest(grid)
@@ -140,8 +157,11 @@ def test_switching_zero_on_with_the_smallest_buckets_is_one_move():
 
 
 def test_an_oom_needs_what_the_device_refused_not_just_the_capacity():
-    oom = {"status": "oom", "peak_allocated": 50 * 2**20,
-           "result": {"ranks": [{"rank": 0, "oom_need": 800 * 2**20}, {"rank": 1, "oom_need": None}]}}
+    oom = {
+        "status": "oom",
+        "peak_allocated": 50 * 2**20,
+        "result": {"ranks": [{"rank": 0, "oom_need": 800 * 2**20}, {"rank": 1, "oom_need": None}]},
+    }
     assert _need(oom, capacity=160 * 2**20) == 800 * 2**20
     assert _need({**oom, "result": None}, capacity=160 * 2**20) == 160 * 2**20  # CUDA, older rows: the capacity
     assert _need({"status": "ok", "peak_allocated": 70}, capacity=100) == 70

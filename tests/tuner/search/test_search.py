@@ -5,9 +5,9 @@ import pytest
 
 from trials.contract import ModelSpec
 from tuner.job.objective import objective_for
+from tuner.job.space import space_from_dict
 from tuner.memory.frontier import Frontier
 from tuner.search.driver import SearchRequest, build_estimator, check_resume, stage_order, trace_points
-from tuner.job.space import space_from_dict
 from tuner.search.strategy import Strategy, make_sampler
 
 MiB = 2**20
@@ -31,11 +31,19 @@ def test_resume_rejects_only_explicit_contradictions():
 
 @pytest.mark.slow
 def test_real_memory_trace_lets_the_strategy_skip_a_config_far_over_budget():
-    space = space_from_dict({"micro_batch_size": [2, 32], "max_length": [128], "zero_stage": [0],
-                             "gradient_checkpointing": [False]})
+    space = space_from_dict(
+        {"micro_batch_size": [2, 32], "max_length": [128], "zero_stage": [0], "gradient_checkpointing": [False]}
+    )
     request = SearchRequest(
-        study_name="t", storage="sqlite://", model=ModelSpec(), space=space, world_size=1, global_batch=32,
-        objective=objective_for([128]), budget_s=600, device_memory=160 * MiB,
+        study_name="t",
+        storage="sqlite://",
+        model=ModelSpec(),
+        space=space,
+        world_size=1,
+        global_batch=32,
+        objective=objective_for([128]),
+        budget_s=600,
+        device_memory=160 * MiB,
     )
     estimator, note = build_estimator(request, timeout_s=300)
     assert estimator is not None, note
@@ -44,8 +52,14 @@ def test_real_memory_trace_lets_the_strategy_skip_a_config_far_over_budget():
     assert small < 160 * MiB < 1.5 * 160 * MiB < large
     strategy = Strategy(
         study=optuna.create_study(direction="maximize", sampler=make_sampler(0)),
-        space=space, model=ModelSpec(), world_size=1, global_batch=32, objective=objective_for([128]),
-        device_memory=160 * MiB, estimator=estimator, seed=0,
+        space=space,
+        model=ModelSpec(),
+        world_size=1,
+        global_batch=32,
+        objective=objective_for([128]),
+        device_memory=160 * MiB,
+        estimator=estimator,
+        seed=0,
     )
     proposal = strategy.propose(600)
     assert proposal is not None and proposal.config.knobs.micro_batch_size == 2

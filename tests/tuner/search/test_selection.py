@@ -65,8 +65,14 @@ def _noisy_study(spread: float) -> list[dict]:
     """Plain configs (micro 2, 4, 8) at ~100 and checkpointed ones at ~70, each measured twice with repeats that differ
     by ``spread``; and one checkpointed config (micro 16) measured once at 104."""
     rows, n = [], 0
-    for micro, base, ckpt in ((2, 100.0, False), (4, 101.0, False), (8, 100.0, False), (2, 70.0, True), (4, 71.0, True),
-                              (8, 70.0, True)):
+    for micro, base, ckpt in (
+        (2, 100.0, False),
+        (4, 101.0, False),
+        (8, 100.0, False),
+        (2, 70.0, True),
+        (4, 71.0, True),
+        (8, 70.0, True),
+    ):
         for sign in (1, -1):
             n += 1
             r = row(f"{micro}-{ckpt}", base * (1 + sign * spread / 2), id=n, micro=micro)
@@ -74,7 +80,7 @@ def _noisy_study(spread: float) -> list[dict]:
             rows.append(r)
     lucky = row("16-True", 104.0, id=n + 1, micro=16)
     lucky["knobs"]["gradient_checkpointing"] = True
-    return rows + [lucky]
+    return [*rows, lucky]
 
 
 def test_a_lucky_probe_does_not_outrank_what_the_other_probes_say_when_repeats_are_noisy():
@@ -93,6 +99,8 @@ def test_precise_repeats_let_a_single_measurement_decide():
 
 def test_repeat_noise_is_pooled_over_repeated_configs_with_a_prior():
     assert repeat_noise([]) == pytest.approx(REPEAT_NOISE)  # no repeats: the prior guess
-    assert repeat_noise([[math.log(100.0)], [math.log(50.0)]]) == pytest.approx(REPEAT_NOISE)  # single probes say nothing
+    assert repeat_noise([[math.log(100.0)], [math.log(50.0)]]) == pytest.approx(
+        REPEAT_NOISE
+    )  # single probes say nothing
     noisy = [[math.log(100.0), math.log(140.0)]] * 20
     assert repeat_noise(noisy) == pytest.approx(math.log(1.4) / math.sqrt(2), rel=0.05)

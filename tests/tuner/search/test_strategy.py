@@ -5,9 +5,9 @@ import pytest
 from optuna.trial import TrialState
 
 from trials.contract import Knobs, ModelSpec, ProbeResult, RankMemory
-from tuner.job.objective import Objective, objective_for
-from tuner.search.selection import best_stable
+from tuner.job.objective import objective_for
 from tuner.job.space import space_from_dict
+from tuner.search.selection import best_stable
 from tuner.search.strategy import Schedule, Strategy, make_sampler
 
 MiB = 2**20
@@ -72,7 +72,12 @@ def drive(strategy, budget_s=None):
         strategy.observe(p, result)
 
 
-SMALL = {"micro_batch_size": [1, 2, 4, 8, 16, 32, 64], "max_length": [128], "zero_stage": [0], "gradient_checkpointing": [False]}
+SMALL = {
+    "micro_batch_size": [1, 2, 4, 8, 16, 32, 64],
+    "max_length": [128],
+    "zero_stage": [0],
+    "gradient_checkpointing": [False],
+}
 
 
 def test_every_config_probed_once_and_the_best_stable_wins():
@@ -135,7 +140,7 @@ def test_global_batch_is_reached_exactly_by_every_probe():
 
 def test_budget_stops_before_a_probe_that_cannot_finish():
     s = make({**SMALL, "zero_stage": [0, 1, 2, 3], "gradient_checkpointing": [False, True]})
-    probed, clock = drive(s, budget_s=40)
+    _probed, clock = drive(s, budget_s=40)
     assert clock <= 40
     assert s.propose(0.5) is None
 
@@ -210,8 +215,13 @@ def test_estimator_skips_configs_far_over_budget():
 
 
 def test_search_opens_with_a_micro_batch_bisection_at_the_plainest_config():
-    space = {"micro_batch_size": [1, 2, 4, 8, 16, 32, 64], "max_length": [128], "zero_stage": [0, 1, 2],
-             "gradient_checkpointing": [False, True], "offload_optimizer": [False, True]}
+    space = {
+        "micro_batch_size": [1, 2, 4, 8, 16, 32, 64],
+        "max_length": [128],
+        "zero_stage": [0, 1, 2],
+        "gradient_checkpointing": [False, True],
+        "offload_optimizer": [False, True],
+    }
     s = make(space)
     first = []
     for _ in range(3):
@@ -253,14 +263,22 @@ def test_a_config_that_cannot_be_told_apart_from_the_best_confirmed_one_is_confi
 
     def probe(config):
         k = config.knobs
-        return ProbeResult(status="ok", samples_per_s=speed[k.micro_batch_size],
-                           tokens_per_s=speed[k.micro_batch_size] * k.max_length,
-                           ranks=[RankMemory(rank=0, peak_allocated=10 * MiB, capacity=CAPACITY)], capacity=CAPACITY,
-                           wall_s=5.0, setup_s=1.0)
+        return ProbeResult(
+            status="ok",
+            samples_per_s=speed[k.micro_batch_size],
+            tokens_per_s=speed[k.micro_batch_size] * k.max_length,
+            ranks=[RankMemory(rank=0, peak_allocated=10 * MiB, capacity=CAPACITY)],
+            capacity=CAPACITY,
+            wall_s=5.0,
+            setup_s=1.0,
+        )
 
     def confirmed(max_finalists):
-        s = make({**SMALL, "micro_batch_size": [1, 2, 4]}, n_trials=3,
-                 schedule=Schedule(finalists=1, max_finalists=max_finalists))
+        s = make(
+            {**SMALL, "micro_batch_size": [1, 2, 4]},
+            n_trials=3,
+            schedule=Schedule(finalists=1, max_finalists=max_finalists),
+        )
         out = []
         while (p := s.propose(None)) is not None:
             s.observe(p, probe(p.config))

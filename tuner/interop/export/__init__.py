@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tuner.errors import ConfigError
 from tuner.interop.export.accelerate import render_yaml, to_accelerate
@@ -24,7 +25,11 @@ __all__ = ["FORMATS", "SUFFIX", "render", "to_accelerate", "to_deepspeed", "to_e
 
 
 def to_summary(
-    knobs: Mapping[str, Any], *, world_size: int, gradient_accumulation_steps: int, baseline: Mapping[str, Any] | None = None
+    knobs: Mapping[str, Any],
+    *,
+    world_size: int,
+    gradient_accumulation_steps: int,
+    baseline: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The json format: the flat knobs, the batch arithmetic and every other export in one document."""
     k = validate_knobs(knobs)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
+from trials.contract import Knobs
 from tuner.errors import ConfigError
 from tuner.interop.export.mapping import (
     AUTO,
@@ -18,7 +20,6 @@ from tuner.interop.export.mapping import (
     precision_blocks,
     set_path,
 )
-from trials.contract import Knobs
 
 # Keys of the baseline's zero_optimization that the tuned knobs replace (plus the legacy spelling of offload).
 _TUNED_ZERO_KEYS = {f.path[-1] for f in DS_FIELDS if f.path[0] == "zero_optimization"} | {"cpu_offload"}
@@ -83,8 +84,11 @@ def to_deepspeed(
         if field.knob == "offload_optimizer":  # the baseline's own offload options (pin_memory, ratio ...) stay
             value = {**encode_offload(True), **base_offload, "device": "cpu"} if value else encode_offload(False)
         set_path(out, field.path, value)
-    out["zero_optimization"] = {"stage": k.zero_stage, **{key: v for key, v in out.get("zero_optimization", {}).items()
-                                                          if key != "stage"}, **zero}
+    out["zero_optimization"] = {
+        "stage": k.zero_stage,
+        **{key: v for key, v in out.get("zero_optimization", {}).items() if key != "stage"},
+        **zero,
+    }
     blocks = precision_blocks(k.precision, base)
     base.pop("bf16", None)
     base.pop("fp16", None)

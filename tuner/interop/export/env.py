@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tuner.errors import ConfigError
 from tuner.interop.export.deepspeed import check_batch, validate_knobs

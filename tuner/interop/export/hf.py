@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
 from tuner.interop.export.mapping import AUTO, DS_BATCH_KEYS, HF_ARGS, HF_DS_FILL, get_path, set_path

@@ -6,8 +6,9 @@ both read these tables, so a knob is spelled in exactly one place. Pure data and
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 AUTO = "auto"
 
@@ -97,23 +98,60 @@ ALLOC_CONF_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # the legacy cpu_offload* spellings. DeepSpeed rejects any other key; so does the baseline import, before probing.
 ZERO_KEYS: frozenset[str] = frozenset(
     {
-        "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "use_multi_rank_bucket_allreduce",
-        "allgather_partitions", "allgather_bucket_size", "overlap_comm", "load_from_fp32_weights",
-        "elastic_checkpoint", "offload_param", "offload_optimizer", "sub_group_size", "cpu_offload_param",
-        "cpu_offload_use_pin_memory", "cpu_offload", "prefetch_bucket_size", "stage3_prefetch_bucket_size",
-        "param_persistence_threshold", "stage3_param_persistence_threshold", "model_persistence_threshold",
-        "stage3_model_persistence_threshold", "max_live_parameters", "stage3_max_live_parameters",
-        "max_reuse_distance", "stage3_max_reuse_distance", "gather_16bit_weights_on_model_save",
-        "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-        "module_granularity_threshold", "stage3_module_granularity_threshold", "use_all_reduce_for_fetch_params",
-        "stage3_use_all_reduce_for_fetch_params", "allgather_sequential", "stage3_allgather_sequential",
-        "ignore_unused_parameters", "legacy_stage1", "round_robin_gradients", "zero_hpz_partition_size",
-        "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
+        "stage",
+        "contiguous_gradients",
+        "reduce_scatter",
+        "reduce_bucket_size",
+        "use_multi_rank_bucket_allreduce",
+        "allgather_partitions",
+        "allgather_bucket_size",
+        "overlap_comm",
+        "load_from_fp32_weights",
+        "elastic_checkpoint",
+        "offload_param",
+        "offload_optimizer",
+        "sub_group_size",
+        "cpu_offload_param",
+        "cpu_offload_use_pin_memory",
+        "cpu_offload",
+        "prefetch_bucket_size",
+        "stage3_prefetch_bucket_size",
+        "param_persistence_threshold",
+        "stage3_param_persistence_threshold",
+        "model_persistence_threshold",
+        "stage3_model_persistence_threshold",
+        "max_live_parameters",
+        "stage3_max_live_parameters",
+        "max_reuse_distance",
+        "stage3_max_reuse_distance",
+        "gather_16bit_weights_on_model_save",
+        "stage3_gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save",
+        "module_granularity_threshold",
+        "stage3_module_granularity_threshold",
+        "use_all_reduce_for_fetch_params",
+        "stage3_use_all_reduce_for_fetch_params",
+        "allgather_sequential",
+        "stage3_allgather_sequential",
+        "ignore_unused_parameters",
+        "legacy_stage1",
+        "round_robin_gradients",
+        "zero_hpz_partition_size",
+        "zero_quantized_weights",
+        "zero_quantized_nontrainable_weights",
+        "zero_quantized_gradients",
         "memory_efficient_linear",
-        "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
-        "compute_grad_norm", "leaf_module", "parameter_alignment", "save_muon_momentum_buffer_in_memory", "zenflow",
+        "pipeline_loading_checkpoint",
+        "override_module_apply",
+        "log_trace_cache_warnings",
+        "enable_sanity_checks",
+        "compute_grad_norm",
+        "leaf_module",
+        "parameter_alignment",
+        "save_muon_momentum_buffer_in_memory",
+        "zenflow",
     }
-)  # fmt: skip
+)
 # The top-level DeepSpeed keys the tuner reads or rewrites; a near-miss spelling of one of them is a typo that would
 # silently change memory use (DeepSpeed ignores unknown top-level keys), so the baseline import rejects it.
 DS_KNOWN_TOP: frozenset[str] = frozenset(
