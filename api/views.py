@@ -4,7 +4,7 @@ provenance. Reads only; the routes stay thin."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, overload
 
 from api.schemas import (
     BaselineOut,
@@ -29,6 +29,10 @@ HEARTBEAT_STALE = dt.timedelta(seconds=120)  # workers beat every ~10 s, also du
 END_STATES = ("finished", "interrupted", "failed")
 
 
+@overload
+def _utc(value: dt.datetime) -> dt.datetime: ...
+@overload
+def _utc(value: dt.datetime | None) -> dt.datetime | None: ...
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
     """SQLite hands back naive datetimes; every timestamp we store is UTC."""
     if value is None or value.tzinfo is not None:
@@ -238,7 +242,7 @@ def best_config(store: Store, name: str, fmt: str, render: Any) -> BestConfigOut
         content = render(fmt, best.knobs, world_size=world, gradient_accumulation_steps=accum, definition=definition)
     return BestConfigOut(
         study=name,
-        format=fmt,  # type: ignore[arg-type]
+        format=fmt,
         trial_number=best.trial_number,
         config_key=best.config_key,
         knobs=best.knobs,

@@ -17,6 +17,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from trials.contract import Knobs, ModelSpec, ProbeConfig
 from tuner.probing import forkserver as launch_forkserver
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in args.cases:  # op compiles and first-touch caches happen here, not in the numbers
         run_probe(CASES[case], launcher="spawn")
 
-    raw: dict[str, dict[str, list[dict[str, object]]]] = {c: {lc: [] for lc in LAUNCHERS} for c in args.cases}
+    raw: dict[str, dict[str, list[dict[str, Any]]]] = {c: {lc: [] for lc in LAUNCHERS} for c in args.cases}
     for _ in range(args.repeats):
         for case in args.cases:
             for launcher in LAUNCHERS:
@@ -83,13 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     for case in args.cases:
         for launcher in LAUNCHERS:
             runs = raw[case][launcher]
-            setups = [float(r["setup_s"]) for r in runs]  # type: ignore[arg-type]
+            setups = [float(r["setup_s"]) for r in runs]
             p50 = statistics.median(setups)
-            keys = runs[0]["phases"].keys()  # type: ignore[union-attr]
-            phases = ", ".join(
-                f"{k} {statistics.median(float(r['phases'][k]) for r in runs):.2f}"  # type: ignore[index]
-                for k in keys
-            )
+            keys = runs[0]["phases"].keys()
+            phases = ", ".join(f"{k} {statistics.median(float(r['phases'][k]) for r in runs):.2f}" for k in keys)
             print(
                 f"{case:24} {launcher:11} {p50:11.2f} {min(setups):6.2f} {max(setups):6.2f} "
                 f"{100 * p50 / REFERENCE_PROBE_S:8.1f}%  {phases}"

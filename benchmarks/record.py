@@ -198,15 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         # the replay charges these seconds to the strategies that use the estimate, before their first probe
         from tuner.memory.tracing import trace_points
 
-        points = trace_points(space)
+        searched = trace_points(space)
         t0 = time.perf_counter()
-        traced = trace(model, points, timeout_s=1800).model_dump()
+        traced = trace(model, searched, timeout_s=1800).model_dump()
         table["search_trace"] = {
-            "points": [list(p) for p in points],
+            "points": [list(p) for p in searched],
             "seconds": time.perf_counter() - t0,
             "trace": traced,
         }
-        print(f"search trace: {len(points)} points in {table['search_trace']['seconds']:.0f} s", flush=True)
+        print(f"search trace: {len(searched)} points in {table['search_trace']['seconds']:.0f} s", flush=True)
         save(table, path)
     total = len(configs) * args.repeats
     for rep in range(args.repeats):

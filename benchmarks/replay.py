@@ -130,6 +130,7 @@ def estimator_error(table: Table) -> dict[str, Any] | None:
         e = table.entries[key]
         for r in e.repeats:
             if r["status"] == "ok" and r["peak_allocated"]:
+                assert online is not None
                 if online.observations:
                     seq.append(abs(online.predict(e.knobs).calibrated / r["peak_allocated"] - 1.0))
                 online.observe(e.knobs, r["peak_allocated"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,8 @@ class Table:
     def load(cls, path: str | Path, truth: str = "median") -> Table:
         """``truth``: how a config's repeats become its true objective: "median", "max" (the uncontended speed: on a
         shared machine load only slows a probe down, the reasoning behind timeit's "use the min time") or "min"."""
-        pick = {"median": statistics.median, "max": max, "min": min}[truth]
+        picks: dict[str, Callable[[list[float]], float]] = {"median": statistics.median, "max": max, "min": min}
+        pick = picks[truth]
         raw = json.loads(Path(path).read_text())
         space = _recorded_space(raw)
         kind = "retained_tokens_per_s" if len(space.max_length) > 1 else "samples_per_s"

@@ -73,7 +73,7 @@ class TorchEngine:
     def micro_step(self, batch: dict[str, torch.Tensor]) -> bool:
         self.count += 1
         boundary = self.count % self.accum == 0
-        sync = contextlib.nullcontext()
+        sync: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if not boundary and isinstance(self.wrapped, torch.nn.parallel.DistributedDataParallel):
             sync = self.wrapped.no_sync()
         with sync:

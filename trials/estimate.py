@@ -26,7 +26,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -34,8 +34,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from trials.contract import ModelSpec
 from trials.memory import LiveTensorTracker
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def _build(spec: ModelSpec) -> torch.nn.Module:
+
+def _build(spec: ModelSpec) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     from trials.models import load_config

@@ -6,7 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, PretrainedConfig, T5Config
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    T5Config,
+)
 
 from trials.contract import BUILTIN_PREFIX, BUILTIN_PRESETS, ModelSpec
 
@@ -75,7 +82,7 @@ def load_config(spec: ModelSpec) -> PretrainedConfig:
     return config
 
 
-def build_model(spec: ModelSpec) -> torch.nn.Module:
+def build_model(spec: ModelSpec) -> PreTrainedModel:
     """A seq2seq LM (or a causal LM for decoder-only configs) in fp32, in train mode.
 
     Built-in presets and hub ids are randomly initialised from their config (weights do not change memory or speed);

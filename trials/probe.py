@@ -175,7 +175,7 @@ class Probe:
                 model(**batch)
                 if knobs.generate:
                     zero3 = knobs.engine == "deepspeed" and knobs.zero_stage == 3 and self.world_size > 1
-                    model.generate(
+                    model.generate(  # type: ignore[operator]  # engine.module is typed as a plain Module
                         input_ids=batch["input_ids"],
                         attention_mask=batch["attention_mask"],
                         max_new_tokens=knobs.max_length,

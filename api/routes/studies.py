@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
@@ -25,8 +25,11 @@ StudyName = Annotated[
     str, Path(min_length=1, max_length=STUDY_NAME_MAX, pattern=STUDY_NAME_PATTERN, description="the study's name")
 ]
 MAX_PAGE = 500
-COMMON = {422: {"model": ValidationErrorOut}, 503: {"model": ErrorOut, "description": "storage down"}}
-NOT_FOUND = {404: {"model": ErrorOut, "description": "no such study"}}
+COMMON: dict[int | str, dict[str, Any]] = {
+    422: {"model": ValidationErrorOut},
+    503: {"model": ErrorOut, "description": "storage down"},
+}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "no such study"}}
 
 
 @router.get("", response_model=StudyListOut, responses=COMMON)

@@ -71,5 +71,5 @@ def main() -> None:
         err_console.print("interrupted")
         sys.exit(130)
     except _CLICK_ERRORS as err:  # usage errors: unknown option, bad value, missing argument
-        err_console.print(f"[bold red]error:[/] {err.format_message()}")
+        err_console.print(f"[bold red]error:[/] {getattr(err, 'format_message', err.__str__)()}")
         sys.exit(2)

@@ -95,9 +95,9 @@ def estimate(
             micro_batch_size=micro_batch_size,
             max_length=max_length,
             engine=engine,
-            zero_stage=zero_stage,  # type: ignore[arg-type]
+            zero_stage=zero_stage,
             precision=precision,
-            offload_optimizer=offload_optimizer,  # type: ignore[arg-type]
+            offload_optimizer=offload_optimizer,
             gradient_checkpointing=gradient_checkpointing,
             overlap_comm=overlap_comm,
             contiguous_gradients=contiguous_gradients,

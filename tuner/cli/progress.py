@@ -47,7 +47,7 @@ class LiveProgress:
         self.live.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.live.__exit__(*exc)
 
     # -- Listener ----------------------------------------------------------------------------------------------------

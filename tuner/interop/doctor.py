@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tuner.interop.baseline import Baseline, parse_baseline
-from tuner.interop.export.mapping import AUTO, DS_DEFAULT_BUCKET, HF_MAX_LENGTH_KEYS, auto_paths, get_path
+from tuner.interop.export.mapping import DS_DEFAULT_BUCKET, HF_MAX_LENGTH_KEYS, auto_paths, get_path
 
 Severity = Literal["warn", "info"]
 LAUNCHER_ENV = ("WORLD_SIZE", "LOCAL_RANK", "RANK")
@@ -234,7 +234,7 @@ def diagnose(
     findings += _zero_traps(ds, precision)
     findings += _ds_logging(ds)
     if hf_args is not None:
-        findings += _hf_traps(hf, micro if isinstance(micro, int) and micro != AUTO else None)
+        findings += _hf_traps(hf, micro if isinstance(micro, int) else None)
     else:
         findings.append(
             Finding(

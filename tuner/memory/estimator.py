@@ -35,7 +35,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,7 +197,7 @@ def zero_stage_need(
     items = list(totals.values())
     for a, ta in items:
         for b, tb in items:
-            if a["zero_stage"] != b["zero_stage"] and needs_at_least(a, b, order, need) and ta < tb:  # type: ignore[arg-type]
+            if a["zero_stage"] != b["zero_stage"] and needs_at_least(a, b, order, need) and ta < tb:
                 return None
     return need
 
@@ -345,7 +345,7 @@ def _solve3(m: list[list[float]], v: list[float]) -> list[float]:
 # -- running the trace (a subprocess: tuner/ never imports torch) ---------------------------------------------------
 def trace(
     model: ModelSpec,
-    points: list[tuple[int, int, bool, str]],
+    points: Sequence[tuple[int, int, bool, str]],
     timeout_s: float = 600.0,
     python: str | None = None,
 ) -> Trace:

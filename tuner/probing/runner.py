@@ -243,8 +243,8 @@ def _rank_status(r: _Rank, timed_out: bool) -> tuple[Status | None, str | None]:
         return ("timeout", None) if timed_out else (None, None)
     if code == -signal.SIGKILL:
         return "oom", f"rank {r.rank} was killed by SIGKILL (host out of memory: the kernel's OOM killer)"
-    expected = {EXIT_OOM: "oom", EXIT_TIMEOUT: "timeout"}
-    status: Status = expected.get(code, "error")  # type: ignore[assignment]
+    expected: dict[int | None, Status] = {EXIT_OOM: "oom", EXIT_TIMEOUT: "timeout"}
+    status: Status = expected.get(code, "error")
     detail = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
     tail = _tail(r.err)
     return status, f"rank {r.rank} ended with {detail} and no result file" + (f" [stderr: {tail}]" if tail else "")
@@ -270,12 +270,12 @@ def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: 
     if timed_out and not any(s in ("oom", "error") for _, s, _ in failures):
         return ProbeResult(
             status="timeout", cause=f"probe passed its {config.timeout_s:g} s timeout; all ranks were killed", **common
-        )  # type: ignore[arg-type]
+        )
     if failures:
         r, status, cause = max(failures, key=lambda f: (_RANK[f[1]], -f[0].rank))
-        return ProbeResult(status=status, cause=cause or f"rank {r.rank}: {status}", **common)  # type: ignore[arg-type]
+        return ProbeResult(status=status, cause=cause or f"rank {r.rank}: {status}", **common)
     if any(s is None for _, s, _ in statuses) or results[0] is None or results[0].steps is None:
-        return ProbeResult(status="error", cause="probe ended without results from every rank", **common)  # type: ignore[arg-type]
+        return ProbeResult(status="error", cause="probe ended without results from every rank", **common)
     steps = results[0].steps
     samples = config.global_batch / steps.cycle_s if steps.cycle_s > 0 else None
     return ProbeResult(
@@ -284,7 +284,7 @@ def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: 
         tokens_per_s=samples * config.knobs.max_length if samples else None,
         steps=steps,
         **common,
-    )  # type: ignore[arg-type]
+    )
 
 
 def prepare_probes(config: ProbeConfig, *, launcher: str | None = None) -> None:

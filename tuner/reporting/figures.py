@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -51,7 +51,7 @@ def _hover(row: Mapping[str, Any]) -> str:
     return head + "<br>" + "<br>".join(parts) + tail
 
 
-def throughput_over_time(rows: list[Mapping[str, Any]]) -> go.Figure:
+def throughput_over_time(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     """Each probe's throughput at its finish time, by status; failures sit at 0. Plus the best-so-far line."""
     fig = go.Figure()
     measured = [r for r in rows if r.get("fidelity") in MEASURED]
@@ -85,7 +85,7 @@ def throughput_over_time(rows: list[Mapping[str, Any]]) -> go.Figure:
     return _layout(fig, "Throughput per probe over time", "finished at", "samples/s (global batch)")
 
 
-def throughput_vs_micro_batch(rows: list[Mapping[str, Any]]) -> go.Figure:
+def throughput_vs_micro_batch(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     """samples/s against micro batch size, one trace per ZeRO stage; OOMs as red crosses on the x axis."""
     fig = go.Figure()
     measured = [r for r in rows if r.get("fidelity") in MEASURED or r.get("status") in OOM_STATUSES]
@@ -122,7 +122,7 @@ def throughput_vs_micro_batch(rows: list[Mapping[str, Any]]) -> go.Figure:
     return _layout(fig, "Throughput vs micro batch, per ZeRO stage", "micro batch size (log)", "samples/s")
 
 
-def memory_vs_micro_batch(rows: list[Mapping[str, Any]], capacity: int | None, headroom: float) -> go.Figure:
+def memory_vs_micro_batch(rows: Sequence[Mapping[str, Any]], capacity: int | None, headroom: float) -> go.Figure:
     """Peak allocated (max over ranks) against micro batch per ZeRO stage, with capacity and headroom lines."""
     fig = go.Figure()
     measured = [r for r in rows if r.get("fidelity") in MEASURED and r.get("peak_allocated")]
@@ -155,7 +155,7 @@ def memory_vs_micro_batch(rows: list[Mapping[str, Any]], capacity: int | None, h
     return _layout(fig, "Peak memory vs micro batch", "micro batch size (log)", "peak allocated per rank (MiB)")
 
 
-def oom_frontier(rows: list[Mapping[str, Any]]) -> go.Figure:
+def oom_frontier(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     """Every config tried in the (micro batch, max_length) plane per ZeRO stage; the line is the largest micro batch
     that fitted at each max_length."""
     fig = go.Figure()

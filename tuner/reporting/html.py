@@ -63,7 +63,7 @@ def _exports(best: Candidate, definition: Mapping[str, Any]) -> dict[str, str]:
     from tuner.interop.export import render
 
     source = definition.get("baseline_source")
-    args = {
+    args: dict[str, Any] = {
         "world_size": int(best.config.get("world_size") or 1),
         "gradient_accumulation_steps": int(best.config.get("gradient_accumulation_steps") or 1),
         "baseline": source if isinstance(source, dict) else None,
@@ -167,7 +167,7 @@ def _best_section(data: ReportData) -> str:
     peak = f"{best.peak_allocated / MiB:,.1f} MiB"
     if best.capacity:
         peak += f" ({best.peak_allocated / best.capacity:.0%} of capacity)"
-    facts = [
+    facts: list[list[Any]] = [
         ["objective", f"{best.objective:,.2f}"],
         ["samples/s", f"{best.samples_per_s:,.2f}"],
         ["peak allocated", peak],
@@ -175,7 +175,7 @@ def _best_section(data: ReportData) -> str:
         ["measurements", best.measurements],
         ["trial", best.trial_number],
     ]
-    knobs = [[k, v] for k, v in sorted(best.knobs.items()) if v is not None]
+    knobs: list[list[Any]] = [[k, v] for k, v in sorted(best.knobs.items()) if v is not None]
     exports = "".join(
         f"<details{' open' if i == 0 else ''}><summary>{_e(fmt)}</summary><pre>{_e(text)}</pre></details>"
         for i, (fmt, text) in enumerate(data.exports.items())

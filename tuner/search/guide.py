@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,7 +207,7 @@ def _need(row: dict[str, Any], capacity: int) -> float | None:
     return None
 
 
-def _distance(a: Knobs, b: Knobs, plainest: dict[str, object]) -> float:
+def _distance(a: Knobs, b: Knobs, plainest: Mapping[str, object]) -> float:
     """How many knobs besides the micro batch differ, plus MICRO_STEP per doubling of the micro batch between them. A
     knob that does not apply to one of them (None: e.g. bucket sizes at ZeRO stage 0) counts as its plainest value
     (``plainest``: the smallest bucket), so switching ZeRO on with the smallest buckets is one move, not three."""
@@ -223,9 +223,9 @@ def _distance(a: Knobs, b: Knobs, plainest: dict[str, object]) -> float:
     return knobs + MICRO_STEP * abs(math.log2(a.micro_batch_size / b.micro_batch_size))
 
 
-def _plainest(configs: Iterable[Knobs]) -> dict[str, object]:
+def _plainest(configs: Iterable[Knobs]) -> dict[str, int]:
     """The smallest value of each numeric knob that is sometimes unset (None), e.g. bucket sizes."""
-    out: dict[str, object] = {}
+    out: dict[str, int] = {}
     for k in configs:
         for name, value in k.model_dump().items():
             if isinstance(value, int) and not isinstance(value, bool) and (name not in out or value < out[name]):

@@ -36,7 +36,7 @@ class Featurizer:
         names = sorted(dumps[0]) if dumps else []
         self.numeric = [n for n in NUMERIC if len({d[n] for d in dumps}) > 1]
         self.sizes = {
-            n: float(min(set_values)) for n in sizes if len(set_values := {d.get(n) for d in dumps if d.get(n)}) > 1
+            n: float(min(set_values)) for n in sizes if len(set_values := {d[n] for d in dumps if d.get(n)}) > 1
         }
         self.levels: dict[str, list[str]] = {}
         for name in names:

@@ -272,16 +272,12 @@ class Strategy:
             self._seeded = True
             return None
         limit = self.headroom * self.device_memory if self.device_memory else None
-        if self.estimator is not None and limit:
+        if self.estimator is not None and limit and self.device_memory:
             # the memory estimate already knows the boundary: one probe at the largest micro batch predicted stable
             self._seeded = True
             estimates = {k.micro_batch_size: self._estimate(k) for k in unknown}
-            far = [
-                k
-                for k in unknown
-                if (est := estimates[k.micro_batch_size]) is not None
-                and est > self.schedule.estimate_margin * self.device_memory
-            ]
+            margin = self.schedule.estimate_margin * self.device_memory
+            far = [k for k in unknown if (est := estimates[k.micro_batch_size]) is not None and est > margin]
             if far:  # the boundary of what the estimate rules out at this config goes on record, never run
                 self._record_inferred(far[0])
             fitting = [k for k in unknown if (est := estimates[k.micro_batch_size]) is not None and est <= limit]

@@ -13,6 +13,12 @@ from tuner.storage.db import _unreachable, ensure_schema
 from tuner.storage.schema import claims, probes, search_runs, studies
 
 
+def _primary_key(res: sa.CursorResult[Any]) -> int:
+    key = res.inserted_primary_key
+    assert key is not None, "an INSERT of one row returns its primary key"
+    return int(key[0])
+
+
 def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -68,7 +74,7 @@ class Store:
                     status="running",
                 )
             )
-            return int(res.inserted_primary_key[0])
+            return int(_primary_key(res))
 
     def heartbeat(self, run_id: int) -> None:
         with self.engine.begin() as conn:
@@ -142,7 +148,7 @@ class Store:
         values = {"created_at": now(), **row}
         with self.engine.begin() as conn:
             res = conn.execute(sa.insert(probes).values(**values))
-            return int(res.inserted_primary_key[0])
+            return int(_primary_key(res))
 
     def probes(
         self,

@@ -33,7 +33,6 @@ def to_summary(
 ) -> dict[str, Any]:
     """The json format: the flat knobs, the batch arithmetic and every other export in one document."""
     k = validate_knobs(knobs)
-    args = {"world_size": world_size, "gradient_accumulation_steps": gradient_accumulation_steps, "baseline": baseline}
     out: dict[str, Any] = {
         "knobs": k.model_dump(),
         "world_size": world_size,
@@ -41,9 +40,16 @@ def to_summary(
         "global_batch": k.micro_batch_size * gradient_accumulation_steps * world_size,
     }
     if k.engine == "deepspeed":
-        out["deepspeed"] = to_deepspeed(k.model_dump(), allow_auto=True, **args)
-    out["hf"] = to_hf(k.model_dump(), **args)
-    out["env"] = to_env(k.model_dump(), **args)
+        out["deepspeed"] = to_deepspeed(
+            k.model_dump(),
+            world_size=world_size,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            baseline=baseline,
+            allow_auto=True,
+        )
+    batch = {"world_size": world_size, "gradient_accumulation_steps": gradient_accumulation_steps}
+    out["hf"] = to_hf(k.model_dump(), **batch, baseline=baseline)
+    out["env"] = to_env(k.model_dump(), **batch, baseline=baseline)
     return out
 
 

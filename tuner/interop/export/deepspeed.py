@@ -66,7 +66,8 @@ def to_deepspeed(
     if legacy_bf16 is not None and "bf16" not in base:
         base["bf16"] = legacy_bf16
     base_zero = dict(base.pop("zero_optimization", None) or {})
-    base_offload = base_zero.get("offload_optimizer") if isinstance(base_zero.get("offload_optimizer"), dict) else {}
+    found = base_zero.get("offload_optimizer")
+    base_offload: dict[str, Any] = found if isinstance(found, dict) else {}
 
     out: dict[str, Any] = {
         "train_batch_size": k.micro_batch_size * gradient_accumulation_steps * world_size,
