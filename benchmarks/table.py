@@ -19,7 +19,9 @@ from trials.contract import Knobs, ModelSpec, ProbeResult
 from tuner.job.objective import Objective
 from tuner.job.space import Space, knobs_key
 from tuner.memory.estimator import Estimator, Trace
+from tuner.search.schedule import Schedule
 from tuner.search.selection import is_stable
+from tuner.search.strategy import SearchSetup
 
 
 class OutOfBudget(Exception):
@@ -111,6 +113,20 @@ class Table:
     def grid_seconds(self) -> float:
         """What one pass over the full grid costs (one repeat per config, at its mean)."""
         return sum(e.mean_s for e in self.entries.values())
+
+    def search_setup(self, schedule: Schedule, seed: int | None = None) -> SearchSetup:
+        """What `tuner search` would search for this table: its space, model, batch and memory limits."""
+        return SearchSetup(
+            space=self.space,
+            model=self.model,
+            world_size=self.world_size,
+            global_batch=self.global_batch,
+            objective=self.objective,
+            device_memory=self.device_memory,
+            headroom=self.headroom,
+            schedule=schedule,
+            seed=seed,
+        )
 
     def entry(self, knobs: Knobs) -> Entry:
         key = knobs_key(knobs)

@@ -15,7 +15,9 @@ from benchmarks.table import Env, OutOfBudget
 from trials.contract import Knobs
 from tuner.memory.estimator import zero_stage_need
 from tuner.memory.frontier import Frontier
-from tuner.search.strategy import Schedule, Strategy, make_sampler
+from tuner.search.sampling import make_sampler
+from tuner.search.schedule import Schedule
+from tuner.search.strategy import Strategy
 
 
 def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
@@ -33,19 +35,7 @@ def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
         except OutOfBudget:
             return
     study = optuna.create_study(direction="maximize", sampler=make_sampler(env.seed))
-    strategy = Strategy(
-        study=study,
-        space=t.space,
-        model=t.model,
-        world_size=t.world_size,
-        global_batch=t.global_batch,
-        objective=t.objective,
-        device_memory=t.device_memory,
-        headroom=t.headroom,
-        schedule=schedule,
-        estimator=estimator,
-        seed=env.seed,
-    )
+    strategy = Strategy(study, t.search_setup(schedule, seed=env.seed), estimator=estimator)
     if estimator is not None:  # as tuner.search.driver.Search.attach_estimator: the frontier then orders ZeRO stages
         need = zero_stage_need(
             estimator.trace.param_count, t.world_size, list(t.space.configs()), estimator.trace.largest_param

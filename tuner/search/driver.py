@@ -27,9 +27,11 @@ from tuner.memory.estimator import Estimator
 from tuner.memory.frontier import Frontier
 from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator, stage_order, trace_points
 from tuner.probing.forkserver import pid_alive
+from tuner.search.evidence import EstimatorLike
 from tuner.search.request import ESSENTIAL, SearchRequest, check_resume, request_from_definition
+from tuner.search.sampling import make_sampler
 from tuner.search.selection import Candidate, best_stable
-from tuner.search.strategy import EstimatorLike, Outcome, Proposal, Strategy, make_sampler
+from tuner.search.strategy import Outcome, Proposal, SearchSetup, Strategy
 from tuner.storage import Store, optuna_storage
 from tuner.units import Deadline
 
@@ -183,22 +185,7 @@ class Search:
         self.study = open_study(request.study_name, request.storage, request.seed)
         self.worker = worker_name()
         self.reaped = reap_dead_local_workers(self.store, self.study, self.worker)
-        self.strategy = Strategy(
-            study=self.study,
-            space=request.space,
-            model=request.model,
-            world_size=request.world_size,
-            global_batch=request.global_batch,
-            objective=request.objective,
-            device_memory=request.device_memory,
-            headroom=request.headroom,
-            schedule=request.schedule,
-            baseline=request.baseline,
-            n_trials=request.n_trials,
-            estimator=estimator,
-            seed=request.seed,
-            worker=self.worker,
-        )
+        self.strategy = Strategy(self.study, SearchSetup.of(request), estimator=estimator, worker=self.worker)
         self.probes_run = 0
         self.probe_seconds = 0.0
 
@@ -312,7 +299,7 @@ class Search:
         s = self.strategy
         if s.converged:
             return f"converged: no config left is expected to gain {100 * s.schedule.min_expected_gain:g}%"
-        if s._exhausted:
+        if s.exhausted:
             return "space exhausted"
         if self.request.n_trials is not None and s.explored >= self.request.n_trials:
             return f"{self.request.n_trials} trials done"

@@ -7,8 +7,10 @@ from trials.contract import ModelSpec
 from tuner.job.objective import objective_for
 from tuner.job.space import space_from_dict
 from tuner.memory.frontier import Frontier
-from tuner.search.driver import SearchRequest, build_estimator, check_resume, stage_order, trace_points
-from tuner.search.strategy import Strategy, make_sampler
+from tuner.memory.tracing import build_estimator, stage_order, trace_points
+from tuner.search.request import SearchRequest, check_resume
+from tuner.search.sampling import make_sampler
+from tuner.search.strategy import SearchSetup, Strategy
 
 MiB = 2**20
 
@@ -51,15 +53,9 @@ def test_real_memory_trace_lets_the_strategy_skip_a_config_far_over_budget():
     large = estimator.predict({"micro_batch_size": 32, "max_length": 128, "zero_stage": 0}).calibrated
     assert small < 160 * MiB < 1.5 * 160 * MiB < large
     strategy = Strategy(
-        study=optuna.create_study(direction="maximize", sampler=make_sampler(0)),
-        space=space,
-        model=ModelSpec(),
-        world_size=1,
-        global_batch=32,
-        objective=objective_for([128]),
-        device_memory=160 * MiB,
+        optuna.create_study(direction="maximize", sampler=make_sampler(0)),
+        SearchSetup.of(request),
         estimator=estimator,
-        seed=0,
     )
     proposal = strategy.propose(600)
     assert proposal is not None and proposal.config.knobs.micro_batch_size == 2

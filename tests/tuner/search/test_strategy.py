@@ -7,8 +7,10 @@ from optuna.trial import TrialState
 from trials.contract import Knobs, ModelSpec, ProbeResult, RankMemory
 from tuner.job.objective import objective_for
 from tuner.job.space import space_from_dict
+from tuner.search.sampling import make_sampler
+from tuner.search.schedule import Schedule
 from tuner.search.selection import best_stable
-from tuner.search.strategy import Schedule, Strategy, make_sampler
+from tuner.search.strategy import SearchSetup, Strategy
 
 MiB = 2**20
 CAPACITY = 100 * MiB
@@ -40,8 +42,7 @@ def table_probe(config):
 def make(space_dict, *, n_trials=None, baseline=None, schedule=None, global_batch=64, study=None, seed=0):
     space = space_from_dict(space_dict)
     study = study or optuna.create_study(direction="maximize", sampler=make_sampler(seed))
-    return Strategy(
-        study=study,
+    setup = SearchSetup(
         space=space,
         model=ModelSpec(),
         world_size=1,
@@ -54,6 +55,7 @@ def make(space_dict, *, n_trials=None, baseline=None, schedule=None, global_batc
         n_trials=n_trials,
         seed=seed,
     )
+    return Strategy(study, setup)
 
 
 def drive(strategy, budget_s=None):
@@ -88,8 +90,12 @@ def test_every_config_probed_once_and_the_best_stable_wins():
     best = best_stable(s.rows)
     # micro 8 peaks at 96 MiB > 90% of 100 MiB: OOM-free but unstable; micro 4 is the best stable
     assert best.knobs["micro_batch_size"] == 4 and best.confirmed
-    states = {t.user_attrs["knobs"]["micro_batch_size"]: t.state for t in s.study.trials if "knobs" in t.user_attrs}
-    assert states[16] == TrialState.PRUNED or states[32] == TrialState.PRUNED
+    trials = {t.user_attrs["knobs"]["micro_batch_size"]: t for t in s.study.trials if "knobs" in t.user_attrs}
+    # micro 8 ran above the headroom, so every larger micro batch must run out of memory: the boundary (16) is
+    # recorded as a pruned inferred-oom trial without running, and nothing larger is asked at all
+    assert trials[16].state == TrialState.PRUNED and trials[16].user_attrs["status"] == "inferred-oom"
+    assert 16 not in [p.config.knobs.micro_batch_size for p in probed]
+    assert 32 not in trials and 64 not in trials
 
 
 def test_oom_is_pruned_with_a_positive_constraint_and_ok_is_complete():
@@ -187,7 +193,7 @@ def test_timeouts_follow_measured_probe_durations():
 
 def test_retained_tokens_objective_in_rows():
     s = make({**SMALL, "max_length": [64, 128]}, n_trials=4)
-    assert s.objective.kind == "retained_tokens_per_s"
+    assert s.setup.objective.kind == "retained_tokens_per_s"
     drive(s)
     ok = [r for r in s.rows if r["status"] == "ok"]
     assert ok and all(r["objective"] == pytest.approx(r["samples_per_s"] * r["knobs"]["max_length"]) for r in ok)
