@@ -188,14 +188,8 @@ class Space(BaseModel):
     def size(self) -> int:
         return sum(1 for _ in self.configs())
 
-    def contains(self, knobs: Knobs) -> bool:
-        return any(knobs_key(k) == knobs_key(knobs) for k in self.configs())
-
     def restrict(self, **choices: list[Any]) -> Space:
         return Space.model_validate({**self.model_dump(), **choices})
-
-    def varying(self) -> list[str]:
-        return [name for name, values in self.model_dump().items() if len(values) > 1]
 
 
 class _GridTrial:
@@ -288,11 +282,3 @@ def load_space(path: str | Path | None = None) -> Space:
 
 def space_from_definition(data: dict[str, Any]) -> Space:
     return space_from_dict(data, "stored study space")
-
-
-def all_combinations(space: Space) -> int:
-    """The size of the unconditional product (an upper bound of ``size()``)."""
-    n = 1
-    for values in space.model_dump().values():
-        n *= len(values)
-    return n

@@ -213,9 +213,6 @@ class Frontier:
         src = ooms[0] if verdict == "oom" else fits[0]
         return f"inferred-{verdict} from measured {describe(src)}"
 
-    def count(self, candidates: list[Mapping[str, Any]], verdict: Verdict) -> int:
-        return sum(1 for c in candidates if self.infer(c) == verdict)
-
     def __len__(self) -> int:
         return len(self.observations)
 
