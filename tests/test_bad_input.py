@@ -7,7 +7,6 @@ CLI cases run the console-script entry point `tuner.cli.main` in-process (one im
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sqlite3
@@ -19,24 +18,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from report_study import populate_study
 
 from api.app import create_app
 from tuner.cli import main as tuner_main
 from tuner.settings import Settings
 
-REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bad-input-token"
 UNREACHABLE_PG = "postgresql+psycopg://nobody:hunter2@127.0.0.1:9/nodb?connect_timeout=2"
-
-
-def _populate():
-    spec = importlib.util.spec_from_file_location(
-        "report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.populate_study
 
 
 @dataclass(frozen=True)
@@ -276,7 +265,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("bad")
     db = tmp / "tuner.db"
     url = f"sqlite:///{db}"
-    _populate()(url, "rep")
+    populate_study(url, "rep")
     from tuner.storage.store import Store
 
     Store(url).ensure_study("empty", {"device_memory": 1 << 29})

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -17,25 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from report_study import populate_study
 
 from tuner.reporting.html import write_report
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
     not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
     reason="Debian chromium missing: run scripts/system-deps.sh",  # in CI system-deps.sh installs it: never skipped
 )
-
-
-def _populate():
-    spec = importlib.util.spec_from_file_location(
-        "report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.populate_study
 
 
 class Chromium:
@@ -192,7 +181,7 @@ def test_error_detection_works(browser: Chromium, tmp_path: Path) -> None:
 
 def test_report_renders_without_console_errors(browser: Chromium, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'render.db'}"
-    _populate()(url, "render")
+    populate_study(url, "render")
     page = write_report(url, "render", tmp_path / "report.html")
     browser.load(page.as_uri())
     # plotly draws asynchronously after load: wait until every plot div holds its SVG
