@@ -197,10 +197,6 @@ CLI_CASES: list[Cli] = [
     ),
 ]
 
-# Known defects in other modules, each with its fix. Not strict: a fix landing shows as XPASS (then drop the entry)
-# rather than failing CI for the module owner.
-KNOWN_DEFECTS: dict[str, str] = {}
-
 API_CASES: list[Api] = [
     Api("api-study-bad-chars", "GET", "/studies/a b;rm -rf", r"name"),
     Api("api-study-too-long", "GET", "/studies/" + "x" * 200, r"name"),
@@ -335,10 +331,7 @@ def test_cli_bad_input(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
-    request: pytest.FixtureRequest,
 ) -> None:
-    if case.id in KNOWN_DEFECTS:
-        request.applymarker(pytest.mark.xfail(strict=False, reason=KNOWN_DEFECTS[case.id]))
     monkeypatch.chdir(tmp_path)  # a default sqlite:///tuner.db would land here, never in the repo
     monkeypatch.setenv("TUNER_STORAGE", world["url"])
     monkeypatch.delenv("TUNER_API_TOKEN", raising=False)
