@@ -8,7 +8,15 @@
 - ``tuner_server``: factory starting a real `tuner serve` process (uvicorn) on a free port; stopped at teardown.
 
 PostgreSQL is part of CI (.ci/run); when it is unreachable these fixtures fail with one line saying so (they do not
-skip, so a CI without the server cannot pass silently). Set TUNER_TEST_POSTGRES=skip to skip them on a laptop.
+skip, so a CI without the server cannot pass silently). Set TUNER_TEST_POSTGRES=skip to skip them on a laptop. Chromium
+(tests/e2e/test_report_render.py) follows the same rule: TUNER_TEST_CHROMIUM=skip.
+
+Shared helpers are plain modules imported by name (``from servers import start_server``): this conftest puts tests/ on
+sys.path (pytest's default prepend import mode; there are no __init__.py files), so they import from every test folder.
+- tests/servers.py: `tuner` processes, free ports, waiting for HTTP, a clean env.
+- tests/composefile.py: docker-compose.yml read as `docker compose` does; a service's command parsed by the real CLI.
+- tests/report_study.py: ``populate_study``, a report-shaped study (OOMs, an imbalanced 2-rank probe, hostile text).
+- tests/api/sample_storage.py: the API tests' study (its folder is on sys.path for tests/api, not elsewhere).
 """
 
 from __future__ import annotations

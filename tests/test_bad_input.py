@@ -7,7 +7,6 @@ CLI cases run the console-script entry point `tuner.cli.main` in-process (one im
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sqlite3
@@ -19,24 +18,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from report_study import populate_study
 
 from api.app import create_app
 from tuner.cli import main as tuner_main
 from tuner.settings import Settings
 
-REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bad-input-token"
 UNREACHABLE_PG = "postgresql+psycopg://nobody:hunter2@127.0.0.1:9/nodb?connect_timeout=2"
-
-
-def _populate():
-    spec = importlib.util.spec_from_file_location(
-        "report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.populate_study
 
 
 @dataclass(frozen=True)
@@ -208,10 +197,6 @@ CLI_CASES: list[Cli] = [
     ),
 ]
 
-# Known defects in other modules, each with its fix. Not strict: a fix landing shows as XPASS (then drop the entry)
-# rather than failing CI for the module owner.
-KNOWN_DEFECTS: dict[str, str] = {}
-
 API_CASES: list[Api] = [
     Api("api-study-bad-chars", "GET", "/studies/a b;rm -rf", r"name"),
     Api("api-study-too-long", "GET", "/studies/" + "x" * 200, r"name"),
@@ -276,7 +261,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("bad")
     db = tmp / "tuner.db"
     url = f"sqlite:///{db}"
-    _populate()(url, "rep")
+    populate_study(url, "rep")
     from tuner.storage.store import Store
 
     Store(url).ensure_study("empty", {"device_memory": 1 << 29})
@@ -346,10 +331,7 @@ def test_cli_bad_input(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
-    request: pytest.FixtureRequest,
 ) -> None:
-    if case.id in KNOWN_DEFECTS:
-        request.applymarker(pytest.mark.xfail(strict=False, reason=KNOWN_DEFECTS[case.id]))
     monkeypatch.chdir(tmp_path)  # a default sqlite:///tuner.db would land here, never in the repo
     monkeypatch.setenv("TUNER_STORAGE", world["url"])
     monkeypatch.delenv("TUNER_API_TOKEN", raising=False)

@@ -3,7 +3,6 @@ breaking anything. Real processes on a temp SQLite file, real HTTP."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -17,19 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from report_study import populate_study
 
-REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-
-def _populate():
-    spec = importlib.util.spec_from_file_location(
-        "report_fixture", REPO / "tests" / "tuner" / "reporting" / "test_report.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.populate_study
 
 
 def _free_port() -> int:
@@ -47,7 +36,7 @@ def _get(url: str) -> Any:
 @pytest.fixture()
 def storage(tmp_path: Path) -> tuple[str, dict[str, Any]]:
     url = f"sqlite:///{tmp_path / 'dash.db'}"
-    expected = _populate()(url, "dash-study")
+    expected = populate_study(url, "dash-study")
     return url, expected
 
 
