@@ -20,6 +20,7 @@ from api.schemas import (
     TrialPageOut,
 )
 from tuner.errors import NoStableConfig, StudyNotFound
+from tuner.interop.export import best_export_args, render_best
 from tuner.search.selection import Candidate, best_stable
 from tuner.storage import Store
 
@@ -219,8 +220,9 @@ def _baseline(rows: list[dict[str, Any]], best: Candidate) -> BaselineOut | None
     )
 
 
-def best_config(store: Store, name: str, fmt: str, render: Any) -> BestConfigOut:
-    """The best stable config of ``name`` with its provenance; ``render(fmt, knobs, ...)`` fills ``content``."""
+def best_config(store: Store, name: str, fmt: str) -> BestConfigOut:
+    """The best stable config of ``name`` with its provenance; ``content`` is its export in ``fmt``
+    (tuner.interop.export.render_best, as `tuner export` writes it)."""
     definition = store.require_study(name)
     rows = store.probes(name)
     best = best_stable(rows)
@@ -230,16 +232,13 @@ def best_config(store: Store, name: str, fmt: str, render: Any) -> BestConfigOut
             f"study {name!r} has no stable trial yet ({ran} probes so far); wait for the search to finish a probe "
             "within the memory headroom, or see GET /studies/{name}/trials for why they failed"
         )
-    config = best.config
-    world = int(config.get("world_size") or definition.get("world_size") or 1)
-    accum = int(config.get("gradient_accumulation_steps") or 1)
+    args = best_export_args(best, definition)
+    world, accum = args.world_size, args.gradient_accumulation_steps
     result = next((r["result"] for r in best.rows if r.get("result")), None) or {}
     reserved = [int(r["peak_reserved"]) for r in best.rows if r.get("peak_reserved") is not None]
     tokens = [float(r["tokens_per_s"]) for r in best.rows if r.get("tokens_per_s") is not None]
     headroom = float(definition.get("headroom") or DEFAULT_HEADROOM)
-    content = None
-    if fmt != "json":
-        content = render(fmt, best.knobs, world_size=world, gradient_accumulation_steps=accum, definition=definition)
+    content = render_best(fmt, best, definition) if fmt != "json" else None
     return BestConfigOut(
         study=name,
         format=fmt,

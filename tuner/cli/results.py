@@ -52,7 +52,7 @@ def best(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file instead of stdout")] = None,
 ) -> None:
     """Print (or write) the best stable config of a study."""
-    from tuner.interop.export import render
+    from tuner.interop.export import render_best
 
     if fmt not in _formats():
         raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(_formats())}")
@@ -64,13 +64,7 @@ def best(
             f"study {name!r} has no stable config yet; run `tuner search --study {name}` longer or with more "
             "device memory"
         )
-    text = render(
-        fmt,
-        found.knobs,
-        world_size=int(found.config.get("world_size") or definition.get("world_size") or 1),
-        gradient_accumulation_steps=int(found.config.get("gradient_accumulation_steps") or 1),
-        baseline=definition.get("baseline_source"),
-    )
+    text = render_best(fmt, found, definition)
     if output is None:
         typer.echo(text, nl=False)
         return

@@ -204,19 +204,10 @@ def search(
     if summary.best is None:
         console.print("no stable config found: give a larger --device-memory or --budget, or a smaller space")
         return
-    from tuner.interop.export import render
+    from tuner.interop.export import render_best
 
-    best = summary.best
     console.print("best config:")
-    typer.echo(
-        render(
-            "json",
-            best.knobs,
-            world_size=int(best.config.get("world_size", request.world_size)),
-            gradient_accumulation_steps=int(best.config.get("gradient_accumulation_steps", 1)),
-            baseline=request.baseline_source,
-        ).rstrip()
-    )
+    typer.echo(render_best("json", summary.best, request.definition()).rstrip())
 
 
 def _safe(url: str) -> str:
