@@ -21,6 +21,7 @@ from api.schemas import (
 )
 from tuner.errors import NoStableConfig, StudyNotFound
 from tuner.interop.export import best_export_args, render_best
+from tuner.reporting.trials import join_trials
 from tuner.search.selection import Candidate, best_stable
 from tuner.storage import Store
 
@@ -163,41 +164,25 @@ def _probe(row: dict[str, Any]) -> ProbeOut:
     return ProbeOut(**fields, stable=bool(row.get("stable")), ranks=_ranks(row), created_at=_utc(row["created_at"]))
 
 
-def _cause(trial: Any, latest: dict[str, Any] | None) -> str | None:
-    if latest is not None and latest.get("cause"):
-        return str(latest["cause"])
-    if latest is not None and latest.get("status") != "ok":
-        return str(latest["status"])
-    cause = trial.user_attrs.get("cause") if trial is not None else None
-    return str(cause) if cause else None
-
-
 def trial_page(store: Store, optuna_storage: Any, name: str, offset: int, limit: int) -> TrialPageOut:
     trials = optuna_trials(optuna_storage, name)
     page = trials[offset : offset + limit]
     numbers = {t.number for t in page}
-    by_trial: dict[int, list[dict[str, Any]]] = {}
-    if numbers:
-        for row in store.probes(name):
-            if row.get("trial_number") in numbers:
-                by_trial.setdefault(row["trial_number"], []).append(row)
-    out: list[TrialOut] = []
-    for t in page:
-        rows = by_trial.get(t.number, [])
-        latest = rows[-1] if rows else None
-        out.append(
-            TrialOut(
-                number=t.number,
-                state=t.state.name,
-                params=dict(t.params),
-                value=t.values[0] if t.values else None,
-                cause=_cause(t, latest),
-                samples_per_s=latest.get("samples_per_s") if latest else None,
-                peak_allocated=latest.get("peak_allocated") if latest else None,
-                ranks=_ranks(latest) if latest else [],
-                probes=[_probe(r) for r in rows],
-            )
+    rows = [r for r in store.probes(name) if r.get("trial_number") in numbers] if numbers else []
+    out = [
+        TrialOut(
+            number=rec.number,
+            state=rec.state,
+            params=rec.params,
+            value=rec.value,
+            cause=rec.cause,
+            samples_per_s=rec.samples_per_s,
+            peak_allocated=rec.peak_allocated,
+            ranks=_ranks(rec.latest) if rec.latest else [],
+            probes=[_probe(r) for r in rec.probes],
         )
+        for rec in join_trials(page, rows)
+    ]
     return TrialPageOut(study=name, total=len(trials), offset=offset, limit=limit, trials=out)
 
 
