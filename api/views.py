@@ -22,12 +22,11 @@ from api.schemas import (
 from tuner.errors import NoStableConfig, StudyNotFound
 from tuner.interop.export import best_export_args, render_best
 from tuner.reporting.trials import join_trials
+from tuner.search.liveness import run_is_live
 from tuner.search.selection import Candidate, best_stable
 from tuner.storage import Store
 
 DEFAULT_HEADROOM = 0.9
-RUN_GRACE = dt.timedelta(minutes=10)  # a "running" run this far past its deadline is a killed worker
-HEARTBEAT_STALE = dt.timedelta(seconds=120)  # workers beat every ~10 s, also during a probe (tuner.search.driver)
 END_STATES = ("finished", "interrupted", "failed")
 
 
@@ -46,22 +45,11 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _is_live(run: dict[str, Any], now: dt.datetime) -> bool:
-    """A run marked running whose worker still beats (or, without heartbeats, is not far past its deadline)."""
-    if run["status"] != "running":
-        return False
-    beat = _utc(run.get("heartbeat_at"))
-    if beat is not None:
-        return now - beat <= HEARTBEAT_STALE
-    deadline = _utc(run.get("deadline_at"))
-    return deadline is None or now < deadline + RUN_GRACE
-
-
 def study_status(runs: list[dict[str, Any]]) -> str:
     if not runs:
         return "defined"
     now = _now()
-    if any(_is_live(r, now) for r in runs):
+    if any(run_is_live(r, now) for r in runs):
         return "running"
     last = max(runs, key=lambda r: r["id"])["status"]
     return last if last in END_STATES else "interrupted"
@@ -93,7 +81,7 @@ def optuna_trials(optuna_storage: Any, name: str) -> list[Any]:
 def _progress(runs: list[dict[str, Any]], n_trials: int, n_probes: int, status: str) -> ProgressOut:
     now = _now()
     starts = [_utc(r["started_at"]) for r in runs]
-    live = [r for r in runs if _is_live(r, now)]
+    live = [r for r in runs if run_is_live(r, now)]
     out = ProgressOut(started_at=min(starts) if starts else None, trials=n_trials, probes=n_probes)
     if live:
         begun = min(_utc(r["started_at"]) for r in live)
