@@ -276,14 +276,6 @@ def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: 
     )
 
 
-def prepare_probes(config: ProbeConfig, *, launcher: str | None = None) -> None:
-    """Pays the one-off costs ahead of the first probe (op compiles, the fork server's start); optional — run_probe
-    does the same lazily. Raises ConfigError for an unknown launcher, never for anything else."""
-    how = choose_launcher(launcher)
-    ensure_ops(config, probe_env(config.world_size))
-    _server(how, explicit=False)
-
-
 def run_probe(config: ProbeConfig, workdir: Path | None = None, *, launcher: str | None = None) -> ProbeResult:
     """Runs one probe in its own process group(s) and returns its merged result; never raises for probe failures.
 
@@ -315,4 +307,4 @@ def run_probe(config: ProbeConfig, workdir: Path | None = None, *, launcher: str
             shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["choose_launcher", "prepare_probes", "probe_env", "run_probe"]
+__all__ = ["choose_launcher", "probe_env", "run_probe"]

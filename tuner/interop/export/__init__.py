@@ -22,12 +22,9 @@ from tuner.interop.export.env import render_env, to_env
 from tuner.interop.export.hf import to_hf
 
 FORMATS: tuple[str, ...] = ("json", "deepspeed", "hf", "accelerate", "env")
-# What a saved export is usually called (the CLI's default file name for -o DIR, the API's Content-Disposition).
-SUFFIX = {"json": "json", "deepspeed": "json", "hf": "json", "accelerate": "yaml", "env": "sh"}
 
 __all__ = [
     "FORMATS",
-    "SUFFIX",
     "BestLike",
     "ExportArgs",
     "best_export_args",
