@@ -1,5 +1,5 @@
 """Turns a POST /studies body into the exact study definition `tuner search --study NAME` writes and resumes from
-(tuner.search.driver.SearchRequest.definition), so workers joining an API-created study read what they expect.
+(tuner.search.request.SearchRequest.definition), so workers joining an API-created study read what they expect.
 
 Only inline data is accepted: a local model directory names a path on the worker hosts, which this server neither
 reads nor checks (it would be a path of the caller's choosing), so the API takes built-in presets and hub ids only."""
@@ -7,18 +7,18 @@ reads nor checks (it would be a path of the caller's choosing), so the API takes
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from api.schemas import StudyCreate
-from trials.contract import BUILTIN_PREFIX, Knobs, ModelSpec
-from tuner.errors import BaselineError, ModelSourceError, SpaceError
-from tuner.job.batching import default_global_batch, require_reachable
+from trials.contract import BUILTIN_PREFIX, ModelSpec
+from tuner.errors import ModelSourceError, SpaceError
 from tuner.job.model_source import resolve_model
-from tuner.job.objective import objective_for
 from tuner.job.space import Space, default_space, space_from_dict
-from tuner.search.driver import SearchRequest
-from tuner.search.strategy import Schedule
+from tuner.search.request import BaselineLoader, build_request
 from tuner.units import parse_size
+
+if TYPE_CHECKING:
+    from tuner.interop.baseline import Baseline
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 
@@ -50,46 +50,31 @@ def _space(inline: dict[str, Any] | None) -> Space:
         raise SpaceError(f"space: invalid choices ({err}); give each knob a list of values") from None
 
 
-def _baseline(
-    ds_config: dict[str, Any] | None, hf_args: dict[str, Any] | None, world_size: int, max_length: int
-) -> tuple[Any, int | None, dict[str, Any] | None]:
+def _baseline(ds_config: dict[str, Any] | None, hf_args: dict[str, Any] | None) -> BaselineLoader | None:
     """The user's current config, parsed exactly as `tuner search --baseline FILE` parses the file's content."""
     if not ds_config and not hf_args:
-        return None, None, None
-    from tuner.interop.baseline import parse_baseline
+        return None
 
-    base = parse_baseline(ds_config, hf_args, world_size=world_size, max_length=max_length)
-    return Knobs.model_validate(base.knobs), base.global_batch, base.ds_config
+    def load(world_size: int | None, max_length: int) -> Baseline:
+        from tuner.interop.baseline import parse_baseline
+
+        return parse_baseline(ds_config, hf_args, world_size=world_size, max_length=max_length)
+
+    return load
 
 
 def definition(body: StudyCreate, storage: str) -> dict[str, Any]:
-    model = _model(body.model)
-    space = _space(body.space)
-    memory = parse_size(body.device_memory) if body.device_memory is not None else None
-    base_knobs, base_batch, base_source = _baseline(
-        body.baseline, body.training_args, body.world_size, max(space.max_length)
-    )
-    world = body.world_size
-    batch = body.global_batch or base_batch or default_global_batch(space.micro_batch_size, world)
-    space = space.restrict(micro_batch_size=require_reachable(space.micro_batch_size, batch, world))
-    if base_knobs is not None and batch % (base_knobs.micro_batch_size * world):
-        raise BaselineError(
-            f"baseline micro batch {base_knobs.micro_batch_size} x world size {world} cannot reach global batch "
-            f"{batch}; set global_batch to a multiple of it"
-        )
-    request = SearchRequest(
+    """The study definition of ``body``, checked and derived by tuner.search.request.build_request as for the CLI."""
+    request = build_request(
         study_name=body.name,
         storage=storage,
-        model=model,
-        space=space,
-        world_size=world,
-        global_batch=batch,
-        objective=objective_for(space.max_length),
+        model=_model(body.model),
+        space=_space(body.space),
         budget_s=float(body.budget_s),
-        device_memory=memory,
+        world_size=body.world_size,
+        global_batch=body.global_batch,
+        device_memory=parse_size(body.device_memory) if body.device_memory is not None else None,
         headroom=body.headroom,
-        baseline=base_knobs,
-        baseline_source=base_source,
-        schedule=Schedule(),
+        baseline=_baseline(body.baseline, body.training_args),
     )
     return request.definition()

@@ -20,12 +20,13 @@ from api.schemas import (
     TrialPageOut,
 )
 from tuner.errors import NoStableConfig, StudyNotFound
+from tuner.interop.export import best_export_args, render_best
+from tuner.reporting.trials import join_trials
+from tuner.search.liveness import run_is_live
 from tuner.search.selection import Candidate, best_stable
 from tuner.storage import Store
 
 DEFAULT_HEADROOM = 0.9
-RUN_GRACE = dt.timedelta(minutes=10)  # a "running" run this far past its deadline is a killed worker
-HEARTBEAT_STALE = dt.timedelta(seconds=120)  # workers beat every ~10 s, also during a probe (tuner.search.driver)
 END_STATES = ("finished", "interrupted", "failed")
 
 
@@ -44,22 +45,11 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _is_live(run: dict[str, Any], now: dt.datetime) -> bool:
-    """A run marked running whose worker still beats (or, without heartbeats, is not far past its deadline)."""
-    if run["status"] != "running":
-        return False
-    beat = _utc(run.get("heartbeat_at"))
-    if beat is not None:
-        return now - beat <= HEARTBEAT_STALE
-    deadline = _utc(run.get("deadline_at"))
-    return deadline is None or now < deadline + RUN_GRACE
-
-
 def study_status(runs: list[dict[str, Any]]) -> str:
     if not runs:
         return "defined"
     now = _now()
-    if any(_is_live(r, now) for r in runs):
+    if any(run_is_live(r, now) for r in runs):
         return "running"
     last = max(runs, key=lambda r: r["id"])["status"]
     return last if last in END_STATES else "interrupted"
@@ -91,7 +81,7 @@ def optuna_trials(optuna_storage: Any, name: str) -> list[Any]:
 def _progress(runs: list[dict[str, Any]], n_trials: int, n_probes: int, status: str) -> ProgressOut:
     now = _now()
     starts = [_utc(r["started_at"]) for r in runs]
-    live = [r for r in runs if _is_live(r, now)]
+    live = [r for r in runs if run_is_live(r, now)]
     out = ProgressOut(started_at=min(starts) if starts else None, trials=n_trials, probes=n_probes)
     if live:
         begun = min(_utc(r["started_at"]) for r in live)
@@ -162,41 +152,25 @@ def _probe(row: dict[str, Any]) -> ProbeOut:
     return ProbeOut(**fields, stable=bool(row.get("stable")), ranks=_ranks(row), created_at=_utc(row["created_at"]))
 
 
-def _cause(trial: Any, latest: dict[str, Any] | None) -> str | None:
-    if latest is not None and latest.get("cause"):
-        return str(latest["cause"])
-    if latest is not None and latest.get("status") != "ok":
-        return str(latest["status"])
-    cause = trial.user_attrs.get("cause") if trial is not None else None
-    return str(cause) if cause else None
-
-
 def trial_page(store: Store, optuna_storage: Any, name: str, offset: int, limit: int) -> TrialPageOut:
     trials = optuna_trials(optuna_storage, name)
     page = trials[offset : offset + limit]
     numbers = {t.number for t in page}
-    by_trial: dict[int, list[dict[str, Any]]] = {}
-    if numbers:
-        for row in store.probes(name):
-            if row.get("trial_number") in numbers:
-                by_trial.setdefault(row["trial_number"], []).append(row)
-    out: list[TrialOut] = []
-    for t in page:
-        rows = by_trial.get(t.number, [])
-        latest = rows[-1] if rows else None
-        out.append(
-            TrialOut(
-                number=t.number,
-                state=t.state.name,
-                params=dict(t.params),
-                value=t.values[0] if t.values else None,
-                cause=_cause(t, latest),
-                samples_per_s=latest.get("samples_per_s") if latest else None,
-                peak_allocated=latest.get("peak_allocated") if latest else None,
-                ranks=_ranks(latest) if latest else [],
-                probes=[_probe(r) for r in rows],
-            )
+    rows = [r for r in store.probes(name) if r.get("trial_number") in numbers] if numbers else []
+    out = [
+        TrialOut(
+            number=rec.number,
+            state=rec.state,
+            params=rec.params,
+            value=rec.value,
+            cause=rec.cause,
+            samples_per_s=rec.samples_per_s,
+            peak_allocated=rec.peak_allocated,
+            ranks=_ranks(rec.latest) if rec.latest else [],
+            probes=[_probe(r) for r in rec.probes],
         )
+        for rec in join_trials(page, rows)
+    ]
     return TrialPageOut(study=name, total=len(trials), offset=offset, limit=limit, trials=out)
 
 
@@ -219,8 +193,9 @@ def _baseline(rows: list[dict[str, Any]], best: Candidate) -> BaselineOut | None
     )
 
 
-def best_config(store: Store, name: str, fmt: str, render: Any) -> BestConfigOut:
-    """The best stable config of ``name`` with its provenance; ``render(fmt, knobs, ...)`` fills ``content``."""
+def best_config(store: Store, name: str, fmt: str) -> BestConfigOut:
+    """The best stable config of ``name`` with its provenance; ``content`` is its export in ``fmt``
+    (tuner.interop.export.render_best, as `tuner export` writes it)."""
     definition = store.require_study(name)
     rows = store.probes(name)
     best = best_stable(rows)
@@ -230,16 +205,13 @@ def best_config(store: Store, name: str, fmt: str, render: Any) -> BestConfigOut
             f"study {name!r} has no stable trial yet ({ran} probes so far); wait for the search to finish a probe "
             "within the memory headroom, or see GET /studies/{name}/trials for why they failed"
         )
-    config = best.config
-    world = int(config.get("world_size") or definition.get("world_size") or 1)
-    accum = int(config.get("gradient_accumulation_steps") or 1)
+    args = best_export_args(best, definition)
+    world, accum = args.world_size, args.gradient_accumulation_steps
     result = next((r["result"] for r in best.rows if r.get("result")), None) or {}
     reserved = [int(r["peak_reserved"]) for r in best.rows if r.get("peak_reserved") is not None]
     tokens = [float(r["tokens_per_s"]) for r in best.rows if r.get("tokens_per_s") is not None]
     headroom = float(definition.get("headroom") or DEFAULT_HEADROOM)
-    content = None
-    if fmt != "json":
-        content = render(fmt, best.knobs, world_size=world, gradient_accumulation_steps=accum, definition=definition)
+    content = render_best(fmt, best, definition) if fmt != "json" else None
     return BestConfigOut(
         study=name,
         format=fmt,

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+from trials.contract import free_port
+
+__all__ = ["TUNER_BIN", "clean_env", "free_port", "start_server", "stop", "wait_http"]
 
 TUNER_BIN = os.path.join(os.path.dirname(sys.executable), "tuner")
 
@@ -17,12 +20,6 @@ TUNER_BIN = os.path.join(os.path.dirname(sys.executable), "tuner")
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment without TUNER_* settings, plus ``extra``."""
     return {k: v for k, v in os.environ.items() if not k.startswith("TUNER_")} | (extra or {})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:

@@ -27,7 +27,9 @@ def _die_with_parent() -> None:
     parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(4)  # trials.contract.EXIT_ERROR
+        from trials.contract import EXIT_ERROR
+
+        os._exit(EXIT_ERROR)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with_parent()
 
-    from trials.contract import ProbeConfig
-    from trials.probe import LAUNCH_ENV, run_probe_rank
+    from trials.contract import LAUNCH_ENV, ProbeConfig
+    from trials.probe import run_probe_rank
 
     config = ProbeConfig.model_validate_json(args.config.read_text())
     launch = os.environ.get(LAUNCH_ENV)

@@ -1,11 +1,15 @@
 """The probe contract: what tuner/ sends to one probe and what comes back.
 
 This is the only module of ``trials`` that ``tuner`` imports. It has no torch import: the search, the API and the
-exports all read these models without loading a training stack.
+exports all read these models without loading a training stack. Everything both sides of the process boundary must
+agree on is defined here once: the models, the exit codes, the environment the runner sets, where each rank writes its
+result, the fork server's ready line, the op libraries, and the DeepSpeed defaults a probe runs with.
 """
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,6 +27,34 @@ EXIT_OK = 0
 EXIT_OOM = 3
 EXIT_ERROR = 4
 EXIT_TIMEOUT = 5
+
+# The runner sets this to the wall-clock time.time() at which it launched the probe (the probe's setup_s starts there).
+LAUNCH_ENV = "TUNER_PROBE_LAUNCH_T"
+# The line `python -m trials.forkserver` prints on stdout once it has preloaded and listens.
+FORKSERVER_READY = "trials.forkserver ready"
+# DeepSpeed JIT ops a probe may need (`python -m trials.ops KEY ...`): key -> the extension's directory and library
+# name under TORCH_EXTENSIONS_DIR (the runner checks the cache, trials.ops builds).
+OP_LIBRARIES: dict[str, str] = {"cpu_adam": "cpu_adam", "shm_comm": "deepspeed_shm_comm"}
+
+# The DeepSpeed bucket knobs, and DeepSpeed's default (elements) that a probe runs with when a bucket knob is unset
+# (None): the export writes it, the estimate and the feasibility frontier assume it.
+BUCKET_KNOBS: tuple[str, str] = ("allgather_bucket_size", "reduce_bucket_size")
+DS_DEFAULT_BUCKET = 500_000_000
+
+
+def rank_out_path(out: Path, rank: int, world_size: int) -> Path:
+    """Where a rank writes its RankResult: ``out`` itself for world size 1, else ``<stem>.rank<r><suffix>`` next to
+    it (the runner reads them back from there)."""
+    if world_size == 1:
+        return out
+    return out.with_name(f"{out.stem}.rank{rank}{out.suffix or '.json'}")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now (the probe's MASTER_PORT rendezvous; tests' servers)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class _Strict(BaseModel):

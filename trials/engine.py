@@ -13,10 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trials.contract import Knobs
-
-# DeepSpeed's defaults (5e8) when the knob is unset
-DEFAULT_BUCKET = 500_000_000
+from trials.contract import DS_DEFAULT_BUCKET, Knobs
 
 
 class Engine(Protocol):
@@ -110,8 +107,8 @@ def deepspeed_config(knobs: Knobs, accum: int, world_size: int, lr: float) -> di
         "stage": knobs.zero_stage,
         "overlap_comm": knobs.overlap_comm,
         "contiguous_gradients": knobs.contiguous_gradients,
-        "allgather_bucket_size": knobs.allgather_bucket_size or DEFAULT_BUCKET,
-        "reduce_bucket_size": knobs.reduce_bucket_size or DEFAULT_BUCKET,
+        "allgather_bucket_size": knobs.allgather_bucket_size or DS_DEFAULT_BUCKET,
+        "reduce_bucket_size": knobs.reduce_bucket_size or DS_DEFAULT_BUCKET,
     }
     if knobs.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}

@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-READY = "trials.forkserver ready"
+from trials.contract import EXIT_ERROR, FORKSERVER_READY
 
 
 def preload() -> None:
@@ -76,8 +76,8 @@ def _child(request: dict[str, Any], close: list[socket.socket]) -> int:
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
-    from trials.contract import ProbeConfig
-    from trials.probe import LAUNCH_ENV, run_probe_rank
+    from trials.contract import LAUNCH_ENV, ProbeConfig
+    from trials.probe import run_probe_rank
 
     config = ProbeConfig.model_validate_json(Path(request["config"]).read_text())
     launch = os.environ.get(LAUNCH_ENV)
@@ -112,7 +112,7 @@ def serve(path: Path) -> int:
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "parent")
     children: dict[int, socket.socket] = {}
-    print(READY, flush=True)
+    print(FORKSERVER_READY, flush=True)
     null = os.open(os.devnull, os.O_WRONLY)  # nobody reads the server's output from here on: never block on it
     os.dup2(null, 1)
     os.dup2(null, 2)
@@ -135,7 +135,7 @@ def serve(path: Path) -> int:
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:  # the child
-                    code = 4
+                    code = EXIT_ERROR
                     try:
                         code = _child(request, [listener, conn, *children.values()])
                     except BaseException:

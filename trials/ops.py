@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import sys
 
-# op key -> (DeepSpeed builder class, the extension's directory / library name under TORCH_EXTENSIONS_DIR)
-OPS: dict[str, tuple[str, str]] = {
-    "cpu_adam": ("CPUAdamBuilder", "cpu_adam"),
-    "shm_comm": ("ShareMemCommBuilder", "deepspeed_shm_comm"),
-}
+# op key -> DeepSpeed's builder class (the library each builds: trials.contract.OP_LIBRARIES)
+OPS: dict[str, str] = {"cpu_adam": "CPUAdamBuilder", "shm_comm": "ShareMemCommBuilder"}
 
 
 def build(key: str) -> str:
     from deepspeed.accelerator import get_accelerator
 
-    builder_name, _ = OPS[key]
+    builder_name = OPS[key]
     builder = get_accelerator().create_op_builder(builder_name)
     if builder is None:
         return f"{key}: not used by the {get_accelerator().device_name()} accelerator"

@@ -25,13 +25,22 @@ from typing import Any
 import torch
 
 from trials import memory
-from trials.contract import EXIT_ERROR, EXIT_OK, EXIT_OOM, EXIT_TIMEOUT, ProbeConfig, RankMemory, RankResult, StepStats
+from trials.contract import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_OOM,
+    EXIT_TIMEOUT,
+    ProbeConfig,
+    RankMemory,
+    RankResult,
+    StepStats,
+    free_port,
+    rank_out_path,
+)
 from trials.data import worst_case_batch
 from trials.engine import Engine, build_engine
 from trials.fingerprint import fingerprint, versions
 from trials.models import build_model, is_encoder_decoder
-
-LAUNCH_ENV = "TUNER_PROBE_LAUNCH_T"  # wall-clock time.time() at which the runner launched this probe
 
 
 def probe_accum(config: ProbeConfig) -> int:
@@ -103,11 +112,7 @@ class Probe:
         os.environ.setdefault("WORLD_SIZE", str(self.world_size))
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in os.environ:
-            import socket
-
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+            os.environ["MASTER_PORT"] = str(free_port())
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=max(30.0, self.config.timeout_s))
         torch.distributed.init_process_group(
@@ -289,13 +294,6 @@ class Probe:
             versions=versions(),
             fingerprint=fingerprint(self.device),
         ), code
-
-
-def rank_out_path(out: Path, rank: int, world_size: int) -> Path:
-    """World size 1 writes ``out`` itself; rank r of N writes ``<stem>.rank<r><suffix>`` next to it."""
-    if world_size == 1:
-        return out
-    return out.with_name(f"{out.stem}.rank{rank}{out.suffix or '.json'}")
 
 
 def write_result(result: RankResult, path: Path) -> None:

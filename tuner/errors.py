@@ -43,7 +43,3 @@ class StudyNotFound(TunerError):
 
 class NoStableConfig(TunerError):
     http_status = 404
-
-
-class AuthError(TunerError):
-    http_status = 401

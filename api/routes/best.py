@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse, Response
 
 from api import views
@@ -15,22 +15,6 @@ from api.schemas import STUDY_NAME_MAX, STUDY_NAME_PATTERN, BestConfigOut, Error
 router = APIRouter(tags=["best-config"])
 
 MEDIA = {"json": "application/json", "deepspeed": "application/json", "hf": "application/json"}
-
-
-def render(
-    fmt: str, knobs: dict[str, Any], *, world_size: int, gradient_accumulation_steps: int, definition: dict
-) -> str:
-    try:
-        from tuner.interop import export
-    except ModuleNotFoundError as err:
-        if err.name != "tuner.interop.export":
-            raise
-        raise HTTPException(501, f"format {fmt!r} is not available in this build; use format=json") from None
-    source = definition.get("baseline_source")  # the user's DeepSpeed JSON: its optimizer/scheduler are kept
-    baseline = source if isinstance(source, dict) else None
-    return export.render(
-        fmt, knobs, world_size=world_size, gradient_accumulation_steps=gradient_accumulation_steps, baseline=baseline
-    )
 
 
 @router.get(
@@ -54,7 +38,7 @@ def best_config(
 ) -> BestConfigOut | Response:
     store = svc.store()
     name = study or views.default_study(store)
-    out = svc.best_cache.get(store, name, format, lambda: views.best_config(store, name, format, render))
+    out = svc.best_cache.get(store, name, format, lambda: views.best_config(store, name, format))
     if not raw:
         return out
     if format == "json":

@@ -55,7 +55,7 @@ def test_api_process_never_imports_torch(sqlite_url) -> None:
             client.get(path)
         for fmt in ("json", "deepspeed", "hf", "accelerate", "env"):
             r = client.get("/best-config", params={{"study": "s", "format": fmt}})
-            assert r.status_code in (200, 501), r.text
+            assert r.status_code == 200, r.text
         loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "deepspeed", "transformers")))
         print(loaded)
         sys.exit(1 if loaded else 0)

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from trials.contract import ModelSpec
-from tuner.search.driver import SearchRequest, request_from_definition
+from tuner.search.request import SearchRequest, request_from_definition
 from tuner.settings import Settings
 from tuner.storage import Store
 

@@ -8,7 +8,6 @@ import hmac
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,17 +25,12 @@ from sample_storage import populate
 
 import api.deps
 from api.app import create_app
+from trials.contract import free_port
 from tuner.settings import Settings
 from tuner.storage.db import get_engine
 
 TUNER = str(Path(sys.executable).with_name("tuner"))
 TOKEN = "tok-" + "Q7x9" * 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -59,7 +53,7 @@ def _http(method: str, url: str, body: Any = None, headers: dict[str, str] | Non
 
 class Server:
     def __init__(self, tmp: Path, storage: str, host: str = "127.0.0.1", **env: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.log = tmp / f"serve-{self.port}.log"
         self.proc = subprocess.Popen(
             [TUNER, "serve", "--storage", storage, "--host", host, "--port", str(self.port)],
@@ -129,7 +123,7 @@ def test_writes_refused_without_a_server_token(sqlite_demo: str) -> None:
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "example.org"])
 def test_serve_refuses_public_bind_without_token(host: str, tmp_path: Path, sqlite_demo: str) -> None:
     done = subprocess.run(
-        [TUNER, "serve", "--host", host, "--port", str(_free_port()), "--storage", sqlite_demo],
+        [TUNER, "serve", "--host", host, "--port", str(free_port()), "--storage", sqlite_demo],
         env=_env(tmp_path),
         cwd=tmp_path,
         capture_output=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -36,7 +36,7 @@ def export(
 ) -> None:
     """Export the best stable config of a study. With --format accelerate -o FILE the DeepSpeed JSON it points at is
     written next to FILE as FILE-stem.deepspeed.json."""
-    from tuner.interop.export import FORMATS, render, to_deepspeed
+    from tuner.interop.export import FORMATS, best_export_args, render_best, to_deepspeed
     from tuner.interop.export.accelerate import render_yaml, to_accelerate
     from tuner.search.selection import best_stable
     from tuner.settings import load_settings
@@ -52,23 +52,19 @@ def export(
             f"study {study!r} has no stable config yet; let `tuner search --study {study}` run longer "
             "or give it more device memory"
         )
-    baseline = definition.get("baseline_source")
-    args: dict[str, Any] = {
-        "world_size": int(best.config.get("world_size") or definition.get("world_size") or 1),
-        "gradient_accumulation_steps": int(best.config.get("gradient_accumulation_steps") or 1),
-        "baseline": baseline if isinstance(baseline, dict) else None,
-    }
     if output is None:
-        typer.echo(render(fmt, best.knobs, **args), nl=False)
+        typer.echo(render_best(fmt, best, definition), nl=False)
         return
     written = [output]
     if fmt == "accelerate" and best.knobs.get("engine", "deepspeed") == "deepspeed":
+        # the accelerate YAML names the DeepSpeed JSON written next to it
+        args = best_export_args(best, definition).kwargs()
         ds_path = output.with_name(f"{output.stem}.deepspeed.json").resolve()
         _write(ds_path, json.dumps(to_deepspeed(best.knobs, **args), indent=2) + "\n")
         _write(output, render_yaml(to_accelerate(best.knobs, deepspeed_config_file=str(ds_path), **args), str(ds_path)))
         written.append(ds_path)
     else:
-        _write(output, render(fmt, best.knobs, **args))
+        _write(output, render_best(fmt, best, definition))
     trial = f"trial {best.trial_number}" if best.trial_number is not None else "a confirmed probe"
     note_console.print(
         f"wrote {', '.join(map(str, written))} ({fmt}, study {study!r}, {trial}, {best.samples_per_s:.3g} samples/s)",

@@ -14,6 +14,7 @@ from tuner.cli.progress import fmt_num
 from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
+from tuner.reporting.trials import join_trials
 from tuner.search.selection import best_stable
 from tuner.settings import load_settings
 from tuner.storage import Store
@@ -52,7 +53,7 @@ def best(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file instead of stdout")] = None,
 ) -> None:
     """Print (or write) the best stable config of a study."""
-    from tuner.interop.export import render
+    from tuner.interop.export import render_best
 
     if fmt not in _formats():
         raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(_formats())}")
@@ -64,13 +65,7 @@ def best(
             f"study {name!r} has no stable config yet; run `tuner search --study {name}` longer or with more "
             "device memory"
         )
-    text = render(
-        fmt,
-        found.knobs,
-        world_size=int(found.config.get("world_size") or definition.get("world_size") or 1),
-        gradient_accumulation_steps=int(found.config.get("gradient_accumulation_steps") or 1),
-        baseline=definition.get("baseline_source"),
-    )
+    text = render_best(fmt, found, definition)
     if output is None:
         typer.echo(text, nl=False)
         return
@@ -82,42 +77,38 @@ def best(
 
 
 def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
-    """One entry per Optuna trial (state from Optuna, measurements from its probe rows) plus each confirm probe."""
+    """One entry per Optuna trial (tuner.reporting.trials.join_trials: state from Optuna, measurements from its latest
+    probe row) plus each confirm probe that belongs to no trial."""
     import optuna
 
     from tuner.storage import optuna_storage
 
     rows = store.probes(name)
-    by_trial: dict[int, list[dict[str, Any]]] = {}
-    for r in rows:
-        if r.get("trial_number") is not None and r["fidelity"] != "confirm":
-            by_trial.setdefault(int(r["trial_number"]), []).append(r)
-    out: list[dict[str, Any]] = []
     try:
         trials = optuna.load_study(study_name=name, storage=optuna_storage(store.url, None, None)).trials
     except KeyError:  # a study defined (e.g. via the API) that no worker has started yet
         trials = []
-    for t in trials:
-        attrs = t.user_attrs
-        row = (by_trial.get(t.number) or [{}])[-1]
-        out.append(
-            {
-                "trial": t.number,
-                "state": t.state.name,
-                "fidelity": attrs.get("fidelity", row.get("fidelity", "")),
-                "status": row.get("status") or attrs.get("status") or "",
-                "cause": row.get("cause") or attrs.get("cause") or "",
-                "objective": row.get("objective", attrs.get("objective")),
-                "peak": row.get("peak_allocated", attrs.get("peak_allocated")),
-                "stable": row.get("stable", attrs.get("stable")),
-                "knobs": row.get("knobs") or attrs.get("knobs") or {},
-                "reused_from": attrs.get("reused_from"),
-                "seconds": row.get("probe_seconds"),
-                "ranks": rank_note(row),
-            }
-        )
+    records = join_trials(trials, rows)
+    out: list[dict[str, Any]] = [
+        {
+            "trial": rec.number,
+            "state": rec.state,
+            "fidelity": rec.fidelity,
+            "status": rec.status,
+            "cause": rec.cause or "",
+            "objective": rec.objective,
+            "peak": rec.peak_allocated,
+            "stable": rec.stable,
+            "knobs": rec.knobs,
+            "reused_from": rec.reused_from,
+            "seconds": rec.probe_seconds,
+            "ranks": rank_note(rec.latest or {}),
+        }
+        for rec in records
+    ]
+    joined = {rec.number for rec in records}
     for r in rows:
-        if r["fidelity"] == "confirm":
+        if r["fidelity"] == "confirm" and r.get("trial_number") not in joined:
             out.append(
                 {
                     "trial": r.get("trial_number"),

@@ -4,48 +4,38 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import optuna
 import typer
 from rich.console import Console
 
-from trials.contract import Knobs, ProbeConfig, ProbeResult
+from trials.contract import ProbeConfig, ProbeResult
 from tuner.cli.app import app
 from tuner.cli.progress import LiveProgress, summary_table
-from tuner.errors import BaselineError, ConfigError
-from tuner.job.batching import default_global_batch, require_reachable
 from tuner.job.model_source import resolve_model
-from tuner.job.objective import load_lengths, objective_for
+from tuner.job.objective import load_lengths
 from tuner.job.space import load_space
-from tuner.search.driver import (
-    ESTIMATE_AUTO_MIN_BUDGET_S,
-    Search,
-    SearchRequest,
-    build_estimator,
-    check_resume,
-    request_from_definition,
-)
-from tuner.search.strategy import Schedule
+from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
+from tuner.search.driver import Search
+from tuner.search.request import SearchRequest, check_resume, request_from_definition
+from tuner.search.request import build_request as build_search_request
+from tuner.search.schedule import Schedule
 from tuner.settings import load_settings
 from tuner.storage import Store
 from tuner.units import parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from tuner.interop.baseline import Baseline
 
 console = Console(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
     console = Console(highlight=False, soft_wrap=True, width=200)
 
 
-def _baseline(
-    path: Path, world_size: int | None, max_length: int
-) -> tuple[Knobs, int | None, int | None, dict[str, Any]]:
-    """The user's current config (DeepSpeed JSON or HF training-args JSON, parsed by tuner.interop.baseline): its knobs,
-    global batch, world size and the DeepSpeed source the exports keep optimizer/scheduler from."""
-    from tuner.interop.baseline import load_baseline
-
-    base = load_baseline(path, world_size=world_size, max_length=max_length)
-    knobs = Knobs.model_validate(base.knobs)
-    return knobs, base.global_batch, base.world_size, base.ds_config
+def cli_option(name: str) -> str:
+    """How `tuner search` spells a setting in a message: ``global_batch`` -> ``--global-batch``."""
+    return "--" + name.replace("_", "-")
 
 
 def build_request(
@@ -65,49 +55,40 @@ def build_request(
     finalists: int,
     seed: int | None,
 ) -> tuple[SearchRequest, set[str]]:
-    """Validates every option (one clear line on a mistake) and returns the request plus the options set explicitly."""
+    """Parses the options (durations, sizes, files) and hands them to tuner.search.request.build_request, which checks
+    them (one clear line on a mistake); returns the request plus the options set explicitly."""
     budget_s = parse_duration(budget)
-    if not 0 < headroom <= 1:
-        raise ConfigError(f"--headroom {headroom} must be in (0, 1], e.g. 0.9 keeps 10% of device memory free")
-    if world_size is not None and world_size < 1:
-        raise ConfigError(f"--world-size {world_size} must be at least 1")
-    if n_trials is not None and n_trials < 1:
-        raise ConfigError(f"--n-trials {n_trials} must be at least 1")
-    if global_batch is not None and global_batch < 1:
-        raise ConfigError(f"--global-batch {global_batch} must be at least 1")
     spec = resolve_model(model)
     space = load_space(space_file)
     memory = parse_size(device_memory) if device_memory is not None else None
     lens = load_lengths(lengths) if lengths is not None else None
-    base_knobs, base_batch, base_world, base_source = (
-        _baseline(baseline, world_size, max(space.max_length)) if baseline is not None else (None, None, None, None)
-    )
-    world = world_size or base_world or 1
-    batch = global_batch or base_batch or default_global_batch(space.micro_batch_size, world)
-    space = space.restrict(micro_batch_size=require_reachable(space.micro_batch_size, batch, world))
-    if base_knobs is not None and batch % (base_knobs.micro_batch_size * world):
-        raise BaselineError(
-            f"baseline micro batch {base_knobs.micro_batch_size} x world size {world} cannot reach global batch "
-            f"{batch}; pass --global-batch as a multiple of it"
-        )
-    name = study or "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    request = SearchRequest(
-        study_name=name,
+    loaded: list[Baseline] = []
+
+    def load(world: int | None, max_length: int) -> Baseline:
+        from tuner.interop.baseline import load_baseline
+
+        assert baseline is not None
+        loaded.append(load_baseline(baseline, world_size=world, max_length=max_length))
+        return loaded[-1]
+
+    request = build_search_request(
+        study_name=study or "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
         storage=load_settings(storage=storage).storage,
         model=spec,
         space=space,
-        world_size=world,
-        global_batch=batch,
-        objective=objective_for(space.max_length, lens),
         budget_s=budget_s,
+        world_size=world_size,
+        global_batch=global_batch,
         device_memory=memory,
         headroom=headroom,
         n_trials=n_trials,
-        baseline=base_knobs,
-        baseline_source=base_source,
+        baseline=load if baseline is not None else None,
+        lengths=lens,
         schedule=Schedule(finalists=finalists),
         seed=seed,
+        option=cli_option,
     )
+    base_world = loaded[-1].world_size if loaded else None
     explicit = {
         key
         for key, given in {
@@ -223,19 +204,10 @@ def search(
     if summary.best is None:
         console.print("no stable config found: give a larger --device-memory or --budget, or a smaller space")
         return
-    from tuner.interop.export import render
+    from tuner.interop.export import render_best
 
-    best = summary.best
     console.print("best config:")
-    typer.echo(
-        render(
-            "json",
-            best.knobs,
-            world_size=int(best.config.get("world_size", request.world_size)),
-            gradient_accumulation_steps=int(best.config.get("gradient_accumulation_steps", 1)),
-            baseline=request.baseline_source,
-        ).rstrip()
-    )
+    typer.echo(render_best("json", summary.best, request.definition()).rstrip())
 
 
 def _safe(url: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trials.contract import Knobs
+from trials.contract import BUCKET_KNOBS, Knobs
 from tuner.errors import BaselineError
 from tuner.interop.export.mapping import (
     AUTO,
@@ -340,7 +340,7 @@ def parse_baseline(
             else ("fp16" if get_path(ds, ("fp16", "enabled")) is True else "fp32")
         )
     buckets = {}
-    for key in ("allgather_bucket_size", "reduce_bucket_size"):
+    for key in BUCKET_KNOBS:
         value = zero.get(key)
         if value == AUTO:
             notes.append(f"zero_optimization.{key}: 'auto' unresolved (no model hidden size); DeepSpeed's default used")

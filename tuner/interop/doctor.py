@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from trials.contract import BUCKET_KNOBS, DS_DEFAULT_BUCKET
 from tuner.interop.baseline import Baseline, parse_baseline
-from tuner.interop.export.mapping import DS_DEFAULT_BUCKET, HF_MAX_LENGTH_KEYS, auto_paths, get_path
+from tuner.interop.export.mapping import HF_MAX_LENGTH_KEYS, auto_paths, get_path
 
 Severity = Literal["warn", "info"]
 LAUNCHER_ENV = ("WORLD_SIZE", "LOCAL_RANK", "RANK")
@@ -67,7 +68,7 @@ def _zero_traps(ds: Mapping[str, Any], precision: str | None) -> list[Finding]:
     overlap = zero.get("overlap_comm", stage == 3)
     if stage not in (1, 2) or not offload or overlap is not True:
         return []
-    sizes = [zero.get(k, DS_DEFAULT_BUCKET) for k in ("reduce_bucket_size", "allgather_bucket_size")]
+    sizes = [zero.get(k, DS_DEFAULT_BUCKET) for k in BUCKET_KNOBS]
     sizes = [s for s in sizes if isinstance(s, (int, float)) and not isinstance(s, bool)]
     bucket = max(sizes, default=DS_DEFAULT_BUCKET)
     if bucket < LARGE_BUCKET:

@@ -22,8 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trials.contract import EXIT_ERROR, FORKSERVER_READY
+
 START_TIMEOUT_S = 180.0
-READY = b"trials.forkserver ready"
+READY = FORKSERVER_READY.encode()
 
 
 class ForkedRank:
@@ -41,7 +43,7 @@ class ForkedRank:
             return
         if self._orphan:  # the server died: the child's exit status is lost; report it once the child is gone
             if not pid_alive(self.pid):
-                self.returncode = 4  # trials.contract.EXIT_ERROR; its result file, if any, still decides
+                self.returncode = EXIT_ERROR  # its result file, if any, still decides
             elif timeout:
                 time.sleep(min(timeout, 0.05))
             return

@@ -16,12 +16,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from trials.contract import OP_LIBRARIES as OP_LIBS
 from trials.contract import ProbeConfig
 from tuner.probing import forkserver as launch_forkserver
 
 BUILD_TIMEOUT_S = 1800.0
-# op key (trials.ops) -> the extension's directory and library name under TORCH_EXTENSIONS_DIR
-OP_LIBS = {"cpu_adam": "cpu_adam", "shm_comm": "deepspeed_shm_comm"}
 
 
 def needed_ops(config: ProbeConfig, gpu_host: bool) -> list[str]:

@@ -18,7 +18,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,32 +28,27 @@ from pathlib import Path
 from typing import Protocol
 
 from trials.contract import (
-    EXIT_ERROR,
     EXIT_OK,
     EXIT_OOM,
     EXIT_TIMEOUT,
+    LAUNCH_ENV,
     ProbeConfig,
     ProbeResult,
     RankResult,
     Status,
+    free_port,
+    rank_out_path,
 )
 from tuner.errors import ConfigError
 from tuner.probing import forkserver as launch_forkserver
 from tuner.probing.ops import ensure_ops
 from tuner.settings import load_settings
 
-LAUNCH_ENV = "TUNER_PROBE_LAUNCH_T"  # == trials.probe.LAUNCH_ENV (tuner/ imports only trials.contract)
 FAILURE_GRACE_S = 5.0  # after a rank fails, how long its peers get to write their own result before the group kill
 POLL_S = 0.05
 LAUNCHERS = ("auto", "spawn", "forkserver")
 STDERR_TAIL_LINES = 8
 _RANK = {"ok": 0, "timeout": 1, "error": 2, "oom": 3}  # which rank's status names the probe's: oom is the root cause
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def probe_env(world_size: int, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -72,11 +66,6 @@ def probe_env(world_size: int, base: dict[str, str] | None = None) -> dict[str, 
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     return env
-
-
-def rank_out_path(out: Path, rank: int, world_size: int) -> Path:
-    """Mirror of trials.probe.rank_out_path (``out`` for one rank, ``<stem>.rank<r>.json`` for several)."""
-    return out if world_size == 1 else out.with_name(f"{out.stem}.rank{rank}{out.suffix or '.json'}")
 
 
 class _Proc(Protocol):
@@ -287,14 +276,6 @@ def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: 
     )
 
 
-def prepare_probes(config: ProbeConfig, *, launcher: str | None = None) -> None:
-    """Pays the one-off costs ahead of the first probe (op compiles, the fork server's start); optional — run_probe
-    does the same lazily. Raises ConfigError for an unknown launcher, never for anything else."""
-    how = choose_launcher(launcher)
-    ensure_ops(config, probe_env(config.world_size))
-    _server(how, explicit=False)
-
-
 def run_probe(config: ProbeConfig, workdir: Path | None = None, *, launcher: str | None = None) -> ProbeResult:
     """Runs one probe in its own process group(s) and returns its merged result; never raises for probe failures.
 
@@ -326,4 +307,4 @@ def run_probe(config: ProbeConfig, workdir: Path | None = None, *, launcher: str
             shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["EXIT_ERROR", "choose_launcher", "free_port", "prepare_probes", "probe_env", "run_probe"]
+__all__ = ["choose_launcher", "probe_env", "run_probe"]

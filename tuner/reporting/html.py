@@ -60,18 +60,12 @@ def _load_optuna_study(url: str, name: str) -> Any | None:
 
 def _exports(best: Candidate, definition: Mapping[str, Any]) -> dict[str, str]:
     """The chosen config in each export format (tuner.interop.export), exactly as `GET /best-config` hands it out."""
-    from tuner.interop.export import render
+    from tuner.interop.export import render_best
 
-    source = definition.get("baseline_source")
-    args: dict[str, Any] = {
-        "world_size": int(best.config.get("world_size") or 1),
-        "gradient_accumulation_steps": int(best.config.get("gradient_accumulation_steps") or 1),
-        "baseline": source if isinstance(source, dict) else None,
-    }
     out: dict[str, str] = {}
     for fmt in ("deepspeed", "hf", "accelerate", "env", "json"):
         try:
-            out[fmt] = render(fmt, best.knobs, **args)
+            out[fmt] = render_best(fmt, best, definition)
         except (TypeError, ValueError, KeyError, ConfigError) as err:  # a stored config the export cannot map
             out[fmt] = f"(cannot render {fmt}: {err})"
     return out

@@ -6,14 +6,19 @@ re-running a study rebuilds the request from it, so every worker of a study sear
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trials.contract import Knobs, ModelSpec
-from tuner.errors import ConfigError
-from tuner.job.objective import Objective
+from tuner.errors import BaselineError, ConfigError
+from tuner.job.batching import default_global_batch, require_reachable
+from tuner.job.objective import Objective, objective_for
 from tuner.job.space import Space, space_from_definition
 from tuner.search.schedule import Schedule
+
+if TYPE_CHECKING:
+    from tuner.interop.baseline import Baseline
 
 
 @dataclass
@@ -48,6 +53,74 @@ class SearchRequest:
             "baseline_source": self.baseline_source,
             "finalists": self.schedule.finalists,
         }
+
+
+#: parses the user's baseline for a world size (None: the baseline's own) and the space's longest max_length
+BaselineLoader = Callable[[int | None, int], "Baseline"]
+
+
+def build_request(
+    *,
+    study_name: str,
+    storage: str,
+    model: ModelSpec,
+    space: Space,
+    budget_s: float,
+    world_size: int | None = None,
+    global_batch: int | None = None,
+    device_memory: int | None = None,
+    headroom: float = 0.9,
+    n_trials: int | None = None,
+    baseline: BaselineLoader | None = None,
+    lengths: Sequence[int] | None = None,
+    schedule: Schedule | None = None,
+    seed: int | None = None,
+    option: Callable[[str], str] = str,
+) -> SearchRequest:
+    """The one place `tuner search` (tuner.cli.search) and ``POST /studies`` (api.definitions) check a search's
+    settings and build its request from values each has already parsed from its own input (files, a JSON body).
+
+    Checks the numbers, then parses the baseline (``baseline(world_size, longest max_length)``, so a file or an
+    inline body is the caller's business), then derives what is left unset: the world size from the option, else
+    the baseline's, else 1; the global batch from the option, else the baseline's, else the smallest one every micro
+    batch choice reaches. The space keeps only the micro batches that reach that global batch exactly, and the
+    baseline's own micro batch must reach it too. ``option(field)`` is how the caller spells a setting in a message
+    (``--global-batch`` on the command line, ``global_batch`` in a JSON body). Raises ConfigError / BaselineError."""
+    if not 0 < headroom <= 1:
+        raise ConfigError(
+            f"{option('headroom')} {headroom} must be in (0, 1], e.g. 0.9 keeps 10% of device memory free"
+        )
+    for name, value in (("world_size", world_size), ("n_trials", n_trials), ("global_batch", global_batch)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{option(name)} {value} must be at least 1")
+    base = baseline(world_size, max(space.max_length)) if baseline is not None else None
+    base_knobs = Knobs.model_validate(base.knobs) if base is not None else None
+    world = world_size or (base.world_size if base is not None else None) or 1
+    batch = global_batch or (base.global_batch if base is not None else None)
+    batch = batch or default_global_batch(space.micro_batch_size, world)
+    space = space.restrict(micro_batch_size=require_reachable(space.micro_batch_size, batch, world))
+    if base_knobs is not None and batch % (base_knobs.micro_batch_size * world):
+        raise BaselineError(
+            f"baseline micro batch {base_knobs.micro_batch_size} x world size {world} cannot reach global batch "
+            f"{batch}; set {option('global_batch')} to a multiple of it"
+        )
+    return SearchRequest(
+        study_name=study_name,
+        storage=storage,
+        model=model,
+        space=space,
+        world_size=world,
+        global_batch=batch,
+        objective=objective_for(space.max_length, lengths),
+        budget_s=budget_s,
+        device_memory=device_memory,
+        headroom=headroom,
+        n_trials=n_trials,
+        baseline=base_knobs,
+        baseline_source=base.ds_config if base is not None else None,
+        schedule=schedule if schedule is not None else Schedule(),
+        seed=seed,
+    )
 
 
 #: definition keys a resumed study must agree on: they decide which configs exist and what they measure

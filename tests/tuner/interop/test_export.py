@@ -6,12 +6,23 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pytest
 import yaml
 
 from tuner.errors import ConfigError, TunerError
-from tuner.interop.export import FORMATS, render, to_accelerate, to_deepspeed, to_env, to_hf
+from tuner.interop.export import (
+    FORMATS,
+    ExportArgs,
+    best_export_args,
+    render,
+    render_best,
+    to_accelerate,
+    to_deepspeed,
+    to_env,
+    to_hf,
+)
 from tuner.interop.export.mapping import AUTO, DS_FIELDS, auto_paths, get_path
 
 BASE = {"micro_batch_size": 4, "max_length": 128}
@@ -237,3 +248,29 @@ def test_export_package_imports_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@dataclass(frozen=True)
+class _Best:  # the shape of tuner.search.selection.Candidate that an export reads
+    knobs: dict[str, object]
+    config: dict[str, object]
+
+
+def test_best_export_args_come_from_the_stored_config_and_the_definition() -> None:
+    best = _Best(knobs(zero_stage=2), {"world_size": 4, "gradient_accumulation_steps": 2})
+    args = best_export_args(best, {"world_size": 8, "baseline_source": USER_DS})
+    assert args == ExportArgs(world_size=4, gradient_accumulation_steps=2, baseline=USER_DS)  # the measured config wins
+    bare = best_export_args(_Best(knobs(), {}), {"world_size": 8, "baseline_source": "not a dict"})
+    assert bare == ExportArgs(world_size=8, gradient_accumulation_steps=1, baseline=None)
+    assert best_export_args(_Best(knobs(), {}), {}).world_size == 1
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_render_best_is_render_with_the_best_configs_args(fmt: str) -> None:
+    best = _Best(knobs(zero_stage=2), {"world_size": 2, "gradient_accumulation_steps": 3})
+    definition = {"world_size": 2, "baseline_source": USER_DS}
+    expected = render(fmt, best.knobs, world_size=2, gradient_accumulation_steps=3, baseline=USER_DS)
+    assert render_best(fmt, best, definition) == expected
+    if fmt == "deepspeed":
+        ds = json.loads(render_best(fmt, best, definition))
+        assert ds["train_batch_size"] == 4 * 3 * 2 and ds["optimizer"] == USER_DS["optimizer"]

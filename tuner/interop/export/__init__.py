@@ -3,13 +3,17 @@
 ``render(fmt, knobs, world_size=, gradient_accumulation_steps=, baseline=)`` returns the text a user saves; the
 ``to_*`` functions return the structures. Pure functions: no torch import. ``baseline`` is the user's DeepSpeed JSON
 (``tuner.interop.baseline.Baseline.ds_config``), whose optimizer/scheduler/clipping the exports keep.
+
+A study's best config is exported through ``best_export_args`` / ``render_best`` only (`tuner search`'s summary,
+`tuner export`, `tuner best`, the HTML report, ``GET /best-config``), so every one hands out the same file.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from tuner.errors import ConfigError
 from tuner.interop.export.accelerate import render_yaml, to_accelerate
@@ -18,10 +22,20 @@ from tuner.interop.export.env import render_env, to_env
 from tuner.interop.export.hf import to_hf
 
 FORMATS: tuple[str, ...] = ("json", "deepspeed", "hf", "accelerate", "env")
-# What a saved export is usually called (the CLI's default file name for -o DIR, the API's Content-Disposition).
-SUFFIX = {"json": "json", "deepspeed": "json", "hf": "json", "accelerate": "yaml", "env": "sh"}
 
-__all__ = ["FORMATS", "SUFFIX", "render", "to_accelerate", "to_deepspeed", "to_env", "to_hf", "to_summary"]
+__all__ = [
+    "FORMATS",
+    "BestLike",
+    "ExportArgs",
+    "best_export_args",
+    "render",
+    "render_best",
+    "to_accelerate",
+    "to_deepspeed",
+    "to_env",
+    "to_hf",
+    "to_summary",
+]
 
 
 def to_summary(
@@ -78,3 +92,47 @@ def render(
     if fmt == "env":
         return render_env(to_env(knobs, **args))
     raise ConfigError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+class BestLike(Protocol):
+    """What an export needs of a study's best config (tuner.search.selection.Candidate has it): the knobs and the
+    probe config it was measured with (world_size, gradient_accumulation_steps)."""
+
+    @property
+    def knobs(self) -> Mapping[str, Any]: ...
+
+    @property
+    def config(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ExportArgs:
+    """The batch arithmetic and the user's DeepSpeed source an export of a best config is rendered with."""
+
+    world_size: int
+    gradient_accumulation_steps: int
+    baseline: Mapping[str, Any] | None
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "baseline": self.baseline,
+        }
+
+
+def best_export_args(best: BestLike, definition: Mapping[str, Any]) -> ExportArgs:
+    """World size and accumulation from the config the best candidate was measured with (the study definition's
+    world size, else 1, where the stored config lacks it); the baseline's DeepSpeed JSON from the study definition
+    (``baseline_source``), whose optimizer, scheduler and clipping the export keeps."""
+    source = definition.get("baseline_source")
+    return ExportArgs(
+        world_size=int(best.config.get("world_size") or definition.get("world_size") or 1),
+        gradient_accumulation_steps=int(best.config.get("gradient_accumulation_steps") or 1),
+        baseline=source if isinstance(source, Mapping) else None,
+    )
+
+
+def render_best(fmt: str, best: BestLike, definition: Mapping[str, Any]) -> str:
+    """A study's best config in format ``fmt``, as every command and the API hand it out."""
+    return render(fmt, best.knobs, **best_export_args(best, definition).kwargs())

@@ -8,12 +8,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trials.contract import Knobs
+from trials.contract import BUCKET_KNOBS, DS_DEFAULT_BUCKET, Knobs
 from tuner.errors import ConfigError
 from tuner.interop.export.mapping import (
     AUTO,
     DS_BATCH_KEYS,
-    DS_DEFAULT_BUCKET,
     DS_FIELDS,
     auto_paths,
     encode_offload,
@@ -23,7 +22,6 @@ from tuner.interop.export.mapping import (
 
 # Keys of the baseline's zero_optimization that the tuned knobs replace (plus the legacy spelling of offload).
 _TUNED_ZERO_KEYS = {f.path[-1] for f in DS_FIELDS if f.path[0] == "zero_optimization"} | {"cpu_offload"}
-_BUCKET_KNOBS = ("allgather_bucket_size", "reduce_bucket_size")
 
 
 def validate_knobs(knobs: Mapping[str, Any]) -> Knobs:
@@ -80,7 +78,7 @@ def to_deepspeed(
         if field.path[0] != "zero_optimization" or k.zero_stage < field.min_stage:
             continue
         value: Any = getattr(k, field.knob)
-        if field.knob in _BUCKET_KNOBS and value is None:
+        if field.knob in BUCKET_KNOBS and value is None:
             value = DS_DEFAULT_BUCKET  # DeepSpeed's default, and what the probe ran with
         if field.knob == "offload_optimizer":  # the baseline's own offload options (pin_memory, ratio ...) stay
             value = {**encode_offload(True), **base_offload, "device": "cpu"} if value else encode_offload(False)

@@ -37,8 +37,6 @@ DS_FIELDS: tuple[DsField, ...] = (
     DsField("offload_optimizer", ("zero_optimization", "offload_optimizer"), min_stage=1),
 )
 DS_PATH: dict[str, tuple[str, ...]] = {f.knob: f.path for f in DS_FIELDS}
-# DeepSpeed's default for both bucket sizes (and what a probe uses when the knob is unset); exports write it explicitly.
-DS_DEFAULT_BUCKET = 500_000_000
 # precision is two blocks: {"bf16": {"enabled": ...}, "fp16": {"enabled": ...}}
 PRECISION_BLOCKS: dict[str, str] = {"bf16": "bf16", "fp16": "fp16"}
 # The batch fields DeepSpeed checks against each other: train_batch_size = micro x accumulation x world size.

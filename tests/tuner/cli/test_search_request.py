@@ -1,0 +1,153 @@
+"""tuner.search.request.build_request: the one check-and-derive step `tuner search` and ``POST /studies`` share.
+
+Pure: parsed values in, a SearchRequest (or one clear error) out. The last tests show the CLI's option parsing and the
+API's body parsing arrive at the same study definition through it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trials.contract import Knobs, ModelSpec
+from tuner.errors import BaselineError, ConfigError
+from tuner.interop.baseline import Baseline
+from tuner.job.space import default_space, space_from_dict
+from tuner.search.request import build_request
+from tuner.search.schedule import Schedule
+
+
+def _request(**over: Any):
+    args: dict[str, Any] = {
+        "study_name": "s",
+        "storage": "sqlite://",
+        "model": ModelSpec(),
+        "space": default_space(),
+        "budget_s": 60.0,
+    }
+    return build_request(**{**args, **over})
+
+
+def _baseline(micro: int, world: int | None = None, batch: int | None = None) -> Baseline:
+    knobs = Knobs(micro_batch_size=micro, max_length=128, zero_stage=2).model_dump()
+    return Baseline(knobs, batch, world, 1, {"zero_optimization": {"stage": 2}})
+
+
+def test_defaults_world_one_and_the_smallest_global_batch_every_micro_batch_reaches() -> None:
+    request = _request()
+    assert request.world_size == 1
+    assert request.global_batch == 32  # lcm(1, 2, 4, 8, 16, 32) x 1
+    assert request.space.micro_batch_size == [1, 2, 4, 8, 16, 32]
+    assert request.baseline is None and request.baseline_source is None
+    assert request.schedule == Schedule()
+
+
+def test_the_space_keeps_only_micro_batches_that_reach_the_global_batch() -> None:
+    request = _request(world_size=2, global_batch=8)
+    assert request.space.micro_batch_size == [1, 2, 4]
+    with pytest.raises(ConfigError, match="global batch 3 cannot be reached"):
+        _request(world_size=2, global_batch=3)
+
+
+@pytest.mark.parametrize(
+    ("over", "words"),
+    [
+        ({"headroom": 0.0}, "headroom 0.0 must be in (0, 1]"),
+        ({"headroom": 1.5}, "headroom 1.5 must be in (0, 1]"),
+        ({"world_size": 0}, "world_size 0 must be at least 1"),
+        ({"n_trials": 0}, "n_trials 0 must be at least 1"),
+        ({"global_batch": 0}, "global_batch 0 must be at least 1"),
+    ],
+)
+def test_numbers_are_checked_and_named_as_the_caller_spells_them(over: dict[str, Any], words: str) -> None:
+    with pytest.raises(ConfigError) as generic:
+        _request(**over)
+    assert words in str(generic.value)
+    with pytest.raises(ConfigError) as spelled:
+        _request(**over, option=lambda name: "--" + name.replace("_", "-"))
+    assert "--" + words.replace("_", "-") in str(spelled.value)
+
+
+def test_numbers_are_checked_before_the_baseline_is_parsed() -> None:
+    def never(world: int | None, max_length: int) -> Baseline:
+        raise AssertionError("parsed the baseline before checking the numbers")
+
+    with pytest.raises(ConfigError, match="world_size 0"):
+        _request(world_size=0, baseline=never)
+
+
+def test_the_baseline_gives_world_size_global_batch_and_its_deepspeed_source() -> None:
+    seen: list[tuple[int | None, int]] = []
+
+    def load(world: int | None, max_length: int) -> Baseline:
+        seen.append((world, max_length))
+        return _baseline(micro=2, world=4, batch=16)
+
+    request = _request(baseline=load)
+    assert seen == [(None, 128)]  # no world size given; the space's longest max_length
+    assert (request.world_size, request.global_batch) == (4, 16)
+    assert request.baseline == Knobs(micro_batch_size=2, max_length=128, zero_stage=2)
+    assert request.baseline_source == {"zero_optimization": {"stage": 2}}
+    assert request.space.micro_batch_size == [1, 2, 4]
+    explicit = _request(baseline=load, world_size=2, global_batch=8)  # the options win over the baseline
+    assert (explicit.world_size, explicit.global_batch) == (2, 8)
+
+
+def test_a_baseline_micro_batch_that_cannot_reach_the_global_batch_names_the_option() -> None:
+    def load(world: int | None, max_length: int) -> Baseline:
+        return _baseline(micro=4)
+
+    with pytest.raises(BaselineError, match=r"baseline micro batch 4 x world size 1 cannot reach global batch 2; set "):
+        _request(baseline=load, global_batch=2, space=default_space().restrict(micro_batch_size=[1, 2]))
+    with pytest.raises(BaselineError, match="set --global-batch to a multiple"):
+        _request(
+            baseline=load,
+            global_batch=2,
+            space=default_space().restrict(micro_batch_size=[1, 2]),
+            option=lambda name: "--" + name.replace("_", "-"),
+        )
+
+
+def test_varying_max_length_with_lengths_counts_retained_tokens() -> None:
+    space = space_from_dict({**default_space().model_dump(mode="json"), "max_length": [64, 128]}, "space")
+    request = _request(space=space, lengths=[10, 100, 200])
+    assert request.objective.kind == "retained_tokens_per_s"
+    assert request.objective.lengths == (10, 100, 200)
+
+
+def test_cli_options_and_an_api_body_build_the_same_definition(tmp_path: Path) -> None:
+    """The same settings through `tuner search`'s parsing and through POST /studies' parsing: one definition."""
+    from api.definitions import definition
+    from api.schemas import StudyCreate
+    from tuner.cli.search import build_request as cli_build_request
+
+    ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}}
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    cli, _ = cli_build_request(
+        budget="2h",
+        model="builtin:tiny-t5",
+        space_file=None,
+        storage="sqlite://",
+        study="same",
+        world_size=2,
+        device_memory="1GiB",
+        headroom=0.8,
+        global_batch=None,
+        n_trials=None,
+        baseline=tmp_path / "ds.json",
+        lengths=None,
+        finalists=2,
+        seed=None,
+    )
+    body = StudyCreate(name="same", world_size=2, device_memory="1GiB", headroom=0.8, budget_s=7200, baseline=ds)
+    assert definition(body, "sqlite://") == cli.definition()
+    assert cli.global_batch == 8  # the baseline's: 2 x 2 x world size 2
+
+
+def test_the_cli_spells_its_options_in_errors() -> None:
+    from tuner.cli.search import cli_option
+
+    assert cli_option("global_batch") == "--global-batch"
+    assert cli_option("headroom") == "--headroom"

@@ -1,0 +1,35 @@
+"""Whether a search run's worker is alive: the one rule for taking over a dead worker's claims (tuner.search.driver)
+and for a study's status and progress in the API (api.views). Pure.
+
+A worker beats (``search_runs.heartbeat_at``) every ~10 s, during a probe too, from the moment its run starts
+(tuner.storage.Store.start_run writes the first beat). So a run is live while it is marked running and its latest beat
+is at most ``stale_after`` seconds old. A run marked running with no beat at all was not written by a beating worker:
+nothing shows it alive, so it is not live.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+STALE_AFTER_S = 120.0  # no heartbeat for this long: the worker is gone (killed, host down, cut off)
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
+
+
+def run_is_live(run: Mapping[str, Any], now: dt.datetime, stale_after: float = STALE_AFTER_S) -> bool:
+    """True while ``run`` (a search_runs row) is marked running and its last heartbeat is at most ``stale_after``
+    seconds before ``now``. A naive ``now`` or heartbeat is read as UTC."""
+    if run.get("status") != "running":
+        return False
+    beat = run.get("heartbeat_at")
+    if beat is None:
+        return False
+    return (_utc(now) - _utc(beat)).total_seconds() <= stale_after
+
+
+__all__ = ["STALE_AFTER_S", "run_is_live"]
