@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, ProgrammingError
 
 from tuner.errors import StorageError
 from tuner.storage.schema import SCHEMA_VERSION, meta, metadata
@@ -141,8 +141,11 @@ def optuna_storage(url: str, heartbeat_interval: int | None = 30, grace_period: 
                 heartbeat_interval=heartbeat_interval,
                 grace_period=grace_period,
             )
-        except (OperationalError, IntegrityError) as err:
-            # two processes first-using one database race on Optuna's CREATE TABLEs: the loser retries
+        except (OperationalError, IntegrityError, ProgrammingError) as err:
+            # two processes first-using one database race on Optuna's CREATE TABLEs (on PostgreSQL also its CREATE
+            # TYPE: 'type "studydirection" already exists', a ProgrammingError): the loser retries
+            if isinstance(err, ProgrammingError) and not _created_concurrently(err):
+                raise
             if not _created_concurrently(err) or attempt == CREATE_ATTEMPTS - 1:
                 raise _unreachable(url, err) from None
             time.sleep(random.uniform(0.05, 0.5))
