@@ -74,10 +74,11 @@ def _unreachable(url: str, err: Exception) -> StorageError:
 
 
 def _revisions(conn: sa.Connection) -> tuple[str, ...]:
-    """The tuner revisions stamped in the database: () before the first upgrade."""
-    from alembic.runtime.migration import MigrationContext
-
-    return tuple(MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_heads())
+    """The tuner revisions stamped in the database: () before the first upgrade. (What alembic's
+    MigrationContext.get_current_heads reads, without importing alembic on every first use.)"""
+    if not sa.inspect(conn).has_table(VERSION_TABLE):
+        return ()
+    return tuple(str(r[0]) for r in conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")))
 
 
 def schema_revision(engine: Engine) -> str | None:

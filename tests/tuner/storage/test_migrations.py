@@ -10,6 +10,7 @@ import json
 import shutil
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -76,6 +77,11 @@ def _shape(url: str) -> dict:
 def _meta_version(url: str) -> str:
     with get_engine(url).connect() as conn:
         return conn.execute(sa.text("SELECT value FROM tuner_meta WHERE key = 'schema_version'")).scalar_one()
+
+
+def test_head_is_the_latest_script_and_one_line_of_history() -> None:
+    assert migrations.script().get_current_head() == migrations.HEAD
+    assert [r.revision for r in migrations.script().walk_revisions()] == ["0002", "0001"]  # no branches
 
 
 def test_head_matches_the_code_metadata(storage_url: str) -> None:
@@ -231,6 +237,13 @@ def test_a_newer_schema_is_refused_in_one_line(sqlite_url: str) -> None:
         assert out.returncode == 2, (args, out.stderr)
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and "newer than this tuner" in lines[0] and "upgrade tuner" in lines[0], out.stderr
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from tuner.settings import Settings
+
+    r = TestClient(create_app(Settings(storage=sqlite_url))).get("/studies")
+    assert r.status_code == 503 and "newer than this tuner" in r.json()["detail"]
 
 
 def test_tuner_tables_of_unknown_origin_are_refused_in_one_line(sqlite_url: str) -> None:
@@ -251,3 +264,10 @@ def test_downgrade_to_base_drops_only_our_tables(sqlite_url: str) -> None:
     upgrade(sqlite_url)
     assert set(sa.inspect(get_engine(sqlite_url)).get_table_names()) >= OURS
     assert optuna.load_study(study_name="s", storage=sqlite_url).study_name == "s"
+
+
+def test_first_use_at_head_does_not_load_alembic(sqlite_url: str) -> None:
+    upgrade(sqlite_url)
+    code = f"import sys; from tuner.storage import Store; Store({sqlite_url!r}); print('alembic' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
