@@ -17,6 +17,8 @@ DESCRIPTION = (
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
+    """The app over ``settings`` (default: the environment's; a bad TUNER_* value raises SettingsError, one line,
+    before any request: `tuner serve` prints it and exits 2)."""
     settings = settings or load_settings()
     app = FastAPI(title="tuner", version=tuner.__version__, description=DESCRIPTION)
     app.state.services = Services(settings)

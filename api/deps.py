@@ -57,7 +57,8 @@ def require_token(
     svc: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
     """Writes need `Authorization: Bearer <TUNER_API_TOKEN>`; a server without a token refuses every write."""
-    expected = svc.settings.api_token
+    token = svc.settings.api_token
+    expected = token.get_secret_value() if token is not None else ""
     if not expected:
         raise HTTPException(403, "writes are disabled on this server: start it with TUNER_API_TOKEN set to enable them")
     challenge = {"WWW-Authenticate": "Bearer"}

@@ -1,4 +1,5 @@
-"""`tuner db upgrade`: creates or migrates the project's tables (they are also created on first use)."""
+"""`tuner db upgrade`: creates or migrates the project's tables in place (they are also created/upgraded on first
+use), through the alembic revisions in tuner/storage/migrations, and creates Optuna's."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import typer
 from tuner.cli.app import app
 from tuner.settings import load_settings
 from tuner.storage import optuna_storage, upgrade
+from tuner.storage.db import current_revision
 
 db_app = typer.Typer(help="Storage schema commands.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
@@ -20,8 +22,12 @@ StorageOpt = Annotated[
 
 @db_app.command("upgrade")
 def db_upgrade(storage: StorageOpt = None) -> None:
-    """Create or migrate the tuner tables (and Optuna's) in the storage."""
+    """Create or migrate the tuner tables (and Optuna's) in the storage, keeping their rows."""
     url = load_settings(storage=storage).storage
-    version = upgrade(url)
+    before = current_revision(url)
+    after = upgrade(url)
     optuna_storage(url, heartbeat_interval=None, grace_period=None)
-    typer.echo(f"storage schema at v{version}")
+    if before == after:
+        typer.echo(f"tuner schema already at revision {after} (the latest this tuner knows)")
+    else:
+        typer.echo(f"tuner schema at revision {after} (was: {before or 'no tuner revision'})")

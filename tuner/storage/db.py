@@ -1,4 +1,4 @@
-"""Engines, schema creation/upgrade and the Optuna storage, all on one SQLAlchemy URL."""
+"""Engines, schema creation and upgrade (alembic: tuner/storage/migrations) and the Optuna storage, on one URL."""
 
 from __future__ import annotations
 
@@ -8,13 +8,21 @@ from functools import lru_cache
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, ProgrammingError
+from sqlalchemy.pool import NullPool
 
 from tuner.errors import StorageError
-from tuner.storage.schema import SCHEMA_VERSION, meta, metadata
+from tuner.storage import migrations
+from tuner.storage.migrations import VERSION_TABLE
+from tuner.storage.schema import claims, meta, probes, search_runs, studies
 
 SQLITE_BUSY_TIMEOUT_S = 60
-CREATE_ATTEMPTS = 6  # processes first-using one database race on CREATE TABLE; the losers retry
+CREATE_ATTEMPTS = 6  # processes first-using one database race on Optuna's CREATE TABLEs; the losers retry
+SCHEMA_LOCK_KEY = 0x74756E6572  # "tuner": the PostgreSQL advisory lock every schema upgrade holds
+# What a database made before alembic (tuner <= fb0cbe4, metadata.create_all) holds, and the revision it equals.
+PRE_ALEMBIC_VERSION = "1"
+PRE_ALEMBIC_REVISION = "0001"
+PRE_ALEMBIC_TABLES = frozenset(t.name for t in (meta, studies, search_runs, probes, claims))
 
 
 def _check_url(url: str) -> sa.URL:
@@ -65,13 +73,37 @@ def _unreachable(url: str, err: Exception) -> StorageError:
     return StorageError(f"cannot reach storage {safe}: {first}; check the URL, that the server runs, and access rights")
 
 
-def schema_version(engine: Engine) -> int | None:
-    insp = sa.inspect(engine)
-    if not insp.has_table(meta.name):
-        return None
+def _revisions(conn: sa.Connection) -> tuple[str, ...]:
+    """The tuner revisions stamped in the database: () before the first upgrade. (What alembic's
+    MigrationContext.get_current_heads reads, without importing alembic on every first use.)"""
+    if not sa.inspect(conn).has_table(VERSION_TABLE):
+        return ()
+    return tuple(str(r[0]) for r in conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")))
+
+
+def schema_revision(engine: Engine) -> str | None:
+    """The tuner schema revision of the database (e.g. "0002"), None when it has none yet (new, or made before
+    alembic)."""
     with engine.connect() as conn:
-        row = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).first()
-    return int(row[0]) if row else None
+        found = _revisions(conn)
+    return found[0] if found else None
+
+
+def current_revision(url: str) -> str | None:
+    """schema_revision of ``url``, with an unreachable database as one StorageError line."""
+    try:
+        return schema_revision(get_engine(url))
+    except OperationalError as err:
+        raise _unreachable(url, err) from None
+
+
+def _refuse_newer(found: tuple[str, ...]) -> None:
+    unknown = sorted(set(found) - migrations.known_revisions())
+    if unknown:
+        raise StorageError(
+            f"storage holds tuner schema revision {', '.join(unknown)}, newer than this tuner understands "
+            f"(it knows up to {migrations.head()}); upgrade tuner (pip install -U tuner) or use another storage URL"
+        )
 
 
 _CONCURRENT_CREATE = ("already exists", "UNIQUE constraint failed", "duplicate key")
@@ -83,8 +115,9 @@ def _created_concurrently(err: Exception) -> bool:
     return any(mark in text for mark in _CONCURRENT_CREATE)
 
 
-def upgrade(url: str) -> int:
-    """Creates or migrates the project's tables; returns the schema version now in place. Idempotent."""
+def upgrade(url: str) -> str:
+    """Creates or migrates the project's tables; returns the schema revision now in place (the head). Idempotent, and
+    safe when several processes first-use one database at once: each upgrade holds a database-wide lock."""
     for attempt in range(CREATE_ATTEMPTS):
         try:
             return _upgrade(url)
@@ -95,36 +128,88 @@ def upgrade(url: str) -> int:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _upgrade(url: str) -> int:
-    engine = get_engine(url)
+def _migration_engine(url: str) -> Engine:
+    """A one-off engine whose transaction is the upgrade, holding a lock other upgrades wait on.
+
+    SQLite: ``BEGIN IMMEDIATE`` (with the driver's own transaction handling off, so DDL is inside it too) takes the
+    database's write lock; a second process waits for it (busy timeout) and then finds the schema in place.
+    PostgreSQL: DDL is transactional, and ``pg_advisory_xact_lock`` (taken first, in _lock) serialises upgrades.
+    """
+    kwargs = engine_kwargs(url)
+    engine = sa.create_engine(url, poolclass=NullPool, connect_args=kwargs.get("connect_args", {}))
+    if engine.dialect.name == "sqlite":
+
+        def _connect(dbapi_conn, record) -> None:
+            dbapi_conn.isolation_level = None
+            _sqlite_pragmas(dbapi_conn, record)
+
+        def _begin(conn: sa.Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        sa.event.listen(engine, "connect", _connect)
+        sa.event.listen(engine, "begin", _begin)
+    return engine
+
+
+def _lock(conn: sa.Connection) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+
+
+def _upgrade(url: str) -> str:
+    engine = _migration_engine(url)
     try:
-        found = schema_version(engine)
-        if found is not None and found > SCHEMA_VERSION:
-            raise StorageError(
-                f"storage holds tuner schema v{found}, newer than this tuner understands (v{SCHEMA_VERSION}); "
-                "upgrade tuner (pip install -U tuner) or use another storage URL"
-            )
-        metadata.create_all(engine)
         with engine.begin() as conn:
-            if found is None:
-                conn.execute(sa.insert(meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
-            elif found < SCHEMA_VERSION:
-                conn.execute(sa.update(meta).where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
+            _lock(conn)
+            _migrate(conn)
     except (OperationalError, IntegrityError) as err:
         if _created_concurrently(err):
             raise
         raise _unreachable(url, err) from None
-    return SCHEMA_VERSION
+    finally:
+        engine.dispose()
+    return migrations.head()
+
+
+def _migrate(conn: sa.Connection) -> None:
+    from alembic import command
+
+    found = _revisions(conn)
+    _refuse_newer(found)
+    if not found:
+        _stamp_pre_alembic(conn)
+    command.upgrade(migrations.config(conn), "head")
+
+
+def _stamp_pre_alembic(conn: sa.Connection) -> None:
+    """A database made before alembic (metadata.create_all, tuner_meta schema_version 1) holds exactly revision
+    PRE_ALEMBIC_REVISION's tables: stamp it there, so the upgrade runs only the later revisions and keeps the rows."""
+    names = sa.inspect(conn).get_table_names()
+    ours = {name for name in names if name.startswith(migrations.TABLE_PREFIX) and name != VERSION_TABLE}
+    if not ours:
+        return  # a fresh database (Optuna's tables may be there): the upgrade creates everything
+    version = None
+    if meta.name in ours:
+        row = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).first()
+        version = row[0] if row else None
+    missing = sorted(PRE_ALEMBIC_TABLES - ours)
+    if version not in (None, PRE_ALEMBIC_VERSION) or missing:
+        what = f"schema_version {version}" if version not in (None, PRE_ALEMBIC_VERSION) else f"no {', '.join(missing)}"
+        raise StorageError(
+            f"storage holds tuner tables without a {VERSION_TABLE} table ({what}), not a schema tuner made; "
+            "use another storage URL, or drop the tuner_* tables to start over"
+        )
+    from alembic import command
+
+    command.stamp(migrations.config(conn), PRE_ALEMBIC_REVISION)
 
 
 def ensure_schema(url: str) -> Engine:
-    """The engine for ``url`` with our schema in place (created on first use)."""
+    """The engine for ``url`` with our schema in place (created or upgraded on first use)."""
     engine = get_engine(url)
-    try:
-        found = schema_version(engine)
-    except OperationalError as err:
-        raise _unreachable(url, err) from None
-    if found != SCHEMA_VERSION:
+    found = current_revision(url)
+    if found != migrations.head():
+        _refuse_newer((found,) if found else ())
         upgrade(url)
     return engine
 
@@ -141,8 +226,11 @@ def optuna_storage(url: str, heartbeat_interval: int | None = 30, grace_period: 
                 heartbeat_interval=heartbeat_interval,
                 grace_period=grace_period,
             )
-        except (OperationalError, IntegrityError) as err:
-            # two processes first-using one database race on Optuna's CREATE TABLEs: the loser retries
+        except (OperationalError, IntegrityError, ProgrammingError) as err:
+            # two processes first-using one database race on Optuna's CREATE TABLEs (on PostgreSQL also its CREATE
+            # TYPE: 'type "studydirection" already exists', a ProgrammingError): the loser retries
+            if isinstance(err, ProgrammingError) and not _created_concurrently(err):
+                raise
             if not _created_concurrently(err) or attempt == CREATE_ATTEMPTS - 1:
                 raise _unreachable(url, err) from None
             time.sleep(random.uniform(0.05, 0.5))

@@ -23,10 +23,13 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-SCHEMA_VERSION = 1
-
+# These tables are what the code reads and writes; the database gets them through the alembic revisions in
+# tuner/storage/migrations/versions/. Change both together: tests/tuner/storage/test_migrations.py fails when a
+# database upgraded to head differs from this metadata.
 metadata = MetaData()
 
+# schema_version: 1 for the tables made before alembic, 2 since alembic manages them (see migration 0002); only tuners
+# from before alembic read it.
 meta = Table(
     "tuner_meta",
     metadata,

@@ -1,0 +1,109 @@
+# Verbatim copy of tuner/storage/schema.py at commit fb0cbe4, the last schema made with metadata.create_all (tests of
+# the upgrade from it build "a database made by that code" with this metadata, whatever schema.py becomes later).
+# ruff: noqa
+"""The project's own tables, next to Optuna's RDB tables in the same database.
+
+Optuna's tables stay the source of truth for trial state (so optuna-dashboard and the optuna CLI read our storage
+unchanged); these hold what Optuna has no place for: study definitions, search runs, every probe's measurements, and
+the claims that keep several workers from probing one config twice.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+SCHEMA_VERSION = 1
+
+metadata = MetaData()
+
+meta = Table(
+    "tuner_meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", String(256), nullable=False),
+)
+
+# A study definition: what to search (model, space, world size, memory, global batch, budget, baseline).
+# Written by `tuner search` on first use or by `POST /studies`; workers joining the study read it.
+studies = Table(
+    "tuner_studies",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("definition", JSON, nullable=False),
+    Column("created_by", String(32), nullable=False, default="cli"),
+)
+
+# One `tuner search` process working on a study (several at once on PostgreSQL).
+search_runs = Table(
+    "tuner_search_runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("study_name", String(128), nullable=False, index=True),
+    Column("worker", String(256), nullable=False),  # host:pid
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("deadline_at", DateTime(timezone=True), nullable=True),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=True),
+    Column("budget_s", Float, nullable=True),
+    Column("status", String(16), nullable=False),  # running | finished | interrupted | failed
+    Column("message", Text, nullable=True),
+)
+
+# One row per probe that ran (or was inferred without running).
+probes = Table(
+    "tuner_probes",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("study_name", String(128), nullable=False, index=True),
+    Column("trial_number", Integer, nullable=True),  # the Optuna trial this probe belongs to
+    Column("run_id", Integer, ForeignKey("tuner_search_runs.id"), nullable=True),
+    Column("fidelity", String(16), nullable=False),  # baseline | short | confirm | inferred
+    Column("config_key", String(64), nullable=False, index=True),  # hash of the knobs + world size + accumulation
+    Column("knobs", JSON, nullable=False),
+    Column("config", JSON, nullable=False),  # the full ProbeConfig sent
+    Column("status", String(16), nullable=False),  # ok | oom | timeout | error | inferred-oom | inferred-ok
+    Column("cause", Text, nullable=True),
+    Column("samples_per_s", Float, nullable=True),
+    Column("tokens_per_s", Float, nullable=True),
+    Column("objective", Float, nullable=True),  # what the search maximises (retained tokens/s or samples/s)
+    Column("peak_allocated", BigInteger, nullable=True),  # max over ranks
+    Column("peak_reserved", BigInteger, nullable=True),
+    Column("capacity", BigInteger, nullable=True),
+    Column("alloc_retries", Integer, nullable=True),
+    Column("stable", Boolean, nullable=False, default=False),
+    Column("estimate_bytes", BigInteger, nullable=True),  # the memory estimate made before probing
+    Column("probe_seconds", Float, nullable=True),  # wall clock of the probe
+    Column("setup_s", Float, nullable=True),  # the probe's fixed cost: launch to first step
+    Column("result", JSON, nullable=True),  # the whole ProbeResult
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+# A worker claims a config before probing it; the unique key makes "no config probed twice" hold across workers.
+claims = Table(
+    "tuner_claims",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("study_name", String(128), nullable=False),
+    Column("config_key", String(64), nullable=False),
+    Column("fidelity", String(16), nullable=False),
+    Column("trial_number", Integer, nullable=True),
+    Column("worker", String(256), nullable=False),
+    Column("claimed_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("study_name", "config_key", "fidelity", name="uq_claim"),
+)
