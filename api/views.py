@@ -23,6 +23,7 @@ from tuner.errors import NoStableConfig, StudyNotFound
 from tuner.interop.export import best_export_args, render_best
 from tuner.reporting.trials import join_trials
 from tuner.search.liveness import run_is_live
+from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus
 from tuner.search.selection import Candidate, best_stable
 from tuner.storage import Store
 
@@ -142,21 +143,36 @@ def study_detail(store: Store, optuna_storage: Any, row: dict[str, Any]) -> Stud
     )
 
 
-def _ranks(row: dict[str, Any]) -> list[RankMemoryOut]:
-    result = row.get("result") or {}
+def _ranks(row: ProbeRow) -> list[RankMemoryOut]:
+    result = row.result or {}
     return [RankMemoryOut(**r) for r in result.get("ranks") or [] if isinstance(r, dict) and "rank" in r]
 
 
-def _probe(row: dict[str, Any]) -> ProbeOut:
-    fields = {k: row.get(k) for k in ProbeOut.model_fields if k not in ("ranks", "created_at", "stable")}
-    return ProbeOut(**fields, stable=bool(row.get("stable")), ranks=_ranks(row), created_at=_utc(row["created_at"]))
+def _probe(row: ProbeRow) -> ProbeOut:
+    assert row.id is not None and row.created_at is not None, "a stored row has its id and timestamp"
+    return ProbeOut(
+        id=row.id,
+        fidelity=row.fidelity.value,
+        status=row.status.value,
+        cause=row.cause,
+        samples_per_s=row.samples_per_s,
+        tokens_per_s=row.tokens_per_s,
+        objective=row.objective,
+        peak_allocated=row.peak_allocated,
+        peak_reserved=row.peak_reserved,
+        capacity=row.capacity,
+        stable=row.stable,
+        probe_seconds=row.probe_seconds,
+        ranks=_ranks(row),
+        created_at=_utc(row.created_at),
+    )
 
 
 def trial_page(store: Store, optuna_storage: Any, name: str, offset: int, limit: int) -> TrialPageOut:
     trials = optuna_trials(optuna_storage, name)
     page = trials[offset : offset + limit]
     numbers = {t.number for t in page}
-    rows = [r for r in store.probes(name) if r.get("trial_number") in numbers] if numbers else []
+    rows = [r for r in store.probes(name) if r.trial_number in numbers] if numbers else []
     out = [
         TrialOut(
             number=rec.number,
@@ -174,21 +190,20 @@ def trial_page(store: Store, optuna_storage: Any, name: str, offset: int, limit:
     return TrialPageOut(study=name, total=len(trials), offset=offset, limit=limit, trials=out)
 
 
-def _baseline(rows: list[dict[str, Any]], best: Candidate) -> BaselineOut | None:
-    base = [r for r in rows if r.get("fidelity") == "baseline"]
+def _baseline(rows: list[ProbeRow], best: Candidate) -> BaselineOut | None:
+    base = [r for r in rows if r.fidelity == Fidelity.BASELINE]
     if not base:
         return None
     row = base[-1]
-    objective = row.get("objective")
     speedup = None
-    if row.get("status") == "ok" and objective:
-        speedup = best.objective / float(objective)
+    if row.status == ProbeStatus.OK and row.objective:
+        speedup = best.objective / row.objective
     return BaselineOut(
-        status=str(row["status"]),
-        samples_per_s=row.get("samples_per_s"),
-        objective=objective,
-        peak_allocated=row.get("peak_allocated"),
-        stable=bool(row.get("stable")),
+        status=row.status.value,
+        samples_per_s=row.samples_per_s,
+        objective=row.objective,
+        peak_allocated=row.peak_allocated,
+        stable=row.stable,
         speedup=speedup,
     )
 
@@ -200,16 +215,16 @@ def best_config(store: Store, name: str, fmt: str) -> BestConfigOut:
     rows = store.probes(name)
     best = best_stable(rows)
     if best is None:
-        ran = sum(1 for r in rows if r.get("fidelity") != "inferred")
+        ran = sum(1 for r in rows if r.measured)
         raise NoStableConfig(
             f"study {name!r} has no stable trial yet ({ran} probes so far); wait for the search to finish a probe "
             "within the memory headroom, or see GET /studies/{name}/trials for why they failed"
         )
     args = best_export_args(best, definition)
     world, accum = args.world_size, args.gradient_accumulation_steps
-    result = next((r["result"] for r in best.rows if r.get("result")), None) or {}
-    reserved = [int(r["peak_reserved"]) for r in best.rows if r.get("peak_reserved") is not None]
-    tokens = [float(r["tokens_per_s"]) for r in best.rows if r.get("tokens_per_s") is not None]
+    result = next((r.result for r in best.rows if r.result), None) or {}
+    reserved = [r.peak_reserved for r in best.rows if r.peak_reserved is not None]
+    tokens = [r.tokens_per_s for r in best.rows if r.tokens_per_s is not None]
     headroom = float(definition.get("headroom") or DEFAULT_HEADROOM)
     content = render_best(fmt, best, definition) if fmt != "json" else None
     return BestConfigOut(

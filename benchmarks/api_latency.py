@@ -41,6 +41,7 @@ def populate(url: str, n_probes: int, seed: int = 0) -> None:
     from optuna.trial import TrialState
 
     from trials.contract import Knobs, ProbeConfig
+    from tuner.search.rows import ProbeRow
     from tuner.storage import Store, optuna_storage
 
     rng = random.Random(seed)
@@ -62,35 +63,37 @@ def populate(url: str, n_probes: int, seed: int = 0) -> None:
         samples = rng.uniform(5, 50) if status == "ok" else None
         key = hashlib.sha256(json.dumps([knobs.model_dump(), number]).encode()).hexdigest()[:32]
         store.record_probe(
-            {
-                "study_name": STUDY,
-                "trial_number": number,
-                "run_id": run,
-                "fidelity": "short",
-                "config_key": key,
-                "knobs": knobs.model_dump(),
-                "status": status,
-                "config": ProbeConfig(knobs=knobs, world_size=4, gradient_accumulation_steps=accum).model_dump(
-                    mode="json"
-                ),
-                "cause": "torch.OutOfMemoryError: CUDA out of memory" if status == "oom" else None,
-                "samples_per_s": samples,
-                "tokens_per_s": samples * 512 if samples else None,
-                "objective": samples * 512 if samples else None,
-                "peak_allocated": min(peak, capacity),
-                "peak_reserved": min(peak, capacity),
-                "capacity": capacity,
-                "alloc_retries": 0,
-                "stable": status == "ok" and peak <= 0.9 * capacity,
-                "probe_seconds": 40.0,
-                "setup_s": 12.0,
-                "result": {
+            ProbeRow.from_record(
+                {
+                    "study_name": STUDY,
+                    "trial_number": number,
+                    "run_id": run,
+                    "fidelity": "short",
+                    "config_key": key,
+                    "knobs": knobs.model_dump(),
                     "status": status,
-                    "ranks": [{"rank": r, "peak_allocated": min(peak, capacity)} for r in range(4)],
-                    "versions": {"torch": "2.13.0"},
-                    "fingerprint": {"gpu": "A100-SXM4-80GB", "count": 4},
-                },
-            }
+                    "config": ProbeConfig(knobs=knobs, world_size=4, gradient_accumulation_steps=accum).model_dump(
+                        mode="json"
+                    ),
+                    "cause": "torch.OutOfMemoryError: CUDA out of memory" if status == "oom" else None,
+                    "samples_per_s": samples,
+                    "tokens_per_s": samples * 512 if samples else None,
+                    "objective": samples * 512 if samples else None,
+                    "peak_allocated": min(peak, capacity),
+                    "peak_reserved": min(peak, capacity),
+                    "capacity": capacity,
+                    "alloc_retries": 0,
+                    "stable": status == "ok" and peak <= 0.9 * capacity,
+                    "probe_seconds": 40.0,
+                    "setup_s": 12.0,
+                    "result": {
+                        "status": status,
+                        "ranks": [{"rank": r, "peak_allocated": min(peak, capacity)} for r in range(4)],
+                        "versions": {"torch": "2.13.0"},
+                        "fingerprint": {"gpu": "A100-SXM4-80GB", "count": 4},
+                    },
+                }
+            )
         )
         state = TrialState.COMPLETE if status == "ok" else TrialState.PRUNED
         study.add_trial(

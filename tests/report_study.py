@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 
 from trials.contract import Knobs, ProbeConfig, ProbeResult, RankMemory, StepStats
-from tuner.search.selection import is_stable
+from tuner.search.rows import ProbeRow, is_stable
 from tuner.storage.db import optuna_storage
 from tuner.storage.store import Store
 
@@ -113,56 +113,62 @@ def populate_study(url: str, name: str, *, two_rank_imbalance: bool = True) -> d
                 study.add_trial(trial)
                 key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
                 store.record_probe(
-                    {
-                        "study_name": name,
-                        "trial_number": number,
-                        "fidelity": "short",
-                        "config_key": key,
-                        "knobs": knobs.model_dump(mode="json"),
-                        "config": config.model_dump(mode="json"),
-                        "status": result.status,
-                        "cause": result.cause,
-                        "samples_per_s": result.samples_per_s,
-                        "tokens_per_s": result.tokens_per_s,
-                        "objective": value,
-                        "peak_allocated": result.peak_allocated,
-                        "peak_reserved": result.peak_reserved,
-                        "capacity": CAPACITY,
-                        "alloc_retries": result.alloc_retries,
-                        "stable": stable,
-                        "probe_seconds": result.wall_s,
-                        "result": result.model_dump(mode="json"),
-                        "created_at": start + dt.timedelta(seconds=30 * number),
-                    }
+                    ProbeRow.from_record(
+                        {
+                            "study_name": name,
+                            "trial_number": number,
+                            "fidelity": "short",
+                            "config_key": key,
+                            "knobs": knobs.model_dump(mode="json"),
+                            "config": config.model_dump(mode="json"),
+                            "status": result.status,
+                            "cause": result.cause,
+                            "samples_per_s": result.samples_per_s,
+                            "tokens_per_s": result.tokens_per_s,
+                            "objective": value,
+                            "peak_allocated": result.peak_allocated,
+                            "peak_reserved": result.peak_reserved,
+                            "capacity": CAPACITY,
+                            "alloc_retries": result.alloc_retries,
+                            "stable": stable,
+                            "probe_seconds": result.wall_s,
+                            "result": result.model_dump(mode="json"),
+                            "created_at": start + dt.timedelta(seconds=30 * number),
+                        }
+                    )
                 )
                 number += 1
     # one inferred OOM (recorded without running) and one error with a hostile cause string
     store.record_probe(
-        {
-            "study_name": name,
-            "trial_number": None,
-            "fidelity": "inferred",
-            "config_key": "inf1",
-            "knobs": {"micro_batch_size": 64, "max_length": 128, "zero_stage": 0},
-            "config": {},
-            "status": "inferred-oom",
-            "stable": False,
-            "created_at": start + dt.timedelta(seconds=30 * number),
-        }
+        ProbeRow.from_record(
+            {
+                "study_name": name,
+                "trial_number": None,
+                "fidelity": "inferred",
+                "config_key": "inf1",
+                "knobs": {"micro_batch_size": 64, "max_length": 128, "zero_stage": 0},
+                "config": {},
+                "status": "inferred-oom",
+                "stable": False,
+                "created_at": start + dt.timedelta(seconds=30 * number),
+            }
+        )
     )
     store.record_probe(
-        {
-            "study_name": name,
-            "trial_number": number,
-            "fidelity": "short",
-            "config_key": "err1",
-            "knobs": {"micro_batch_size": 3, "max_length": 64, "zero_stage": 1},
-            "config": {},
-            "status": "error",
-            "cause": "ValueError: " + XSS,
-            "stable": False,
-            "created_at": start + dt.timedelta(seconds=30 * number),
-        }
+        ProbeRow.from_record(
+            {
+                "study_name": name,
+                "trial_number": number,
+                "fidelity": "short",
+                "config_key": "err1",
+                "knobs": {"micro_batch_size": 3, "max_length": 64, "zero_stage": 1},
+                "config": {},
+                "status": "error",
+                "cause": "ValueError: " + XSS,
+                "stable": False,
+                "created_at": start + dt.timedelta(seconds=30 * number),
+            }
+        )
     )
     expected["probes"] = number + 2
     return expected

@@ -13,6 +13,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from trials.contract import Knobs, ProbeConfig, ProbeResult, RankMemory, StepStats
+from tuner.search.rows import ProbeRow
 from tuner.storage import Store, optuna_storage
 
 MiB = 1 << 20
@@ -96,28 +97,30 @@ def populate(url: str, study: str = "t5-demo", *, max_length: int = 64) -> None:
         stable = status == "ok" and peak is not None and peak * MiB <= 0.9 * CAPACITY
         objective = samples * max_length if samples is not None else None
         store.record_probe(
-            {
-                "study_name": study,
-                "trial_number": trial,
-                "run_id": run,
-                "fidelity": fidelity,
-                "config_key": config_key(knobs, accum),
-                "knobs": knobs,
-                "config": cfg.model_dump(mode="json"),
-                "status": status,
-                "cause": cause,
-                "samples_per_s": samples,
-                "tokens_per_s": objective,
-                "objective": objective,
-                "peak_allocated": peak * MiB if peak is not None else None,
-                "peak_reserved": peak * MiB if peak is not None else None,
-                "capacity": CAPACITY,
-                "alloc_retries": 0,
-                "stable": stable,
-                "probe_seconds": 6.0,
-                "setup_s": 3.0,
-                "result": _result(status, samples, peak, cause, max_length) if fidelity != "inferred" else None,
-            }
+            ProbeRow.from_record(
+                {
+                    "study_name": study,
+                    "trial_number": trial,
+                    "run_id": run,
+                    "fidelity": fidelity,
+                    "config_key": config_key(knobs, accum),
+                    "knobs": knobs,
+                    "config": cfg.model_dump(mode="json"),
+                    "status": status,
+                    "cause": cause,
+                    "samples_per_s": samples,
+                    "tokens_per_s": objective,
+                    "objective": objective,
+                    "peak_allocated": peak * MiB if peak is not None else None,
+                    "peak_reserved": peak * MiB if peak is not None else None,
+                    "capacity": CAPACITY,
+                    "alloc_retries": 0,
+                    "stable": stable,
+                    "probe_seconds": 6.0,
+                    "setup_s": 3.0,
+                    "result": _result(status, samples, peak, cause, max_length) if fidelity != "inferred" else None,
+                }
+            )
         )
         if trial in done:
             continue

@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from trials.contract import ModelSpec
 from tuner.search.request import SearchRequest, request_from_definition
+from tuner.search.rows import ProbeRow
 from tuner.settings import Settings
 from tuner.storage import Store
 
@@ -170,17 +171,19 @@ def test_best_config_follows_new_probes_at_once(app_client, storage_url) -> None
     first = app_client.get("/best-config", params={"study": "live"}).json()
     assert first["trial_number"] == 2
     store = Store(storage_url)
-    row = dict(store.probes("live", fidelity="confirm")[0])
+    row = store.probes("live", fidelity="confirm")[0].to_record()
     for fidelity in ("short", "confirm"):
         store.record_probe(
-            {
-                **{k: v for k, v in row.items() if k not in ("id", "created_at")},
-                "trial_number": 9,
-                "config_key": "better",
-                "fidelity": fidelity,
-                "objective": 10 * row["objective"],
-                "samples_per_s": 10 * row["samples_per_s"],
-            }
+            ProbeRow.from_record(
+                {
+                    **{k: v for k, v in row.items() if k not in ("id", "created_at")},
+                    "trial_number": 9,
+                    "config_key": "better",
+                    "fidelity": fidelity,
+                    "objective": 10 * row["objective"],
+                    "samples_per_s": 10 * row["samples_per_s"],
+                }
+            )
         )
     second = app_client.get("/best-config", params={"study": "live"}).json()
     assert second["trial_number"] == 9 and second["config_key"] == "better"

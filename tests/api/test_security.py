@@ -265,7 +265,7 @@ def test_a_tampered_stored_definition_is_data_not_a_command(tmp_path: Path) -> N
         assert len([ln for ln in done.stderr.splitlines() if ln.strip()]) == 1, done.stderr
     else:  # or probed: the probe failed on the model text, recorded as an error
         assert done.returncode == 0, done.stderr[-2000:]
-        statuses = {r["status"] for r in store.probes("tampered")}
+        statuses = {r.status for r in store.probes("tampered")}
         assert statuses <= {"error"}, statuses
 
 

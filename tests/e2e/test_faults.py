@@ -305,7 +305,7 @@ def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: 
     storage = optuna.storages.RDBStorage(url)
     study = optuna.load_study(study_name="hang", storage=storage)
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-    timed_out = [r for r in summary_rows(url) if r["status"] == "timeout"]
+    timed_out = [r for r in summary_rows(url) if r.status == "timeout"]
     assert len(timed_out) == 1 and "timeout" in (timed_out[0]["cause"] or "")
     assert by_number[timed_out[0]["trial_number"]].state == optuna.trial.TrialState.FAIL
 
@@ -411,7 +411,7 @@ def test_postgres_unreachable_for_a_while(tmp_path: Path, pg_proxy: tuple[Cuttab
     proc = start_search(tmp_path, url, "pg", marker, "--budget", "20m", "--n-trials", "4")
     try:
         wait_for("a finished probe", lambda: len(direct_store.probes("pg")) >= 1)
-        finished = [(r["id"], r["status"], r["objective"]) for r in direct_store.probes("pg")]
+        finished = [(r.id, r.status, r.objective) for r in direct_store.probes("pg")]
         proxy.cut()
         time.sleep(20)  # longer than a heartbeat: the worker meets the outage while probing and while recording
         proxy.restore()
@@ -424,7 +424,7 @@ def test_postgres_unreachable_for_a_while(tmp_path: Path, pg_proxy: tuple[Cuttab
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err[-2000:]
         assert re.search(r"storage|database|reach", lines[0], re.IGNORECASE), lines[0]
-    after = [(r["id"], r["status"], r["objective"]) for r in direct_store.probes("pg")]
+    after = [(r.id, r.status, r.objective) for r in direct_store.probes("pg")]
     assert after[: len(finished)] == finished, "a finished probe was lost"
     if code == 0:
         assert len(after) > len(finished), "the worker exited 0 without probing again after the outage"

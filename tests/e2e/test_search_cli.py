@@ -97,7 +97,7 @@ def test_rerun_resumes_the_study(searched):
 
     store = Store(url)
     assert len(store.runs("e2e")) == 2
-    keys = [r["config_key"] for r in store.probes("e2e", fidelity="short")]
+    keys = [r.config_key for r in store.probes("e2e", fidelity="short")]
     assert len(keys) == len(set(keys)), "a config was probed twice"
     studies = tuner("studies", "--storage", url)
     assert studies.returncode == 0 and "e2e" in studies.stdout
@@ -193,10 +193,10 @@ def test_baseline_is_probed_first_and_reported(tmp_path):
 
     rows = Store(url).probes("flan")
     first = rows[0]
-    assert first["fidelity"] == "baseline" and first["trial_number"] == 0
-    assert first["knobs"]["zero_stage"] == 2 and first["knobs"]["overlap_comm"]
-    assert first["config"]["gradient_accumulation_steps"] == 8
-    assert first["status"] == "oom"
+    assert first.fidelity == "baseline" and first.trial_number == 0
+    assert first.knobs["zero_stage"] == 2 and first.knobs["overlap_comm"]
+    assert first.config["gradient_accumulation_steps"] == 8
+    assert first.status == "oom"
     assert "baseline" in done.stdout and "oom" in done.stdout
     best = tuner("best", "--storage", url, "--study", "flan", "--format", "deepspeed")
     exported = json.loads(best.stdout)
@@ -232,8 +232,8 @@ def test_memory_estimate_skips_configs_without_probing(tmp_path):
     from tuner.storage import Store
 
     rows = Store(url).probes("est")
-    inferred = [r for r in rows if r["status"] == "inferred-oom"]
-    probed = [r for r in rows if r["fidelity"] == "short"]
-    assert [r["knobs"]["micro_batch_size"] for r in inferred] == [32]  # predicted far over 160 MiB: never run
+    inferred = [r for r in rows if r.status == "inferred-oom"]
+    probed = [r for r in rows if r.fidelity == "short"]
+    assert [r.knobs["micro_batch_size"] for r in inferred] == [32]  # predicted far over 160 MiB: never run
     assert "estimated peak" in inferred[0]["cause"]
-    assert [r["knobs"]["micro_batch_size"] for r in probed] == [2] and probed[0]["estimate_bytes"] > 0
+    assert [r.knobs["micro_batch_size"] for r in probed] == [2] and probed[0].estimate_bytes > 0

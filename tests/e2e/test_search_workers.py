@@ -52,13 +52,13 @@ def test_two_workers_never_probe_one_config_twice(tmp_path, new_postgres_url):
 
     store = Store(url)
     rows = store.probes("shared")
-    measured = Counter((r["config_key"], r["fidelity"]) for r in rows if r["fidelity"] != "inferred")
+    measured = Counter((r.config_key, r.fidelity) for r in rows if r.fidelity != "inferred")
     assert measured and max(measured.values()) == 1, f"a config was probed twice: {measured}"
-    per_trial = Counter(r["trial_number"] for r in rows if r["fidelity"] in ("short", "baseline", "inferred"))
+    per_trial = Counter(r.trial_number for r in rows if r.fidelity in ("short", "baseline", "inferred"))
     assert max(per_trial.values()) == 1, "a trial was recorded twice"
     runs = store.runs("shared")
     assert len(runs) == 2 and all(r["status"] == "finished" for r in runs)
-    assert len({r["run_id"] for r in rows if r["fidelity"] != "inferred"}) >= 1
+    assert len({r.run_id for r in rows if r.fidelity != "inferred"}) >= 1
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trials = optuna.load_study(study_name="shared", storage=url).trials
     assert all(t.state.is_finished() for t in trials), "a RUNNING trial was left behind"

@@ -70,9 +70,9 @@ def test_two_workers_share_one_study_behind_the_api(tmp_path, new_postgres_url) 
 
         store = Store(url)
         rows = store.probes(STUDY)
-        measured = Counter((r["config_key"], r["fidelity"]) for r in rows if r["fidelity"] != "inferred")
+        measured = Counter((r.config_key, r.fidelity) for r in rows if r.fidelity != "inferred")
         assert measured and max(measured.values()) == 1, f"a config was probed twice: {measured}"
-        first_rows = Counter(r["trial_number"] for r in rows if r["fidelity"] != "confirm")
+        first_rows = Counter(r.trial_number for r in rows if r.fidelity != "confirm")
         assert max(first_rows.values()) == 1, f"a trial was recorded twice: {first_rows}"
 
         runs = store.runs(STUDY)
@@ -81,7 +81,7 @@ def test_two_workers_share_one_study_behind_the_api(tmp_path, new_postgres_url) 
             assert run["status"] == "finished", run
             assert run["budget_s"] == BUDGET_S
             assert _utc(run["finished_at"]) <= _utc(run["started_at"]) + dt.timedelta(seconds=BUDGET_S + STOP_SLACK_S)
-        assert {r["run_id"] for r in rows if r["fidelity"] != "inferred"} <= {r["id"] for r in runs}
+        assert {r.run_id for r in rows if r.fidelity != "inferred"} <= {r["id"] for r in runs}
 
         study = http.get(f"/studies/{STUDY}").json()
         assert study["status"] == "finished"

@@ -35,12 +35,12 @@ def _calibration_rows(study: str, storage: str | None, model: ModelSpec, world_s
     store.require_study(study)
     out: list[tuple[Knobs, int]] = []
     for row in store.probes(study, status="ok"):
-        cfg = row.get("config") or {}
-        if not row.get("peak_allocated") or int(cfg.get("world_size", 1)) != world_size:
+        cfg = row.config
+        if not row.peak_allocated or int(cfg.get("world_size", 1)) != world_size:
             continue
         if (cfg.get("model") or {}).get("source", model.source) != model.source:
             continue
-        out.append((Knobs.model_validate(row["knobs"]), int(row["peak_allocated"])))
+        out.append((Knobs.model_validate(row.knobs), row.peak_allocated))
     if not out:
         raise ConfigError(
             f"study {study!r} has no successful probe of {model.source} at world size {world_size} to calibrate from"

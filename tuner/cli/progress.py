@@ -7,13 +7,16 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
-from tuner.search.driver import Outcome, Proposal, SearchSummary
+from tuner.search.driver import SearchSummary
+from tuner.search.rows import ProbeRow, ProbeStatus
+from tuner.search.strategy import Outcome, Proposal
 from tuner.units import Deadline, format_duration, format_size
 
 RECENT = 8
@@ -40,7 +43,7 @@ class LiveProgress:
         self.counts = {"probed": 0, "ok": 0, "stable": 0, "oom": 0, "inferred": 0, "failed": 0, "confirmed": 0}
         self.best: tuple[float, dict[str, Any]] | None = None
         self.current: tuple[Proposal, float] | None = None
-        self.recent: list[dict[str, Any]] = []
+        self.recent: list[ProbeRow] = []
         self.live = Live(self, console=console, refresh_per_second=2, transient=True)
 
     def __enter__(self) -> LiveProgress:
@@ -58,40 +61,39 @@ class LiveProgress:
         self.current = None
         row = outcome.row
         self.counts["probed"] += 1
-        status = row["status"]
-        if status == "ok":
+        status = row.status
+        if status == ProbeStatus.OK:
             self.counts["ok"] += 1
-            self.counts["stable"] += int(bool(row["stable"]))
-        elif status == "oom":
+            self.counts["stable"] += int(row.stable)
+        elif status == ProbeStatus.OOM:
             self.counts["oom"] += 1
         else:
             self.counts["failed"] += 1
         if proposal.fidelity == "confirm":
             self.counts["confirmed"] += 1
-        if row["stable"] and row["objective"] is not None and (self.best is None or row["objective"] > self.best[0]):
-            self.best = (row["objective"], row["knobs"])
+        if row.stable and row.objective is not None and (self.best is None or row.objective > self.best[0]):
+            self.best = (row.objective, row.knobs)
         self.recent = ([row, *self.recent])[:RECENT]
         self.console.print(self._line(proposal, row))
 
-    def inferred(self, row: dict[str, Any]) -> None:
+    def inferred(self, row: ProbeRow) -> None:
         self.counts["inferred"] += 1
-        self.console.print(f"[dim]trial {row['trial_number']:>3}  inferred-oom  {knob_label(row['knobs'])}[/]")
+        self.console.print(f"[dim]trial {row.trial_number:>3}  inferred-oom  {escape(knob_label(row.knobs))}[/]")
 
     def note(self, message: str) -> None:
         self.console.print(message)
 
     # -- rendering ---------------------------------------------------------------------------------------------------
-    def _line(self, proposal: Proposal, row: dict[str, Any]) -> str:
+    def _line(self, proposal: Proposal, row: ProbeRow) -> str:
+        """One probe's line; the cause and the knobs are stored text, escaped so rich never reads them as markup."""
         number = "  -" if proposal.trial_number is None else f"{proposal.trial_number:>3}"
-        status = row["status"] + ("" if row["status"] != "ok" or row["stable"] else " (unstable)")
-        colour = {"ok": "green", "oom": "yellow"}.get(row["status"], "red")
-        value = (
-            f"{fmt_num(row['objective'])} {self.objective.unit}" if row["objective"] is not None else row["cause"] or ""
-        )
+        status = row.status.value + ("" if row.status != ProbeStatus.OK or row.stable else " (unstable)")
+        colour = {ProbeStatus.OK: "green", ProbeStatus.OOM: "yellow"}.get(row.status, "red")
+        value = f"{fmt_num(row.objective)} {self.objective.unit}" if row.objective is not None else row.cause or ""
         return (
-            f"trial {number}  {proposal.fidelity:<8} [{colour}]{status:<16}[/] {value:<28} "
-            f"peak {format_size(row.get('peak_allocated'))}  {row.get('probe_seconds') or 0:.1f}s  "
-            f"{knob_label(row['knobs'])}"
+            f"trial {number}  {proposal.fidelity:<8} [{colour}]{status:<16}[/] {escape(f'{value:<28}')} "
+            f"peak {format_size(row.peak_allocated)}  {row.probe_seconds or 0:.1f}s  "
+            f"{escape(knob_label(row.knobs))}"
         )
 
     def __rich__(self) -> Panel:
@@ -153,14 +155,14 @@ def summary_table(summary: SearchSummary, objective: Objective) -> Table:
         table.add_row("best", "no stable config yet")
     base = summary.baseline
     if base is not None:
-        if base.get("objective") and best is not None:
+        if base.objective and best is not None:
             table.add_row(
                 "baseline",
-                f"{fmt_num(base['objective'])} {objective.unit}; best is x{best.objective / base['objective']:.2f}",
+                f"{fmt_num(base.objective)} {objective.unit}; best is x{best.objective / base.objective:.2f}",
             )
         else:
             table.add_row(
                 "baseline",
-                f"{base['status']}: {base.get('cause') or ''} peak {format_size(base.get('peak_allocated'))}",
+                Text(f"{base.status.value}: {base.cause or ''} peak {format_size(base.peak_allocated)}"),
             )
     return table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,6 +16,7 @@ from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
 from tuner.reporting.trials import join_trials
+from tuner.search.rows import Fidelity
 from tuner.search.selection import best_stable
 from tuner.settings import load_settings
 from tuner.storage import Store
@@ -102,37 +104,38 @@ def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
             "knobs": rec.knobs,
             "reused_from": rec.reused_from,
             "seconds": rec.probe_seconds,
-            "ranks": rank_note(rec.latest or {}),
+            "ranks": rank_note(rec.latest.result if rec.latest else None),
         }
         for rec in records
     ]
     joined = {rec.number for rec in records}
     for r in rows:
-        if r["fidelity"] == "confirm" and r.get("trial_number") not in joined:
+        if r.fidelity == Fidelity.CONFIRM and r.trial_number not in joined:
             out.append(
                 {
-                    "trial": r.get("trial_number"),
+                    "trial": r.trial_number,
                     "state": "CONFIRM",
                     "fidelity": "confirm",
-                    "status": r["status"],
-                    "cause": r.get("cause") or "",
-                    "objective": r.get("objective"),
-                    "peak": r.get("peak_allocated"),
-                    "stable": r.get("stable"),
-                    "knobs": r["knobs"],
+                    "status": r.status.value,
+                    "cause": r.cause or "",
+                    "objective": r.objective,
+                    "peak": r.peak_allocated,
+                    "stable": r.stable,
+                    "knobs": r.knobs,
                     "reused_from": None,
-                    "seconds": r.get("probe_seconds"),
-                    "ranks": rank_note(r),
+                    "seconds": r.probe_seconds,
+                    "ranks": rank_note(r.result),
                 }
             )
     return out
 
 
-def rank_note(row: dict[str, Any]) -> str:
-    """Per-rank peaks of a multi-rank probe, with the imbalance flag (> 20% spread) and its likely causes."""
+def rank_note(result: Mapping[str, Any] | None) -> str:
+    """Per-rank peaks of a multi-rank probe (its result JSON), with the imbalance flag (> 20% spread) and its likely
+    causes."""
     from tuner.memory.imbalance import probe_imbalance
 
-    imb = probe_imbalance(row)
+    imb = probe_imbalance(result)
     if imb is None:
         return ""
     peaks = " ".join(f"r{rank}={format_size(peak)}" for rank, peak in imb.peaks.items())
@@ -205,7 +208,7 @@ def studies(storage: StorageOpt = None) -> None:
             str((d.get("model") or {}).get("source", "-")),
             str(d.get("world_size", "-")),
             str(d.get("global_batch", "-")),
-            str(sum(1 for p in probes if p["fidelity"] != "inferred")),
+            str(sum(1 for p in probes if p.measured)),
             fmt_num(found.objective) if found else "-",
             Objective.from_dict(d.get("objective")).unit,
         )

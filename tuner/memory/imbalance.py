@@ -106,9 +106,8 @@ def rank_imbalance(ranks: Iterable[Any], threshold: float = THRESHOLD) -> Imbala
     )
 
 
-def probe_imbalance(row: Mapping[str, Any], threshold: float = THRESHOLD) -> Imbalance | None:
-    """The imbalance of a stored probe row (tuner.storage.schema.probes): reads ``result['ranks']``."""
-    result = row.get("result") or {}
+def probe_imbalance(result: Mapping[str, Any] | None, threshold: float = THRESHOLD) -> Imbalance | None:
+    """The imbalance of a stored probe's result (a ProbeResult as JSON, e.g. ProbeRow.result): reads its ranks."""
     ranks = result.get("ranks") if isinstance(result, Mapping) else None
     if not ranks:
         return None

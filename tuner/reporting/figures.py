@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
 
 from tuner.memory.imbalance import probe_imbalance
+from tuner.search.rows import ProbeRow, ProbeStatus
 
 MiB = float(1 << 20)
-MEASURED = ("baseline", "short", "confirm")
-OOM_STATUSES = ("oom", "inferred-oom")
+OOM_STATUSES = (ProbeStatus.OOM, ProbeStatus.INFERRED_OOM)
 STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (marker symbol, colour)
     "ok": ("circle", "#1f77b4"),
-    "inferred-ok": ("circle-open", "#1f77b4"),
     "oom": ("x", "#d62728"),
     "inferred-oom": ("x-open", "#ff9896"),
     "timeout": ("triangle-up", "#9467bd"),
@@ -37,33 +36,33 @@ def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
     return fig
 
 
-def _knob(row: Mapping[str, Any], name: str, default: Any = None) -> Any:
-    knobs = row.get("knobs") or {}
+def _knob(row: ProbeRow, name: str, default: Any = None) -> Any:
+    knobs = row.knobs or {}
     return knobs.get(name, default)
 
 
-def _hover(row: Mapping[str, Any]) -> str:
-    knobs = row.get("knobs") or {}
+def _hover(row: ProbeRow) -> str:
+    knobs = row.knobs or {}
     parts = [f"{k}={v}" for k, v in sorted(knobs.items()) if v is not None]
-    head = f"trial {row.get('trial_number')} · {row.get('fidelity')} · {row.get('status')}"
-    cause = row.get("cause")
+    head = f"trial {row.trial_number} · {row.fidelity} · {row.status}"
+    cause = row.cause
     tail = f"<br>cause: {str(cause)[:120]}" if cause else ""
     return head + "<br>" + "<br>".join(parts) + tail
 
 
-def throughput_over_time(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+def throughput_over_time(rows: Sequence[ProbeRow]) -> go.Figure:
     """Each probe's throughput at its finish time, by status; failures sit at 0. Plus the best-so-far line."""
     fig = go.Figure()
-    measured = [r for r in rows if r.get("fidelity") in MEASURED]
-    by_status: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    measured = [r for r in rows if r.measured]
+    by_status: dict[str, list[ProbeRow]] = defaultdict(list)
     for row in measured:
-        by_status[str(row.get("status"))].append(row)
+        by_status[str(row.status)].append(row)
     for status, group in sorted(by_status.items()):
         symbol, colour = STATUS_STYLE.get(status, ("circle", "#333"))
         fig.add_trace(
             go.Scatter(
-                x=[r["created_at"] for r in group],
-                y=[float(r.get("samples_per_s") or 0.0) for r in group],
+                x=[r.created_at for r in group],
+                y=[float(r.samples_per_s or 0.0) for r in group],
                 mode="markers",
                 name=status,
                 marker={"symbol": symbol, "color": colour, "size": 9},
@@ -72,11 +71,11 @@ def throughput_over_time(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             )
         )
     best, xs, ys = 0.0, [], []
-    for row in sorted(measured, key=lambda r: r["created_at"]):
-        if row.get("stable") and row.get("samples_per_s"):
-            best = max(best, float(row["samples_per_s"]))
+    for row in sorted(measured, key=lambda r: (r.created_at is not None, r.created_at or 0, r.id or 0)):
+        if row.stable and row.samples_per_s:
+            best = max(best, float(row.samples_per_s))
         if best:
-            xs.append(row["created_at"])
+            xs.append(row.created_at)
             ys.append(best)
     if xs:
         fig.add_trace(
@@ -85,20 +84,20 @@ def throughput_over_time(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     return _layout(fig, "Throughput per probe over time", "finished at", "samples/s (global batch)")
 
 
-def throughput_vs_micro_batch(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+def throughput_vs_micro_batch(rows: Sequence[ProbeRow]) -> go.Figure:
     """samples/s against micro batch size, one trace per ZeRO stage; OOMs as red crosses on the x axis."""
     fig = go.Figure()
-    measured = [r for r in rows if r.get("fidelity") in MEASURED or r.get("status") in OOM_STATUSES]
+    measured = [r for r in rows if r.measured or r.status in OOM_STATUSES]
     stages = sorted({int(_knob(r, "zero_stage", 0) or 0) for r in measured})
     for stage in stages:
-        ok = [r for r in measured if int(_knob(r, "zero_stage", 0) or 0) == stage and r.get("status") == "ok"]
-        oom = [r for r in measured if int(_knob(r, "zero_stage", 0) or 0) == stage and r.get("status") in OOM_STATUSES]
+        ok = [r for r in measured if int(_knob(r, "zero_stage", 0) or 0) == stage and r.status == "ok"]
+        oom = [r for r in measured if int(_knob(r, "zero_stage", 0) or 0) == stage and r.status in OOM_STATUSES]
         colour = STAGE_COLOURS[stage % len(STAGE_COLOURS)]
         if ok:
             fig.add_trace(
                 go.Scatter(
                     x=[_knob(r, "micro_batch_size") for r in ok],
-                    y=[float(r.get("samples_per_s") or 0.0) for r in ok],
+                    y=[float(r.samples_per_s or 0.0) for r in ok],
                     mode="markers",
                     name=f"ZeRO-{stage}",
                     marker={"color": colour, "size": 9},
@@ -122,21 +121,21 @@ def throughput_vs_micro_batch(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     return _layout(fig, "Throughput vs micro batch, per ZeRO stage", "micro batch size (log)", "samples/s")
 
 
-def memory_vs_micro_batch(rows: Sequence[Mapping[str, Any]], capacity: int | None, headroom: float) -> go.Figure:
+def memory_vs_micro_batch(rows: Sequence[ProbeRow], capacity: int | None, headroom: float) -> go.Figure:
     """Peak allocated (max over ranks) against micro batch per ZeRO stage, with capacity and headroom lines."""
     fig = go.Figure()
-    measured = [r for r in rows if r.get("fidelity") in MEASURED and r.get("peak_allocated")]
+    measured = [r for r in rows if r.measured and r.peak_allocated]
     for stage in sorted({int(_knob(r, "zero_stage", 0) or 0) for r in measured}):
         group = [r for r in measured if int(_knob(r, "zero_stage", 0) or 0) == stage]
         fig.add_trace(
             go.Scatter(
                 x=[_knob(r, "micro_batch_size") for r in group],
-                y=[int(r["peak_allocated"]) / MiB for r in group],
+                y=[(r.peak_allocated or 0) / MiB for r in group],
                 mode="markers",
                 name=f"ZeRO-{stage}",
                 marker={
                     "color": STAGE_COLOURS[stage % len(STAGE_COLOURS)],
-                    "symbol": [STATUS_STYLE.get(str(r.get("status")), ("circle", ""))[0] for r in group],
+                    "symbol": [STATUS_STYLE.get(str(r.status), ("circle", ""))[0] for r in group],
                     "size": 9,
                 },
                 text=[_hover(r) for r in group],
@@ -155,7 +154,7 @@ def memory_vs_micro_batch(rows: Sequence[Mapping[str, Any]], capacity: int | Non
     return _layout(fig, "Peak memory vs micro batch", "micro batch size (log)", "peak allocated per rank (MiB)")
 
 
-def oom_frontier(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+def oom_frontier(rows: Sequence[ProbeRow]) -> go.Figure:
     """Every config tried in the (micro batch, max_length) plane per ZeRO stage; the line is the largest micro batch
     that fitted at each max_length."""
     fig = go.Figure()
@@ -164,8 +163,8 @@ def oom_frontier(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     for stage in stages:
         group = [r for r in tried if int(_knob(r, "zero_stage", 0) or 0) == stage]
         colour = STAGE_COLOURS[stage % len(STAGE_COLOURS)]
-        fits = [r for r in group if r.get("status") in ("ok", "inferred-ok")]
-        ooms = [r for r in group if r.get("status") in OOM_STATUSES]
+        fits = [r for r in group if r.status == ProbeStatus.OK]
+        ooms = [r for r in group if r.status in OOM_STATUSES]
         for label, members, symbol in (("fits", fits, "circle"), ("OOM", ooms, "x")):
             if members:
                 fig.add_trace(
@@ -198,15 +197,15 @@ def oom_frontier(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     return _layout(fig, "OOM frontier: what fits and what does not", "micro batch size (log)", "max_length")
 
 
-def rank_peaks(rows: Iterable[Mapping[str, Any]]) -> go.Figure | None:
+def rank_peaks(rows: Iterable[ProbeRow]) -> go.Figure | None:
     """Grouped bars of each rank's peak for multi-rank probes; flagged (imbalanced) probes are named with a '!'."""
     labels: list[str] = []
     per_rank: dict[int, list[float | None]] = defaultdict(list)
     for row in rows:
-        imb = probe_imbalance(row)
+        imb = probe_imbalance(row.result)
         if imb is None:
             continue
-        label = f"#{row.get('id')} t{row.get('trial_number')}" + (" !" if imb.flagged else "")
+        label = f"#{row.id} t{row.trial_number}" + (" !" if imb.flagged else "")
         labels.append(label)
         for rank in set(per_rank) | set(imb.peaks):
             per_rank[rank].extend([None] * (len(labels) - 1 - len(per_rank[rank])))

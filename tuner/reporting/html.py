@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.memory.imbalance import probe_imbalance
 from tuner.reporting import figures as figs
+from tuner.search.rows import ProbeRow
 from tuner.search.selection import Candidate, best_stable
 from tuner.storage.store import Store
 
@@ -27,7 +28,7 @@ MiB = float(1 << 20)
 class ReportData:
     study: str
     definition: dict[str, Any]
-    rows: list[dict[str, Any]]
+    rows: list[ProbeRow]
     optuna_study: Any | None  # optuna.Study when Optuna has the study
     best: Candidate | None
     exports: dict[str, str] = field(default_factory=dict)  # format -> text (tuner.interop.export.render)
@@ -39,7 +40,7 @@ class ReportData:
 
     @property
     def capacity(self) -> int | None:
-        caps = [int(r["capacity"]) for r in self.rows if r.get("capacity")]
+        caps = [int(r.capacity) for r in self.rows if r.capacity]
         if caps:
             return max(caps)
         dm = self.definition.get("device_memory")
@@ -142,7 +143,7 @@ def _optuna_figures(study: Any) -> list[go.Figure]:
 def _summary(data: ReportData) -> str:
     counts: dict[str, int] = {}
     for row in data.rows:
-        counts[str(row.get("status"))] = counts.get(str(row.get("status")), 0) + 1
+        counts[str(row.status)] = counts.get(str(row.status), 0) + 1
     items = [["probes", len(data.rows)], *[[k, v] for k, v in sorted(counts.items())]]
     if data.optuna_study is not None:
         items.append(["optuna trials", len(data.optuna_study.get_trials(deepcopy=False))])
@@ -180,16 +181,16 @@ def _best_section(data: ReportData) -> str:
 def _ranks_section(data: ReportData, figures: _Figures) -> str:
     lines: list[list[Any]] = []
     for row in data.rows:
-        imb = probe_imbalance(row)
+        imb = probe_imbalance(row.result)
         if imb is None:
             continue
         peaks = ", ".join(f"r{r}: {p / MiB:,.1f}" for r, p in imb.peaks.items())
-        lines.append([row.get("id"), row.get("trial_number"), row.get("status"), peaks, imb.summary()])
+        lines.append([row.id, row.trial_number, row.status, peaks, imb.summary()])
     if not lines:
         return '<p class="empty">No multi-rank probes in this study.</p>'
     table = _table(["probe", "trial", "status", "peak MiB per rank", "imbalance"], lines)
     table = table.replace("<td>IMBALANCE", '<td class="flag">IMBALANCE')
-    causes = sorted({c for row in data.rows if (i := probe_imbalance(row)) and i.flagged for c in i.causes})
+    causes = sorted({c for row in data.rows if (i := probe_imbalance(row.result)) and i.flagged for c in i.causes})
     hint = "".join(f"<li>{_e(c)}</li>" for c in causes)
     hint = f"<p>Likely causes of the flagged spreads:</p><ul>{hint}</ul>" if hint else ""
     return figures.div(figs.rank_peaks(data.rows)) + table + hint

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tuner.search.rows import ProbeRow, ProbeStatus
+
 
 class _State(Protocol):
     @property
@@ -57,41 +59,40 @@ class TrialRecord:
     knobs: dict[str, Any]
     reused_from: int | None  # the trial whose measurement this one reused
     probe_seconds: float | None  # of its own latest probe
-    probes: tuple[dict[str, Any], ...] = ()  # its probe rows, oldest first
+    probes: tuple[ProbeRow, ...] = ()  # its probe rows, oldest first
 
     @property
-    def latest(self) -> dict[str, Any] | None:
+    def latest(self) -> ProbeRow | None:
         return self.probes[-1] if self.probes else None
 
 
-def trial_cause(user_attrs: Mapping[str, Any], latest: Mapping[str, Any] | None) -> str | None:
+def trial_cause(user_attrs: Mapping[str, Any], latest: ProbeRow | None) -> str | None:
     """Why a trial was pruned or failed. The probe row's measured cause is the truth when there is one (the runner's
     classification of what happened, e.g. "torch.OutOfMemoryError: ..."); else the cause Optuna was told (a trial
     that never got a row: "interrupted: worker ... died", "being probed by another worker"); else a failed probe's
     bare status ("oom", "timeout"). None for a trial with nothing to explain."""
-    if latest is not None and latest.get("cause"):
-        return str(latest["cause"])
+    if latest is not None and latest.cause:
+        return latest.cause
     told = user_attrs.get("cause")
     if told:
         return str(told)
-    if latest is not None and latest.get("status") not in (None, "ok"):
-        return str(latest["status"])
+    if latest is not None and latest.status != ProbeStatus.OK:
+        return latest.status.value
     return None
 
 
-def _measured(latest: Mapping[str, Any] | None, attrs: Mapping[str, Any], key: str) -> Any:
-    return latest.get(key) if latest is not None else attrs.get(key)
+def _measured(latest: ProbeRow | None, attrs: Mapping[str, Any], key: str) -> Any:
+    return getattr(latest, key) if latest is not None else attrs.get(key)
 
 
-def join_trials(trials: Iterable[TrialLike], rows: Iterable[Mapping[str, Any]]) -> list[TrialRecord]:
+def join_trials(trials: Iterable[TrialLike], rows: Iterable[ProbeRow]) -> list[TrialRecord]:
     """One record per trial, in the order given; ``rows`` attach to the trial of their ``trial_number`` (oldest
     first, by id). Rows of no given trial (confirm probes carry none) are left out: the caller lists them if it
     wants to."""
-    by_trial: dict[int, list[dict[str, Any]]] = {}
-    for row in sorted(rows, key=lambda r: r.get("id") or 0):
-        number = row.get("trial_number")
-        if number is not None:
-            by_trial.setdefault(int(number), []).append(dict(row))
+    by_trial: dict[int, list[ProbeRow]] = {}
+    for row in sorted(rows, key=lambda r: r.id or 0):
+        if row.trial_number is not None:
+            by_trial.setdefault(row.trial_number, []).append(row)
     out: list[TrialRecord] = []
     for t in trials:
         probes = tuple(by_trial.get(t.number, ()))
@@ -104,16 +105,16 @@ def join_trials(trials: Iterable[TrialLike], rows: Iterable[Mapping[str, Any]]) 
                 state=t.state.name,
                 params=dict(t.params),
                 value=t.values[0] if t.values else None,
-                fidelity=str(attrs.get("fidelity") or (probes[0].get("fidelity") if probes else None) or ""),
-                status=str((latest.get("status") if latest else None) or attrs.get("status") or ""),
+                fidelity=str(attrs.get("fidelity") or (probes[0].fidelity.value if probes else "")),
+                status=latest.status.value if latest else str(attrs.get("status") or ""),
                 cause=trial_cause(attrs, latest),
                 objective=_measured(latest, attrs, "objective"),
                 samples_per_s=_measured(latest, attrs, "samples_per_s"),
                 peak_allocated=_measured(latest, attrs, "peak_allocated"),
                 stable=_measured(latest, attrs, "stable"),
-                knobs=dict((latest.get("knobs") if latest else None) or attrs.get("knobs") or {}),
+                knobs=dict((latest.knobs if latest else None) or attrs.get("knobs") or {}),
                 reused_from=int(reused) if reused is not None else None,
-                probe_seconds=latest.get("probe_seconds") if latest else None,
+                probe_seconds=latest.probe_seconds if latest else None,
                 probes=probes,
             )
         )

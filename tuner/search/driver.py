@@ -6,6 +6,7 @@ claims, probe rows), the probe runner and the trial heartbeat. The decisions are
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import socket
@@ -29,6 +30,7 @@ from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator, st
 from tuner.probing.forkserver import pid_alive
 from tuner.search.evidence import EstimatorLike
 from tuner.search.request import ESSENTIAL, SearchRequest, check_resume, request_from_definition
+from tuner.search.rows import Fidelity, ProbeRow
 from tuner.search.sampling import make_sampler
 from tuner.search.selection import Candidate, best_stable
 from tuner.search.strategy import Outcome, Proposal, SearchSetup, Strategy
@@ -76,7 +78,7 @@ class Listener(Protocol):
 
     def finished(self, proposal: Proposal, outcome: Outcome) -> None: ...
 
-    def inferred(self, row: dict[str, Any]) -> None: ...
+    def inferred(self, row: ProbeRow) -> None: ...
 
     def note(self, message: str) -> None: ...
 
@@ -89,7 +91,7 @@ class SearchSummary:
     stop_reason: str
     counts: dict[str, int]
     best: Candidate | None
-    baseline: dict[str, Any] | None  # the baseline's probe row, if one was probed
+    baseline: ProbeRow | None  # the baseline's probe row, if one was probed
     probes_run: int
     probe_seconds: float
     trials: int
@@ -197,10 +199,13 @@ class Search:
             self.strategy.use_frontier(Frontier(stage_need=order))
 
     def _sync(self) -> None:
-        self.strategy.load_rows(self.store.probes(self.request.study_name))
+        self.strategy.load_rows(self._rows())
 
-    def _record(self, row: dict[str, Any], run_id: int) -> None:
-        self.store.record_probe({**row, "study_name": self.request.study_name, "run_id": run_id})
+    def _rows(self) -> list[ProbeRow]:
+        return self.store.probes(self.request.study_name)
+
+    def _record(self, row: ProbeRow, run_id: int) -> None:
+        self.store.record_probe(dataclasses.replace(row, study_name=self.request.study_name, run_id=run_id))
 
     def run(self) -> SearchSummary:
         name = self.request.study_name
@@ -275,9 +280,7 @@ class Search:
         if self.store.claim(*args):
             return True
         owner = self.store.claim_owner(name, proposal.config_key, proposal.fidelity)
-        done = any(
-            r["config_key"] == proposal.config_key and r["fidelity"] == proposal.fidelity for r in self.strategy.rows
-        )
+        done = any(r.config_key == proposal.config_key and r.fidelity == proposal.fidelity for r in self.strategy.rows)
         if owner is not None and not done and self._stale(owner):
             # the claim of a worker that died mid-probe: take it over
             self.store.release_claim(name, proposal.config_key, proposal.fidelity)
@@ -306,8 +309,7 @@ class Search:
         return "budget"
 
     def _lost_claim(self, proposal: Proposal) -> None:
-        rows = self.store.probes(self.request.study_name)
-        done = [r for r in rows if r["config_key"] == proposal.config_key and r["fidelity"] == proposal.fidelity]
+        done = [r for r in self._rows() if r.config_key == proposal.config_key and r.fidelity == proposal.fidelity]
         if done:
             self.strategy.observe_row(proposal, done[-1])
         else:
@@ -336,9 +338,9 @@ class Search:
             self.listener.finished(proposal, outcome)
 
     def summary(self, run_id: int, reason: str) -> SearchSummary:
-        rows = self.store.probes(self.request.study_name)
+        rows = self._rows()
         counts = self.store.count_probes(self.request.study_name)
-        base = [r for r in rows if r["fidelity"] == "baseline"]
+        base = [r for r in rows if r.fidelity == Fidelity.BASELINE]
         return SearchSummary(
             study_name=self.request.study_name,
             run_id=run_id,

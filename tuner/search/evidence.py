@@ -13,7 +13,8 @@ from typing import Any, Protocol
 from trials.contract import Knobs
 from tuner.errors import TunerError
 from tuner.memory.frontier import Frontier
-from tuner.search.selection import MEASURED, Candidate, best_stable
+from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus
+from tuner.search.selection import Candidate, best_stable
 
 
 class EstimatorLike(Protocol):
@@ -24,12 +25,11 @@ class EstimatorLike(Protocol):
     def observe(self, knobs: Knobs, measured_peak: int) -> None: ...
 
 
-def fits(row: dict[str, Any]) -> bool | None:
+def fits(row: ProbeRow) -> bool | None:
     """What a measured row tells the frontier: fits (stable), does not fit (OOM or above the headroom), or nothing."""
-    status = row.get("status")
-    if status == "oom" or (status == "ok" and not row.get("stable")):
+    if row.status == ProbeStatus.OOM or (row.status == ProbeStatus.OK and not row.stable):
         return False
-    return True if status == "ok" else None
+    return True if row.status == ProbeStatus.OK else None
 
 
 @dataclass(frozen=True)
@@ -49,67 +49,67 @@ class Evidence:
     estimate_margin: float = 1.5  # a config estimated above margin x capacity is ruled out
 
     def __post_init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[ProbeRow] = []
         self.skipped: set[str] = set()  # configs another worker holds a claim on
         self._in_frontier: set[str] = set()
 
     # -- learning ----------------------------------------------------------------------------------------------------
-    def load(self, rows: list[dict[str, Any]]) -> None:
+    def load(self, rows: list[ProbeRow]) -> None:
         """Replaces the known probe rows (e.g. with the database's, including other workers')."""
         self.rows = list(rows)
         for row in self.rows:
             self._learn(row)
 
-    def add(self, row: dict[str, Any]) -> None:
+    def add(self, row: ProbeRow) -> None:
         self.rows.append(row)
         self._learn(row)
 
-    def _learn(self, row: dict[str, Any]) -> None:
-        key = row["config_key"]
-        if row.get("fidelity") not in MEASURED or key in self._in_frontier:
+    def _learn(self, row: ProbeRow) -> None:
+        key = row.config_key
+        if not row.measured or key in self._in_frontier:
             return
         verdict = fits(row)
         if verdict is None:
             return  # timeouts and errors say nothing about memory
-        self.frontier.add(row["knobs"], fits=verdict)
+        self.frontier.add(row.knobs, fits=verdict)
         self._in_frontier.add(key)
-        if row.get("status") == "ok" and row.get("peak_allocated") and self.estimator is not None:
-            self.estimator.observe(Knobs.model_validate(row["knobs"]), int(row["peak_allocated"]))
+        if row.status == ProbeStatus.OK and row.peak_allocated and self.estimator is not None:
+            self.estimator.observe(Knobs.model_validate(row.knobs), int(row.peak_allocated))
 
     def use_frontier(self, frontier: Frontier) -> None:
         """Swaps in another frontier (e.g. one ordering ZeRO stages) and feeds it every measurement so far."""
         self.frontier = frontier
         fed: set[str] = set()
         for row in self.rows:
-            key = row["config_key"]
-            if row.get("fidelity") in MEASURED and key in self._in_frontier and key not in fed:
+            key = row.config_key
+            if row.measured and key in self._in_frontier and key not in fed:
                 fed.add(key)
                 verdict = fits(row)
                 if verdict is not None:
-                    frontier.add(row["knobs"], fits=verdict)
+                    frontier.add(row.knobs, fits=verdict)
 
     # -- reading -----------------------------------------------------------------------------------------------------
-    def measured(self, key: str) -> dict[str, Any] | None:
+    def measured(self, key: str) -> ProbeRow | None:
         """The first measured row of ``key``, else its inferred row (so an inference is recorded once)."""
         inferred = None
         for row in self.rows:
-            if row["config_key"] == key:
-                if row.get("fidelity") in MEASURED:
+            if row.config_key == key:
+                if row.measured:
                     return row
                 inferred = inferred or row
         return inferred
 
     def known(self) -> set[str]:
         """Config keys with a row, or claimed by another worker: not to be proposed again."""
-        return {r["config_key"] for r in self.rows} | self.skipped
+        return {r.config_key for r in self.rows} | self.skipped
 
-    def has_fidelity(self, fidelity: str) -> bool:
-        return any(r.get("fidelity") == fidelity for r in self.rows)
+    def has_fidelity(self, fidelity: Fidelity) -> bool:
+        return any(r.fidelity == fidelity for r in self.rows)
 
     @property
     def capacity(self) -> int:
         """Device memory per rank: the configured budget, else the largest capacity a probe reported (0: unknown)."""
-        return self.device_memory or max((int(r.get("capacity") or 0) for r in self.rows), default=0)
+        return self.device_memory or max((int(r.capacity or 0) for r in self.rows), default=0)
 
     def best(self) -> Candidate | None:
         return best_stable(self.rows)

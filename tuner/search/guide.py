@@ -19,12 +19,12 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from trials.contract import Knobs
 from tuner.memory.frontier import Frontier
 from tuner.search.regression import NOISE_FLOOR, SPEED_SLOPES, Featurizer, Model
-from tuner.search.selection import MEASURED, candidates
+from tuner.search.rows import ProbeRow, ProbeStatus
+from tuner.search.selection import candidates
 
 PEAK_NOISE_FLOOR = 0.03  # the same for log peak memory: measured peaks are deterministic, only the model misfits
 UNKNOWN_FIT = 0.6  # P(stable) of a config with no estimate and no frontier verdict
@@ -132,7 +132,7 @@ class Step:
 
 def guide_step(
     grid: Sequence[Knobs],
-    rows: Sequence[dict[str, Any]],
+    rows: Sequence[ProbeRow],
     frontier: Frontier,
     estimate: Callable[[Knobs], int | None] | None,
     *,
@@ -147,9 +147,9 @@ def guide_step(
     ruled-out ones is returned for the record. ``estimate``: calibrated peak bytes per config, or None without a
     trace (P(stable) then comes from a PeakModel of the measured peaks)."""
     measured = [
-        (Knobs.model_validate(r["knobs"]), float(r["objective"]))
+        (Knobs.model_validate(r.knobs), float(r.objective))
         for r in rows
-        if r.get("fidelity") in MEASURED and r.get("status") == "ok" and r.get("objective")
+        if r.measured and r.status == ProbeStatus.OK and r.objective
     ]
     found = candidates(rows)
     best = max((c.objective for c in found), default=None)
@@ -175,11 +175,7 @@ def guide_step(
 
     peaks = None
     if estimate is None and limit:  # no trace: learn the memory need from the measured peaks
-        needs = [
-            (Knobs.model_validate(r["knobs"]), need)
-            for r in rows
-            if r.get("fidelity") in MEASURED and (need := _need(r, capacity))
-        ]
+        needs = [(Knobs.model_validate(r.knobs), need) for r in rows if r.measured and (need := _need(r, capacity))]
         peaks = PeakModel(grid, needs, limit)
 
     def p_fit(k: Knobs) -> float:
@@ -195,15 +191,15 @@ def guide_step(
     return Step(choice, best, list(ruled_out.values()))
 
 
-def _need(row: dict[str, Any], capacity: int) -> float | None:
+def _need(row: ProbeRow, capacity: int) -> float | None:
     """Memory a measured row needed: its peak when it finished; when it ran out of memory, at least the capacity, or
     what the emulated device was asked for when it refused (live bytes + the allocation: a 763 MiB bucket on a 160 MiB
     device says much more than "over 160 MiB")."""
-    if row.get("status") == "ok" and row.get("peak_allocated"):
-        return float(row["peak_allocated"])
-    if row.get("status") == "oom" and capacity:
-        refused = max((int(r.get("oom_need") or 0) for r in (row.get("result") or {}).get("ranks", [])), default=0)
-        return float(max(int(row.get("peak_allocated") or 0), capacity, refused))
+    if row.status == ProbeStatus.OK and row.peak_allocated:
+        return float(row.peak_allocated)
+    if row.status == ProbeStatus.OOM and capacity:
+        refused = max((int(r.get("oom_need") or 0) for r in (row.result or {}).get("ranks", [])), default=0)
+        return float(max(int(row.peak_allocated or 0), capacity, refused))
     return None
 
 

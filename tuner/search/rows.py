@@ -1,21 +1,118 @@
-"""What a probe means twice over: as a stored row (the shape of tuner_probes rows, which selection, the frontier and the
-guide read) and as an Optuna trial (state, user attributes and the "memory" constraint TPE reads). The row builders are
-pure; ``tell`` and ``tell_skipped`` are the one place that tells the study."""
+"""The probe row: one typed record per probe that ran (or was ruled out without running), as tuner_probes stores it
+and as selection, the frontier, the guide and the time model read it. Statuses and fidelities are enums, as optuna's
+``FrozenTrial`` has ``TrialState``. The builders are pure; tuner.search.study tells Optuna what a row means."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
-
-import optuna
-from optuna.trial import TrialState
 
 from trials.contract import ProbeConfig, ProbeResult
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
-from tuner.search.selection import is_stable
 
-OOM_CONSTRAINT = 1.0  # the "memory" constraint of an OOM (> 0 is infeasible for TPE)
-_ATTRS = ("status", "cause", "objective", "samples_per_s", "peak_allocated", "capacity", "stable")
+
+class ProbeStatus(str, Enum):
+    """How a probe ended (trials.contract's ProbeResult.status), or that it was ruled out without running."""
+
+    OK = "ok"
+    OOM = "oom"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    INFERRED_OOM = "inferred-oom"  # the frontier or the memory estimate says it must run out of memory: never run
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def out_of_memory(self) -> bool:
+        """Measured or inferred: the config does not fit."""
+        return self in (ProbeStatus.OOM, ProbeStatus.INFERRED_OOM)
+
+
+class Fidelity(str, Enum):
+    """How long a probe ran: the user's baseline, a short explore probe, a longer confirm probe; or inferred (none)."""
+
+    BASELINE = "baseline"
+    SHORT = "short"
+    CONFIRM = "confirm"
+    INFERRED = "inferred"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def measured(self) -> bool:
+        return self is not Fidelity.INFERRED
+
+
+MEASURED = frozenset({Fidelity.BASELINE, Fidelity.SHORT, Fidelity.CONFIRM})
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    config_key: str  # hash of the knobs + world size + accumulation (tuner.job.space.config_key)
+    fidelity: Fidelity
+    status: ProbeStatus
+    knobs: dict[str, Any]  # trials.contract.Knobs as JSON
+    config: dict[str, Any]  # the whole ProbeConfig sent, as JSON
+    trial_number: int | None = None  # the Optuna trial this probe belongs to (None: a confirm probe)
+    cause: str | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    objective: float | None = None  # what the search maximises (retained tokens/s or samples/s)
+    peak_allocated: int | None = None  # max over ranks
+    peak_reserved: int | None = None
+    capacity: int | None = None
+    alloc_retries: int | None = None
+    stable: bool = False
+    estimate_bytes: int | None = None  # the memory estimate made before probing
+    probe_seconds: float | None = None  # wall clock of the probe
+    setup_s: float | None = None  # the probe's fixed cost: launch to first step
+    result: dict[str, Any] | None = None  # the whole ProbeResult, as JSON
+    # set by the storage
+    id: int | None = None
+    study_name: str | None = None
+    run_id: int | None = None
+    created_at: dt.datetime | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.fidelity.measured
+
+    def to_record(self) -> dict[str, Any]:
+        """The columns to store (enums as their values; the storage's own id and timestamp left to it)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _STORAGE_SET}
+        out["fidelity"], out["status"] = self.fidelity.value, self.status.value
+        return out
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ProbeRow:
+        """A row from stored columns (unknown columns ignored, missing ones None)."""
+        values: dict[str, Any] = {name: record.get(name) for name in _FIELDS}
+        values["fidelity"] = Fidelity(record["fidelity"])
+        values["status"] = ProbeStatus(record["status"])
+        values["stable"] = bool(record.get("stable"))
+        values["knobs"] = dict(record["knobs"])
+        values["config"] = dict(record.get("config") or {})
+        return cls(**values)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(ProbeRow))
+_STORAGE_SET = ("id", "created_at")
+
+
+def is_stable(status: str, peak: int | None, capacity: int | None, headroom: float, alloc_retries: int | None) -> bool:
+    """Finished, peak at most ``headroom`` x capacity, and no allocator retries (a sign of fragmentation)."""
+    if status != ProbeStatus.OK or peak is None:
+        return False
+    if capacity is not None and peak > headroom * capacity:
+        return False
+    return not alloc_retries
 
 
 def probe_row(
@@ -23,37 +120,37 @@ def probe_row(
     result: ProbeResult,
     *,
     trial_number: int | None,
-    fidelity: str,
+    fidelity: Fidelity,
     config_key: str,
     estimate_bytes: int | None,
     objective: Objective,
     device_memory: int | None,
     headroom: float,
-) -> dict[str, Any]:
+) -> ProbeRow:
     """The row of a finished probe: status, throughput and objective, peaks, whether it is stable, the whole result."""
     knobs = config.knobs
     capacity = result.capacity or device_memory
-    return {
-        "trial_number": trial_number,
-        "fidelity": fidelity,
-        "config_key": config_key,
-        "knobs": knobs.model_dump(mode="json"),
-        "config": config.model_dump(mode="json"),
-        "status": result.status,
-        "cause": result.cause,
-        "samples_per_s": result.samples_per_s,
-        "tokens_per_s": result.tokens_per_s,
-        "objective": objective.of(result, knobs.max_length),
-        "peak_allocated": result.peak_allocated,
-        "peak_reserved": result.peak_reserved,
-        "capacity": capacity,
-        "alloc_retries": result.alloc_retries,
-        "stable": is_stable(result.status, result.peak_allocated, capacity, headroom, result.alloc_retries),
-        "estimate_bytes": estimate_bytes,
-        "probe_seconds": result.wall_s,
-        "setup_s": result.setup_s,
-        "result": result.model_dump(mode="json"),
-    }
+    return ProbeRow(
+        trial_number=trial_number,
+        fidelity=Fidelity(fidelity),
+        config_key=config_key,
+        knobs=knobs.model_dump(mode="json"),
+        config=config.model_dump(mode="json"),
+        status=ProbeStatus(result.status),
+        cause=result.cause,
+        samples_per_s=result.samples_per_s,
+        tokens_per_s=result.tokens_per_s,
+        objective=objective.of(result, knobs.max_length),
+        peak_allocated=result.peak_allocated,
+        peak_reserved=result.peak_reserved,
+        capacity=capacity,
+        alloc_retries=result.alloc_retries,
+        stable=is_stable(result.status, result.peak_allocated, capacity, headroom, result.alloc_retries),
+        estimate_bytes=estimate_bytes,
+        probe_seconds=result.wall_s,
+        setup_s=result.setup_s,
+        result=result.model_dump(mode="json"),
+    )
 
 
 def inferred_row(
@@ -63,60 +160,20 @@ def inferred_row(
     cause: str | None,
     estimate: int | None,
     capacity: int | None,
-) -> dict[str, Any]:
+) -> ProbeRow:
     """The row of a config the frontier or the memory estimate says must OOM: recorded, never run."""
-    return {
-        "trial_number": trial_number,
-        "fidelity": "inferred",
-        "config_key": config_key,
-        "knobs": config.knobs.model_dump(mode="json"),
-        "config": config.model_dump(mode="json"),
-        "status": "inferred-oom",
-        "cause": cause or f"inferred-oom: {describe(config.knobs.model_dump())}",
-        "stable": False,
-        "estimate_bytes": estimate,
-        "capacity": capacity,
-    }
+    return ProbeRow(
+        trial_number=trial_number,
+        fidelity=Fidelity.INFERRED,
+        config_key=config_key,
+        knobs=config.knobs.model_dump(mode="json"),
+        config=config.model_dump(mode="json"),
+        status=ProbeStatus.INFERRED_OOM,
+        cause=cause or f"inferred-oom: {describe(config.knobs.model_dump())}",
+        stable=False,
+        estimate_bytes=estimate,
+        capacity=capacity,
+    )
 
 
-def memory_constraint(row: dict[str, Any], headroom: float) -> float:
-    """> 0: infeasible. An OOM is OOM_CONSTRAINT; a finished probe is its peak over the headroom line, minus 1."""
-    if row["status"] == "oom" or str(row["status"]).startswith("inferred"):
-        return OOM_CONSTRAINT
-    peak, capacity = row.get("peak_allocated"), row.get("capacity")
-    if peak is None or not capacity:
-        return 0.0
-    return min(peak / (headroom * capacity) - 1.0, OOM_CONSTRAINT)
-
-
-def tell(study: optuna.Study, trial: optuna.trial.Trial, row: dict[str, Any], headroom: float) -> TrialState:
-    """Tells Optuna. The "memory" constraint is set before the state: TPESampler (optuna 5, _split_trials) puts
-    every finished trial whose constraints sum above 0 in the infeasible part of the "above" (bad) group, after
-    the feasible COMPLETE and PRUNED trials, so OOMs (pruned, +1) and over-headroom peaks (complete, > 0) steer
-    the sampler away from that region while stable trials (<= 0) rank by their throughput."""
-    for name in _ATTRS:
-        trial.set_user_attr(name, row.get(name))
-    trial.set_user_attr("knobs", row["knobs"])
-    trial.set_user_attr("config_key", row["config_key"])
-    trial.set_user_attr("probe_seconds", row.get("probe_seconds"))
-    status = row["status"]
-    if status in ("oom", "inferred-oom"):
-        trial.set_constraint("memory", OOM_CONSTRAINT)
-        study.tell(trial, state=TrialState.PRUNED)
-        return TrialState.PRUNED
-    if status == "ok" and row.get("objective") is not None:
-        trial.set_constraint("memory", memory_constraint(row, headroom))
-        study.tell(trial, row["objective"])
-        return TrialState.COMPLETE
-    study.tell(trial, state=TrialState.FAIL)
-    return TrialState.FAIL
-
-
-def tell_skipped(study: optuna.Study, trial: optuna.trial.Trial, cause: str) -> None:
-    """A trial that will not be probed (another worker has the config): FAIL with its cause."""
-    trial.set_user_attr("status", "skipped")
-    trial.set_user_attr("cause", cause)
-    study.tell(trial, state=TrialState.FAIL)
-
-
-__all__ = ["OOM_CONSTRAINT", "inferred_row", "memory_constraint", "probe_row", "tell", "tell_skipped"]
+__all__ = ["MEASURED", "Fidelity", "ProbeRow", "ProbeStatus", "inferred_row", "is_stable", "probe_row"]

@@ -8,12 +8,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from trials.contract import Knobs
-from tuner.search.selection import MEASURED
+from tuner.search.rows import Fidelity, ProbeRow
 
-Rows = Sequence[dict[str, Any]]
+Rows = Sequence[ProbeRow]
 
 
 MIN_TIMEOUT_S = 1.0  # no probe runs with a shorter timeout (so none starts with less budget left)
@@ -43,9 +42,9 @@ class Schedule:
 def walls(rows: Rows, fidelity: str | None = None) -> list[float]:
     """Wall seconds of the measured probes (all fidelities, or one)."""
     return [
-        float(r["probe_seconds"])
+        float(r.probe_seconds)
         for r in rows
-        if r.get("probe_seconds") and r.get("fidelity") in MEASURED and (fidelity is None or r["fidelity"] == fidelity)
+        if r.probe_seconds and r.measured and (fidelity is None or r.fidelity == fidelity)
     ]
 
 
@@ -57,10 +56,10 @@ def expected_seconds(rows: Rows, schedule: Schedule, fidelity: str) -> float:
     short = statistics.median(found)
     if fidelity != "confirm":
         return short
-    confirmed = walls(rows, "confirm")
+    confirmed = walls(rows, Fidelity.CONFIRM)
     if confirmed:
         return statistics.median(confirmed)
-    setups = [float(r["setup_s"]) for r in rows if r.get("setup_s")]
+    setups = [float(r.setup_s) for r in rows if r.setup_s]
     setup = statistics.median(setups) if setups else short / 2
     ratio = sum(schedule.confirm) / sum(schedule.short)
     return setup + max(short - setup, 0.0) * ratio
@@ -80,13 +79,13 @@ def scaled_seconds(rows: Rows, schedule: Schedule, knobs: Knobs | None, fidelity
         return 0.0
     worst, setups = 0.0, []
     for r in rows:
-        if not r.get("probe_seconds") or r.get("fidelity") not in MEASURED or not r.get("config"):
+        if not r.probe_seconds or not r.measured or not r.config:
             continue
-        cfg, k = r["config"], r["knobs"]
-        setup = float(r.get("setup_s") or 0.0)
+        cfg, k = r.config, r.knobs
+        setup = float(r.setup_s or 0.0)
         setups.append(setup)
         work = k["micro_batch_size"] * k["max_length"] * (cfg["warmup_steps"] + cfg["measure_steps"])
-        worst = max(worst, (float(r["probe_seconds"]) - setup) / max(work, 1))
+        worst = max(worst, (float(r.probe_seconds) - setup) / max(work, 1))
     steps = sum(schedule.confirm if fidelity == "confirm" else schedule.short)
     return max(setups, default=0.0) + worst * knobs.micro_batch_size * knobs.max_length * steps
 

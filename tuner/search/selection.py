@@ -19,20 +19,11 @@ from typing import Any
 
 from trials.contract import Knobs
 from tuner.search.regression import SPEED_SLOPES, Featurizer, Model
+from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus
 
-MEASURED = ("baseline", "short", "confirm")
 CONFIG_SPREAD = 0.05  # prior std of a config's log throughput around the model's prediction (what the model misses)
 REPEAT_NOISE = 0.05  # prior guess of the std of log throughput between repeat probes of one config
 REPEAT_NOISE_WEIGHT = 1.0  # ... worth this many repeat pairs, until measured repeats outweigh it
-
-
-def is_stable(status: str, peak: int | None, capacity: int | None, headroom: float, alloc_retries: int | None) -> bool:
-    """Finished, peak at most ``headroom`` x capacity, and no allocator retries (a sign of fragmentation)."""
-    if status != "ok" or peak is None:
-        return False
-    if capacity is not None and peak > headroom * capacity:
-        return False
-    return not alloc_retries
 
 
 @dataclass(frozen=True)
@@ -47,48 +38,48 @@ class Candidate:
     confirmed: bool
     measurements: int
     trial_number: int | None
-    rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    rows: list[ProbeRow] = field(default_factory=list, repr=False)
     score: float = 0.0  # the rank: lower bound of log throughput given the model of every probe and its own
     upper: float = 0.0  # the matching upper bound (posterior mean + 1 std): could it still beat the leader?
 
 
-def candidates(rows: Iterable[dict[str, Any]]) -> list[Candidate]:
+def candidates(rows: Iterable[ProbeRow]) -> list[Candidate]:
     """Stable configs, one per config key, best first: confirmed (re-probed longer) first, then by ``score``. A config
     with any unstable measurement is excluded."""
-    by_key: dict[str, list[dict[str, Any]]] = {}
+    by_key: dict[str, list[ProbeRow]] = {}
     for row in rows:
-        if row.get("fidelity") in MEASURED:
-            by_key.setdefault(row["config_key"], []).append(row)
+        if row.measured:
+            by_key.setdefault(row.config_key, []).append(row)
     measured = {
         key: [
-            math.log(float(r["objective"]))
+            math.log(r.objective)
             for r in group
-            if r.get("status") == "ok" and r.get("objective") and float(r["objective"]) > 0
+            if r.status == ProbeStatus.OK and r.objective is not None and r.objective > 0
         ]
         for key, group in by_key.items()
     }
-    stable = {key: group for key, group in by_key.items() if all(r.get("stable") for r in group) and measured[key]}
+    stable = {key: group for key, group in by_key.items() if all(r.stable for r in group) and measured[key]}
     scores = _scores(stable, by_key, measured)
     out: list[Candidate] = []
     for key, group in stable.items():
-        objs = [float(r["objective"]) for r in group if r.get("objective") is not None]
+        objs = [float(r.objective) for r in group if r.objective is not None]
         lcb = statistics.median(objs)
         if len(objs) > 1:
             lcb = min(lcb, statistics.fmean(objs) - statistics.stdev(objs))
-        confirmed = any(r.get("fidelity") == "confirm" for r in group)
-        first = min(group, key=lambda r: r.get("id") or 0)
+        confirmed = any(r.fidelity == Fidelity.CONFIRM for r in group)
+        first = min(group, key=lambda r: r.id or 0)
         out.append(
             Candidate(
                 config_key=key,
-                knobs=dict(first["knobs"]),
-                config=dict(first["config"]),
+                knobs=dict(first.knobs),
+                config=dict(first.config),
                 objective=lcb,
-                samples_per_s=statistics.median(float(r["samples_per_s"] or 0.0) for r in group),
-                peak_allocated=max(int(r["peak_allocated"] or 0) for r in group),
-                capacity=first.get("capacity"),
+                samples_per_s=statistics.median(float(r.samples_per_s or 0.0) for r in group),
+                peak_allocated=max(int(r.peak_allocated or 0) for r in group),
+                capacity=first.capacity,
                 confirmed=confirmed,
                 measurements=len(objs),
-                trial_number=first.get("trial_number"),
+                trial_number=first.trial_number,
                 rows=group,
                 score=scores[key][0],
                 upper=scores[key][1],
@@ -99,11 +90,11 @@ def candidates(rows: Iterable[dict[str, Any]]) -> list[Candidate]:
 
 
 def _scores(
-    stable: dict[str, list[dict[str, Any]]], groups: dict[str, list[dict[str, Any]]], measured: dict[str, list[float]]
+    stable: dict[str, list[ProbeRow]], groups: dict[str, list[ProbeRow]], measured: dict[str, list[float]]
 ) -> dict[str, tuple[float, float]]:
     """Per stable config, the posterior mean -/+ one std of its log throughput (see the module docstring)."""
     noise2 = repeat_noise(measured.values()) ** 2
-    knobs = {key: Knobs.model_validate(group[0]["knobs"]) for key, group in groups.items() if measured[key]}
+    knobs = {key: Knobs.model_validate(group[0].knobs) for key, group in groups.items() if measured[key]}
     model = None
     if len(stable) > 1:  # one config: nothing to compare, its own measurements are the score
         fitted = [(knobs[key], math.exp(y)) for key in knobs for y in measured[key]]
@@ -136,7 +127,7 @@ def repeat_noise(measured: Iterable[list[float]]) -> float:
     return math.sqrt((REPEAT_NOISE_WEIGHT * REPEAT_NOISE**2 + ss) / (REPEAT_NOISE_WEIGHT + dof))
 
 
-def best_stable(rows: Iterable[dict[str, Any]]) -> Candidate | None:
+def best_stable(rows: Iterable[ProbeRow]) -> Candidate | None:
     """The best stable config: confirmed ones (re-probed longer) win over unconfirmed; then the higher objective."""
     found = candidates(rows)
     return found[0] if found else None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 import optuna
 from optuna.trial import TrialState
@@ -31,15 +31,14 @@ from tuner.job.space import Space, config_key
 from tuner.memory.frontier import Frontier
 from tuner.search import confirm, proposers
 from tuner.search.evidence import EstimatorLike, Evidence
-from tuner.search.rows import inferred_row, probe_row, tell, tell_skipped
+from tuner.search.rows import Fidelity, ProbeRow, inferred_row, probe_row
 from tuner.search.sampling import fixed_params
 from tuner.search.schedule import Schedule, budgeted_seconds, expected_seconds, timeout_for
 from tuner.search.selection import Candidate, candidates
+from tuner.search.study import tell, tell_skipped
 
 if TYPE_CHECKING:
     from tuner.search.request import SearchRequest
-
-Fidelity = Literal["baseline", "short", "confirm"]
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ class Proposal:
 
 @dataclass
 class Outcome:
-    row: dict[str, Any]  # a tuner_probes row (without run_id/study_name)
+    row: ProbeRow  # without run_id/study_name: the driver stores it
     state: TrialState | None  # what the Optuna trial was told (None for confirm probes)
     objective: float | None
     stable: bool
@@ -128,7 +127,7 @@ class Strategy:
             schedule=setup.schedule,
             rng=random.Random(setup.seed),
         )
-        self.events: list[dict[str, Any]] = []  # inferred rows the driver should store
+        self.events: list[ProbeRow] = []  # inferred rows the driver should store
         self.explored = 0
         self.inferred = 0
         self.reused = 0
@@ -139,7 +138,7 @@ class Strategy:
 
     # -- state -------------------------------------------------------------------------------------------------------
     @property
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[ProbeRow]:
         return self.evidence.rows
 
     @property
@@ -154,7 +153,7 @@ class Strategy:
     def frontier(self) -> Frontier:
         return self.evidence.frontier
 
-    def load_rows(self, rows: list[dict[str, Any]]) -> None:
+    def load_rows(self, rows: list[ProbeRow]) -> None:
         """Replaces the known probe rows (e.g. with the database's, including other workers')."""
         self.evidence.load(rows)
 
@@ -162,7 +161,7 @@ class Strategy:
         """Swaps in another frontier (e.g. one ordering ZeRO stages) and feeds it every measurement so far."""
         self.evidence.use_frontier(frontier)
 
-    def drain(self) -> list[dict[str, Any]]:
+    def drain(self) -> list[ProbeRow]:
         out, self.events = self.events, []
         return out
 
@@ -184,7 +183,7 @@ class Strategy:
     # -- proposing ---------------------------------------------------------------------------------------------------
     def propose(self, seconds_left: float | None = None) -> Proposal | None:
         """The next probe to run, or None when the search is done (budget, trials or space exhausted)."""
-        if self._baseline_pending() and self._fits_in("short", seconds_left):
+        if self._baseline_pending() and self._fits_in(Fidelity.SHORT, seconds_left):
             return self._ask_baseline(seconds_left)
         if not self._explore_done(seconds_left):
             proposal = self._explore(seconds_left)
@@ -197,7 +196,7 @@ class Strategy:
         accum = accumulation_steps(s.global_batch, knobs.micro_batch_size, s.world_size)
         if accum is None:  # the space is restricted to reachable micro batches; a baseline may not be
             raise ValueError(f"micro batch {knobs.micro_batch_size} cannot reach global batch {s.global_batch}")
-        warmup, measure = self.schedule.confirm if fidelity == "confirm" else self.schedule.short
+        warmup, measure = self.schedule.confirm if fidelity == Fidelity.CONFIRM else self.schedule.short
         return ProbeConfig(
             model=s.model,
             knobs=knobs,
@@ -211,7 +210,7 @@ class Strategy:
         )
 
     def _baseline_pending(self) -> bool:
-        return self.setup.baseline is not None and not self.evidence.has_fidelity("baseline")
+        return self.setup.baseline is not None and not self.evidence.has_fidelity(Fidelity.BASELINE)
 
     def _explore_done(self, seconds_left: float | None) -> bool:
         if self.exhausted or (self.setup.n_trials is not None and self.explored >= self.setup.n_trials):
@@ -221,9 +220,9 @@ class Strategy:
         # keep time for the finalists' confirm probes, but only for as many as can still fit: when not even one
         # confirm fits, the time left goes to short probes instead of being kept for nothing
         waiting = confirm.pending(candidates(self.rows), self.schedule)
-        confirm_s = self.expected_seconds("confirm")
+        confirm_s = self.expected_seconds(Fidelity.CONFIRM)
         reserve = min(waiting, int(seconds_left // confirm_s)) * confirm_s if confirm_s > 0 else 0.0
-        return seconds_left - reserve < budgeted_seconds(self.rows, self.schedule, "short", seconds_left)
+        return seconds_left - reserve < budgeted_seconds(self.rows, self.schedule, Fidelity.SHORT, seconds_left)
 
     def _ask(self) -> optuna.trial.Trial:
         trial = self.study.ask()
@@ -235,10 +234,10 @@ class Strategy:
         baseline = self.setup.baseline
         assert baseline is not None
         trial = self._ask()
-        trial.set_user_attr("fidelity", "baseline")
-        config = self._probe_config(baseline, "baseline", seconds_left)
+        trial.set_user_attr("fidelity", Fidelity.BASELINE.value)
+        config = self._probe_config(baseline, Fidelity.BASELINE, seconds_left)
         key = config_key(baseline, self.setup.world_size, config.gradient_accumulation_steps)
-        return Proposal(config, "baseline", key, trial, self.expected_seconds("short"))
+        return Proposal(config, Fidelity.BASELINE, key, trial, self.expected_seconds(Fidelity.SHORT))
 
     def _propose_knobs(self, stuck: int) -> Knobs | None:
         """The proposers in order (see tuner.search.proposers); None: TPE samples the next trial."""
@@ -286,20 +285,22 @@ class Strategy:
                 self._tell_skipped(trial)
                 stuck += 1
                 continue
-            config = self._probe_config(knobs, "short", seconds_left)
+            config = self._probe_config(knobs, Fidelity.SHORT, seconds_left)
             inference = self.evidence.infer(knobs)
             if inference.verdict == "oom":
                 self._tell_inferred(trial, config, key, inference.cause, inference.estimate)
                 stuck += 1
                 continue
-            return Proposal(config, "short", key, trial, self.expected_seconds("short"), inference.estimate)
+            return Proposal(
+                config, Fidelity.SHORT, key, trial, self.expected_seconds(Fidelity.SHORT), inference.estimate
+            )
 
     def _ask_short(self) -> tuple[optuna.trial.Trial, Knobs, str]:
         """A short-fidelity trial: the next enqueued params, else TPE's; tagged with its knobs and config key."""
         trial = self._ask()
         knobs = self.setup.space.sample(trial)
         key = self.context.key(knobs)
-        trial.set_user_attr("fidelity", "short")
+        trial.set_user_attr("fidelity", Fidelity.SHORT.value)
         trial.set_user_attr("knobs", knobs.model_dump(mode="json"))
         trial.set_user_attr("config_key", key)
         return trial, knobs, key
@@ -307,7 +308,7 @@ class Strategy:
     def _record_inferred(self, knobs: Knobs) -> None:
         self.study.enqueue_trial(fixed_params(knobs), skip_if_exists=False)
         trial, knobs, key = self._ask_short()
-        config = self._probe_config(knobs, "short", None)
+        config = self._probe_config(knobs, Fidelity.SHORT, None)
         inference = self.evidence.infer(knobs)
         if inference.verdict == "oom":
             self._tell_inferred(trial, config, key, inference.cause, inference.estimate)
@@ -315,17 +316,17 @@ class Strategy:
             self._tell_skipped(trial, "not ruled out after all")
 
     def _confirm(self, seconds_left: float | None) -> Proposal | None:
-        if not self._fits_in("confirm", seconds_left):
+        if not self._fits_in(Fidelity.CONFIRM, seconds_left):
             return None
         cand = confirm.next_finalist(candidates(self.rows), self._claimed_confirm, self.schedule)
         if cand is None:
             return None
         self._claimed_confirm.add(cand.config_key)
-        config = self._probe_config(Knobs.model_validate(cand.knobs), "confirm", seconds_left)
-        return Proposal(config, "confirm", cand.config_key, None, self.expected_seconds("confirm"))
+        config = self._probe_config(Knobs.model_validate(cand.knobs), Fidelity.CONFIRM, seconds_left)
+        return Proposal(config, Fidelity.CONFIRM, cand.config_key, None, self.expected_seconds(Fidelity.CONFIRM))
 
     # -- observing ---------------------------------------------------------------------------------------------------
-    def row_for(self, proposal: Proposal, result: ProbeResult) -> dict[str, Any]:
+    def row_for(self, proposal: Proposal, result: ProbeResult) -> ProbeRow:
         s = self.setup
         return probe_row(
             proposal.config,
@@ -343,12 +344,12 @@ class Strategy:
         """Records a probe's result: the trial is told COMPLETE, PRUNED (OOM) or FAIL (error/timeout)."""
         row = self.row_for(proposal, result)
         self.evidence.add(row)
-        if proposal.fidelity == "short":
+        if proposal.fidelity == Fidelity.SHORT:
             self.explored += 1
         state = self._tell(proposal.trial, row) if proposal.trial is not None else None
-        return Outcome(row=row, state=state, objective=row["objective"], stable=row["stable"])
+        return Outcome(row=row, state=state, objective=row.objective, stable=row.stable)
 
-    def observe_row(self, proposal: Proposal, row: dict[str, Any]) -> TrialState | None:
+    def observe_row(self, proposal: Proposal, row: ProbeRow) -> TrialState | None:
         """Another worker measured this config first: reuse its row instead of probing."""
         if proposal.trial is None:
             return None
@@ -363,11 +364,11 @@ class Strategy:
     def _tell_skipped(self, trial: optuna.trial.Trial, cause: str = "being probed by another worker") -> None:
         tell_skipped(self.study, trial, cause)
 
-    def _tell(self, trial: optuna.trial.Trial, row: dict[str, Any]) -> TrialState:
+    def _tell(self, trial: optuna.trial.Trial, row: ProbeRow) -> TrialState:
         return tell(self.study, trial, row, self.setup.headroom)
 
-    def _tell_reused(self, trial: optuna.trial.Trial, row: dict[str, Any]) -> TrialState:
-        trial.set_user_attr("reused_from", row.get("trial_number"))
+    def _tell_reused(self, trial: optuna.trial.Trial, row: ProbeRow) -> TrialState:
+        trial.set_user_attr("reused_from", row.trial_number)
         self.reused += 1
         return self._tell(trial, row)
 

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tuner.errors import StudyNotFound
+from tuner.search.rows import ProbeRow
 from tuner.storage.db import _unreachable, ensure_schema
 from tuner.storage.schema import claims, probes, search_runs, studies
 
@@ -144,8 +145,11 @@ class Store:
                 )
             )
 
-    def record_probe(self, row: dict[str, Any]) -> int:
-        values = {"created_at": now(), **row}
+    def record_probe(self, row: ProbeRow) -> int:
+        """Stores one probe row (its ``study_name`` set); returns its id."""
+        if row.study_name is None:
+            raise ValueError("a probe row is stored under its study: set ProbeRow.study_name")
+        values = {"created_at": now(), **row.to_record()}
         with self.engine.begin() as conn:
             res = conn.execute(sa.insert(probes).values(**values))
             return int(_primary_key(res))
@@ -158,7 +162,8 @@ class Store:
         status: str | None = None,
         offset: int = 0,
         limit: int | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[ProbeRow]:
+        """The study's probe rows in the order they were stored (optionally one fidelity or status, a page)."""
         q = sa.select(probes).where(probes.c.study_name == study_name)
         if fidelity is not None:
             q = q.where(probes.c.fidelity == fidelity)
@@ -169,7 +174,7 @@ class Store:
             q = q.limit(limit)
         with self._connect() as conn:
             rows = conn.execute(q).all()
-        return [dict(r._mapping) for r in rows]
+        return [ProbeRow.from_record(dict(r._mapping)) for r in rows]
 
     def count_probes(self, study_name: str) -> dict[str, int]:
         """Probe counts by status (ok, oom, timeout, error, inferred-oom ...)."""

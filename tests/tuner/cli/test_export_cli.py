@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tuner.search.rows import ProbeRow
 from tuner.storage import Store
 
 TUNER = [sys.executable, "-c", "from tuner.cli import main; main()"]
@@ -26,22 +27,24 @@ SLOW = {"micro_batch_size": 1, "max_length": 128, "zero_stage": 3}
 BASELINE_DS = {"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}, "gradient_clipping": 0.3}
 
 
-def probe_row(study: str, key: str, knobs: dict, objective: float, stable: bool, trial: int) -> dict:
-    return {
-        "study_name": study,
-        "trial_number": trial,
-        "fidelity": "short",
-        "config_key": key,
-        "knobs": knobs,
-        "config": {"knobs": knobs, "world_size": 4, "gradient_accumulation_steps": 2},
-        "status": "ok",
-        "samples_per_s": objective,
-        "objective": objective,
-        "peak_allocated": 10,
-        "capacity": 100,
-        "alloc_retries": 0,
-        "stable": stable,
-    }
+def probe_row(study: str, key: str, knobs: dict, objective: float, stable: bool, trial: int) -> ProbeRow:
+    return ProbeRow.from_record(
+        {
+            "study_name": study,
+            "trial_number": trial,
+            "fidelity": "short",
+            "config_key": key,
+            "knobs": knobs,
+            "config": {"knobs": knobs, "world_size": 4, "gradient_accumulation_steps": 2},
+            "status": "ok",
+            "samples_per_s": objective,
+            "objective": objective,
+            "peak_allocated": 10,
+            "capacity": 100,
+            "alloc_retries": 0,
+            "stable": stable,
+        }
+    )
 
 
 @pytest.fixture

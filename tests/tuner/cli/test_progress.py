@@ -8,6 +8,7 @@ from trials.contract import Knobs, ProbeConfig
 from tuner.cli.progress import LiveProgress, summary_table
 from tuner.job.objective import Objective
 from tuner.search.driver import SearchSummary
+from tuner.search.rows import ProbeRow
 from tuner.search.selection import best_stable
 from tuner.search.strategy import Outcome, Proposal
 from tuner.units import Deadline
@@ -15,23 +16,26 @@ from tuner.units import Deadline
 MiB = 2**20
 
 
-def _row(status, objective=None, stable=False, micro=4):
-    return {
-        "id": micro,
-        "trial_number": micro,
-        "fidelity": "short",
-        "config_key": f"k{micro}",
-        "knobs": Knobs(micro_batch_size=micro, max_length=128).model_dump(mode="json"),
-        "config": {"world_size": 1, "gradient_accumulation_steps": 32 // micro},
-        "status": status,
-        "cause": "OutOfMemoryError: emulated device" if status == "oom" else None,
-        "objective": objective,
-        "samples_per_s": objective,
-        "peak_allocated": 50 * MiB,
-        "capacity": 160 * MiB,
-        "stable": stable,
-        "probe_seconds": 6.5,
-    }
+def _row(status, objective=None, stable=False, micro=4, **extra):
+    return ProbeRow.from_record(
+        {
+            "id": micro,
+            "trial_number": micro,
+            "fidelity": "short",
+            "config_key": f"k{micro}",
+            "knobs": Knobs(micro_batch_size=micro, max_length=128).model_dump(mode="json"),
+            "config": {"world_size": 1, "gradient_accumulation_steps": 32 // micro},
+            "status": status,
+            "cause": "OutOfMemoryError: emulated device" if status == "oom" else None,
+            "objective": objective,
+            "samples_per_s": objective,
+            "peak_allocated": 50 * MiB,
+            "capacity": 160 * MiB,
+            "stable": stable,
+            "probe_seconds": 6.5,
+            **extra,
+        }
+    )
 
 
 def _proposal(micro):
@@ -47,7 +51,7 @@ def test_live_panel_counts_ooms_inferred_and_the_best():
     progress.started(_proposal(4))
     progress.finished(_proposal(4), Outcome(row=_row("ok", 12.5, True), state=None, objective=12.5, stable=True))
     progress.finished(_proposal(32), Outcome(row=_row("oom", micro=32), state=None, objective=None, stable=False))
-    progress.inferred({**_row("inferred-oom", micro=64), "trial_number": 7})
+    progress.inferred(_row("inferred-oom", micro=64, trial_number=7, fidelity="inferred"))
     now[0] = 60.0
     console.print(progress.__rich__())
     text = out.getvalue()
@@ -57,7 +61,7 @@ def test_live_panel_counts_ooms_inferred_and_the_best():
 
 
 def test_summary_table_shows_best_and_baseline_speedup():
-    rows = [_row("ok", 12.5, True, micro=4), {**_row("ok", 5.0, True, micro=2), "fidelity": "baseline"}]
+    rows = [_row("ok", 12.5, True, micro=4), _row("ok", 5.0, True, micro=2, fidelity="baseline")]
     summary = SearchSummary(
         study_name="demo",
         run_id=1,

@@ -12,6 +12,7 @@ import pytest
 from trials.contract import Knobs
 from tuner.errors import ConfigError
 from tuner.memory.estimator import Estimator, Trace, TracePoint, model_state_bytes, zero_order_sound, zero_stage_need
+from tuner.search.rows import ProbeRow
 
 P = 1_000_000
 MiB = 1 << 20
@@ -208,16 +209,18 @@ def test_cli_estimate_calibrates_from_a_stored_study(tmp_path: Path) -> None:
     knobs = Knobs(micro_batch_size=4, max_length=64)
     cfg = ProbeConfig(knobs=knobs)
     store.record_probe(
-        {
-            "study_name": "s",
-            "fidelity": "short",
-            "config_key": "k1",
-            "knobs": knobs.model_dump(mode="json"),
-            "config": cfg.model_dump(mode="json"),
-            "status": "ok",
-            "stable": True,
-            "peak_allocated": 40 * MiB,
-        }
+        ProbeRow.from_record(
+            {
+                "study_name": "s",
+                "fidelity": "short",
+                "config_key": "k1",
+                "knobs": knobs.model_dump(mode="json"),
+                "config": cfg.model_dump(mode="json"),
+                "status": "ok",
+                "stable": True,
+                "peak_allocated": 40 * MiB,
+            }
+        )
     )
     tuner = Path(sys.executable).with_name("tuner")
     base = [

@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Any
 
 from tuner.reporting.trials import TrialRecord, join_trials, trial_cause
+from tuner.search.rows import ProbeRow
 
 
 class State(Enum):
@@ -26,8 +27,18 @@ class Trial:  # the shape of optuna.trial.FrozenTrial the join reads
     user_attrs: dict[str, Any] = field(default_factory=dict)
 
 
-def row(id: int, trial: int | None, fidelity: str = "short", status: str = "ok", **kw: Any) -> dict[str, Any]:
-    return {"id": id, "trial_number": trial, "fidelity": fidelity, "status": status, "knobs": {"m": id}, **kw}
+def row(id: int, trial: int | None, fidelity: str = "short", status: str = "ok", **kw: Any) -> ProbeRow:
+    return ProbeRow.from_record(
+        {
+            "id": id,
+            "config_key": f"k{id}",
+            "trial_number": trial,
+            "fidelity": fidelity,
+            "status": status,
+            "knobs": {"m": id},
+            **kw,
+        }
+    )
 
 
 def test_rows_attach_to_their_trial_oldest_first_and_the_latest_measures() -> None:
@@ -39,7 +50,7 @@ def test_rows_attach_to_their_trial_oldest_first_and_the_latest_measures() -> No
     ]
     [rec] = join_trials(trials, rows)
     assert isinstance(rec, TrialRecord)
-    assert [p["id"] for p in rec.probes] == [3, 7] and rec.latest is not None and rec.latest["id"] == 7
+    assert [p.id for p in rec.probes] == [3, 7] and rec.latest is not None and rec.latest.id == 7
     assert (rec.number, rec.state, rec.params, rec.value) == (0, "COMPLETE", {"m": 4}, 20.0)
     assert (rec.samples_per_s, rec.objective, rec.peak_allocated, rec.stable) == (19.0, 19.0, 121, True)
     assert (rec.fidelity, rec.status, rec.cause, rec.probe_seconds) == ("short", "ok", None, 9.0)
@@ -55,9 +66,9 @@ def test_the_probe_rows_measured_cause_wins_over_what_optuna_was_told() -> None:
 
 def test_without_a_measured_cause_the_told_one_then_the_bare_status() -> None:
     assert trial_cause({"cause": "interrupted: worker h:1 died"}, None) == "interrupted: worker h:1 died"
-    assert trial_cause({"cause": "told"}, {"status": "timeout", "cause": None}) == "told"
-    assert trial_cause({}, {"status": "timeout", "cause": ""}) == "timeout"
-    assert trial_cause({}, {"status": "ok"}) is None
+    assert trial_cause({"cause": "told"}, row(1, 1, status="timeout", cause=None)) == "told"
+    assert trial_cause({}, row(1, 1, status="timeout", cause="")) == "timeout"
+    assert trial_cause({}, row(1, 1, status="ok")) is None
     assert trial_cause({}, None) is None
 
 

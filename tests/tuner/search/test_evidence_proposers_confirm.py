@@ -1,10 +1,12 @@
 """The strategy's parts on their own: the evidence, each proposer, the confirm rule (pure, no Optuna, no probes)."""
 
+import dataclasses
 import random
 
 from tuner.job.space import space_from_dict
 from tuner.search import confirm, proposers
 from tuner.search.evidence import Evidence, fits
+from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus
 from tuner.search.schedule import Schedule
 from tuner.search.selection import Candidate
 
@@ -31,18 +33,20 @@ def context(schedule=None, device_memory=100 * MiB):
 
 def row(ctx, micro, status="ok", stable=True, fidelity="short", peak=10 * MiB):
     knobs = ctx.space.sample(proposers.PlainSuggester(micro))
-    return {
-        "config_key": ctx.key(knobs),
-        "fidelity": fidelity,
-        "knobs": knobs.model_dump(mode="json"),
-        "config": {},
-        "status": status,
-        "stable": stable,
-        "objective": float(micro) if status == "ok" else None,
-        "samples_per_s": float(micro),
-        "peak_allocated": peak if status == "ok" else None,
-        "capacity": 100 * MiB,
-    }
+    return ProbeRow.from_record(
+        {
+            "config_key": ctx.key(knobs),
+            "fidelity": fidelity,
+            "knobs": knobs.model_dump(mode="json"),
+            "config": {},
+            "status": status,
+            "stable": stable,
+            "objective": float(micro) if status == "ok" else None,
+            "samples_per_s": float(micro),
+            "peak_allocated": peak if status == "ok" else None,
+            "capacity": 100 * MiB,
+        }
+    )
 
 
 class Linear:
@@ -59,10 +63,15 @@ class Linear:
 
 
 def test_fits_reads_status_and_stability():
-    assert fits({"status": "ok", "stable": True}) is True
-    assert fits({"status": "ok", "stable": False}) is False  # above the headroom: does not fit
-    assert fits({"status": "oom"}) is False
-    assert fits({"status": "timeout"}) is None and fits({"status": "error"}) is None
+    def status(status, stable=False):
+        return ProbeRow.from_record(
+            {"config_key": "k", "fidelity": "short", "knobs": {}, "status": status, "stable": stable}
+        )
+
+    assert fits(status("ok", stable=True)) is True
+    assert fits(status("ok")) is False  # above the headroom: does not fit
+    assert fits(status("oom")) is False
+    assert fits(status("timeout")) is None and fits(status("error")) is None
 
 
 def test_evidence_learns_once_per_config_and_infers_from_the_frontier():
@@ -84,12 +93,12 @@ def test_evidence_rules_out_far_over_the_estimate_margin():
 
 def test_evidence_measured_prefers_a_measurement_over_an_inference():
     ctx, ev = context(), Evidence()
-    inferred = {**row(ctx, 4), "fidelity": "inferred", "status": "inferred-oom"}
+    inferred = dataclasses.replace(row(ctx, 4), fidelity=Fidelity.INFERRED, status=ProbeStatus.INFERRED_OOM)
     measured = row(ctx, 4)
     ev.load([inferred, measured])
-    assert ev.measured(measured["config_key"]) is measured
+    assert ev.measured(measured.config_key) is measured
     ev.load([inferred])
-    assert ev.measured(measured["config_key"]) is inferred
+    assert ev.measured(measured.config_key) is inferred
 
 
 def test_opening_bisects_the_micro_batch_then_is_done():

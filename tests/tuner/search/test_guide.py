@@ -6,6 +6,7 @@ import pytest
 
 from trials.contract import Knobs
 from tuner.search.guide import Featurizer, Model, PeakModel, _need, expected_improvement, next_config, p_stable
+from tuner.search.rows import ProbeRow
 
 
 def k(micro, length=128, stage=0, ckpt=False):
@@ -157,12 +158,12 @@ def test_switching_zero_on_with_the_smallest_buckets_is_one_move():
 
 
 def test_an_oom_needs_what_the_device_refused_not_just_the_capacity():
-    oom = {
-        "status": "oom",
-        "peak_allocated": 50 * 2**20,
-        "result": {"ranks": [{"rank": 0, "oom_need": 800 * 2**20}, {"rank": 1, "oom_need": None}]},
-    }
-    assert _need(oom, capacity=160 * 2**20) == 800 * 2**20
-    assert _need({**oom, "result": None}, capacity=160 * 2**20) == 160 * 2**20  # CUDA, older rows: the capacity
-    assert _need({"status": "ok", "peak_allocated": 70}, capacity=100) == 70
-    assert _need({"status": "error"}, capacity=100) is None
+    def row(**values):
+        return ProbeRow.from_record({"config_key": "k", "fidelity": "short", "knobs": {}, **values})
+
+    ranks = [{"rank": 0, "oom_need": 800 * 2**20}, {"rank": 1, "oom_need": None}]
+    oom = {"status": "oom", "peak_allocated": 50 * 2**20}
+    assert _need(row(**oom, result={"ranks": ranks}), capacity=160 * 2**20) == 800 * 2**20
+    assert _need(row(**oom, result=None), capacity=160 * 2**20) == 160 * 2**20  # CUDA, older rows: the capacity
+    assert _need(row(status="ok", peak_allocated=70), capacity=100) == 70
+    assert _need(row(status="error"), capacity=100) is None

@@ -61,13 +61,13 @@ def test_real_memory_trace_lets_the_strategy_skip_a_config_far_over_budget():
     assert proposal is not None and proposal.config.knobs.micro_batch_size == 2
     assert proposal.estimate_bytes == small
     inferred = strategy.drain()
-    assert [r["knobs"]["micro_batch_size"] for r in inferred] in ([], [32])
+    assert [r.knobs["micro_batch_size"] for r in inferred] in ([], [32])
     for _ in range(50):  # TPE draws micro 32 sooner or later; it must be recorded, never proposed
         p = strategy.propose(600)
         assert p is not None and p.config.knobs.micro_batch_size == 2
         if strategy.drain():
             break
-    assert any(r["status"] == "inferred-oom" and "estimated peak" in r["cause"] for r in strategy.rows)
+    assert any(r.status == "inferred-oom" and "estimated peak" in r.cause for r in strategy.rows)
 
     # the same trace orders ZeRO stages for the frontier when the space spans several (one rank: stage 0 needs least)
     staged = space.restrict(zero_stage=[0, 1, 2, 3])

@@ -2,26 +2,29 @@ import math
 
 import pytest
 
-from tuner.search.selection import REPEAT_NOISE, best_stable, candidates, is_stable, repeat_noise
+from tuner.search.rows import ProbeRow, is_stable
+from tuner.search.selection import REPEAT_NOISE, best_stable, candidates, repeat_noise
 
 MiB = 2**20
 
 
 def row(key, objective, *, fidelity="short", stable=True, status="ok", peak=10 * MiB, id=0, micro=1):
-    return {
-        "id": id,
-        "config_key": key,
-        "fidelity": fidelity,
-        "status": status,
-        "stable": stable,
-        "objective": objective,
-        "samples_per_s": objective,
-        "peak_allocated": peak,
-        "capacity": 100 * MiB,
-        "knobs": {"micro_batch_size": micro, "max_length": 8},
-        "config": {"world_size": 1, "gradient_accumulation_steps": 1},
-        "trial_number": id,
-    }
+    return ProbeRow.from_record(
+        {
+            "id": id,
+            "config_key": key,
+            "fidelity": fidelity,
+            "status": status,
+            "stable": stable,
+            "objective": objective,
+            "samples_per_s": objective,
+            "peak_allocated": peak,
+            "capacity": 100 * MiB,
+            "knobs": {"micro_batch_size": micro, "max_length": 8},
+            "config": {"world_size": 1, "gradient_accumulation_steps": 1},
+            "trial_number": id,
+        }
+    )
 
 
 def test_is_stable_needs_ok_headroom_and_no_retries():
@@ -76,10 +79,10 @@ def _noisy_study(spread: float) -> list[dict]:
         for sign in (1, -1):
             n += 1
             r = row(f"{micro}-{ckpt}", base * (1 + sign * spread / 2), id=n, micro=micro)
-            r["knobs"]["gradient_checkpointing"] = ckpt
+            r.knobs["gradient_checkpointing"] = ckpt
             rows.append(r)
     lucky = row("16-True", 104.0, id=n + 1, micro=16)
-    lucky["knobs"]["gradient_checkpointing"] = True
+    lucky.knobs["gradient_checkpointing"] = True
     return [*rows, lucky]
 
 

@@ -119,12 +119,12 @@ def test_frontier_infers_larger_micro_batches_without_probing():
         assert smallest_oom is None or micro < smallest_oom, "probed a config the frontier already knew would OOM"
         if table_probe(p.config).status == "oom":
             smallest_oom = micro if smallest_oom is None else min(smallest_oom, micro)
-    inferred = [r for r in s.rows if r["status"] == "inferred-oom"]
-    assert all(r["fidelity"] == "inferred" and "inferred-oom" in r["cause"] for r in inferred)
+    inferred = [r for r in s.rows if r.status == "inferred-oom"]
+    assert all(r.fidelity == "inferred" and "inferred-oom" in r.cause for r in inferred)
     assert s.inferred == len(inferred)
-    assert len({r["config_key"] for r in inferred}) == len(inferred), "an inference was recorded twice"
+    assert len({r.config_key for r in inferred}) == len(inferred), "an inference was recorded twice"
     # the boundary is on record: the smallest micro batch never probed because it must OOM (16: 8 is unstable)
-    assert min(r["knobs"]["micro_batch_size"] for r in inferred) == 16
+    assert min(r.knobs["micro_batch_size"] for r in inferred) == 16
     assert max(p.config.knobs.micro_batch_size for p in probed) == 8
 
 
@@ -176,14 +176,14 @@ def test_rows_from_another_worker_feed_the_frontier_and_are_not_reprobed():
     second = make(SMALL, study=first.study)
     second.load_rows(first.rows)
     probed, _ = drive(second)
-    before = {r["config_key"] for r in first.rows if r["fidelity"] == "short"}
+    before = {r.config_key for r in first.rows if r.fidelity == "short"}
     assert not [p for p in probed if p.fidelity == "short" and p.config_key in before]
 
 
 def test_timeouts_follow_measured_probe_durations():
     s = make(SMALL, n_trials=3)
     drive(s)
-    longest = max(r["probe_seconds"] for r in s.rows if r.get("probe_seconds"))
+    longest = max(r.probe_seconds for r in s.rows if r.probe_seconds)
     assert s.timeout_for("short", None) == pytest.approx(3 * longest + 30)
     assert s.timeout_for("short", 7.0) == 7.0
     assert s.expected_seconds("confirm") > s.expected_seconds("short")
@@ -195,8 +195,8 @@ def test_retained_tokens_objective_in_rows():
     s = make({**SMALL, "max_length": [64, 128]}, n_trials=4)
     assert s.setup.objective.kind == "retained_tokens_per_s"
     drive(s)
-    ok = [r for r in s.rows if r["status"] == "ok"]
-    assert ok and all(r["objective"] == pytest.approx(r["samples_per_s"] * r["knobs"]["max_length"]) for r in ok)
+    ok = [r for r in s.rows if r.status == "ok"]
+    assert ok and all(r.objective == pytest.approx(r.samples_per_s * r.knobs["max_length"]) for r in ok)
 
 
 def test_estimator_skips_configs_far_over_budget():
@@ -215,8 +215,8 @@ def test_estimator_skips_configs_far_over_budget():
     s.estimator = Est()
     probed, _ = drive(s)
     assert all(p.config.knobs.micro_batch_size * 12 <= 150 for p in probed)  # 1.5 x 100 MiB
-    assert s.estimator.seen and any("estimated peak" in (r.get("cause") or "") for r in s.rows)
-    inferred = [r["config_key"] for r in s.rows if r["fidelity"] == "inferred"]
+    assert s.estimator.seen and any("estimated peak" in (r.cause or "") for r in s.rows)
+    inferred = [r.config_key for r in s.rows if r.fidelity == "inferred"]
     assert len(set(inferred)) == len(inferred), "an inference was recorded twice"
 
 
