@@ -26,10 +26,11 @@ from trials.contract import ProbeConfig, ProbeResult
 from tuner.errors import StorageError
 from tuner.memory.estimator import Estimator
 from tuner.memory.frontier import Frontier
-from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator, stage_order, trace_points
+from tuner.memory.tracing import stage_order
 from tuner.probing.forkserver import pid_alive
 from tuner.search.evidence import EstimatorLike
-from tuner.search.request import ESSENTIAL, SearchRequest, check_resume, request_from_definition
+from tuner.search.liveness import run_is_live
+from tuner.search.request import SearchRequest
 from tuner.search.rows import Fidelity, ProbeRow
 from tuner.search.sampling import make_sampler
 from tuner.search.selection import Candidate, best_stable
@@ -37,28 +38,12 @@ from tuner.search.strategy import Outcome, Proposal, SearchSetup, Strategy
 from tuner.storage import Store, optuna_storage
 from tuner.units import Deadline
 
-# re-exported: callers import the request and the trace helpers from here too
-__all__ = [
-    "ESSENTIAL",
-    "ESTIMATE_AUTO_MIN_BUDGET_S",
-    "Listener",
-    "Outcome",
-    "Proposal",
-    "Search",
-    "SearchRequest",
-    "SearchSummary",
-    "build_estimator",
-    "check_resume",
-    "request_from_definition",
-    "stage_order",
-    "trace_points",
-]
+__all__ = ["Listener", "Search", "SearchSummary", "open_study", "reap_dead_local_workers", "worker_name"]
 
 Probe = Callable[[ProbeConfig], ProbeResult]
 HEARTBEAT_S = 10.0
 # we keep trials alive with our own heartbeat thread (ask/tell has none): optuna's reminder does not apply
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-STALE_CLAIM_S = 120.0  # a claim whose worker sent no heartbeat for this long is taken over
 # the database went away (restart, network): retried with backoff this long before the search stops on one line
 STORAGE_PATIENCE_S = 600.0
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (
@@ -288,15 +273,9 @@ class Search:
         return False
 
     def _stale(self, owner: str) -> bool:
+        """The claim's worker is gone (tuner.search.liveness: not running, or no heartbeat for STALE_AFTER_S)."""
         runs = [r for r in self.store.runs(self.request.study_name) if r["worker"] == owner]
-        if not runs or runs[-1]["status"] != "running":
-            return True
-        beat = runs[-1]["heartbeat_at"]
-        if beat is None:
-            return True
-        if beat.tzinfo is None:  # SQLite hands back naive UTC
-            beat = beat.replace(tzinfo=dt.timezone.utc)
-        return (dt.datetime.now(dt.timezone.utc) - beat).total_seconds() > STALE_CLAIM_S
+        return not runs or not run_is_live(runs[-1], dt.datetime.now(dt.timezone.utc))
 
     def _why_stopped(self) -> str:
         s = self.strategy
