@@ -18,7 +18,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from trials.contract import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TUNER = str(Path(sys.executable).parent / "tuner")
@@ -107,12 +108,6 @@ def populate(url: str, n_probes: int, seed: int = 0) -> None:
     store.finish_run(run, "finished")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of a process (Linux /proc), to split the load between server and clients."""
     try:
@@ -123,7 +118,7 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def start_server(url: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNER_")}
     proc = subprocess.Popen(
         [TUNER, "serve", "--storage", url, "--port", str(port), "--log-level", "warning"],

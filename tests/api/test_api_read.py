@@ -153,7 +153,6 @@ def test_unknown_format_is_422(client) -> None:
 
 @pytest.mark.parametrize("fmt", ["deepspeed", "hf", "accelerate", "env"])
 def test_every_export_format_is_served(client, fmt) -> None:
-    pytest.importorskip("tuner.interop.export", reason="helper C's exports not in this tree yet")
     body = client.get("/best-config", params={"study": "t5-demo", "format": fmt}).json()
     assert body["format"] == fmt and body["trial_number"] == BEST_TRIAL
     assert body["content"].strip()
@@ -162,7 +161,6 @@ def test_every_export_format_is_served(client, fmt) -> None:
 
 
 def test_deepspeed_export_has_consistent_batch_fields(client) -> None:
-    pytest.importorskip("tuner.interop.export", reason="helper C's exports not in this tree yet")
     ds = json.loads(client.get("/best-config", params={"study": "t5-demo", "format": "deepspeed", "raw": "1"}).text)
     assert ds["train_micro_batch_size_per_gpu"] == 4
     assert ds["gradient_accumulation_steps"] == 2
@@ -176,7 +174,6 @@ def test_api_and_cli_hand_out_the_same_config(client, populated_url) -> None:
 
     from servers import TUNER_BIN, clean_env
 
-    pytest.importorskip("tuner.interop.export", reason="helper C's exports not in this tree yet")
     out = subprocess.run(
         [TUNER_BIN, "best", "--storage", populated_url, "--study", "t5-demo", "--format", "deepspeed"],
         capture_output=True,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,13 +17,9 @@ from typing import Any
 import pytest
 from report_study import populate_study
 
+from trials.contract import free_port
+
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> Any:
@@ -42,7 +37,7 @@ def storage(tmp_path: Path) -> tuple[str, dict[str, Any]]:
 
 def test_optuna_dashboard_lists_our_study(storage: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
     url, expected = storage
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "dashboard.log").open("w")
     proc = subprocess.Popen(
         [str(BIN / "optuna-dashboard"), url, "--host", "127.0.0.1", "--port", str(port), "--server", "wsgiref"],

@@ -7,10 +7,9 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from trials.memory import LiveTensorTracker, is_oom, optimizer_tensors  # noqa: E402
+from trials.memory import LiveTensorTracker, is_oom, optimizer_tensors
 
 
 def test_counts_each_storage_once_and_forgets_freed_ones() -> None:

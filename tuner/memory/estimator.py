@@ -42,11 +42,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trials.contract import Knobs, ModelSpec
+from trials.contract import DS_DEFAULT_BUCKET, Knobs, ModelSpec
 from tuner.errors import ConfigError, ModelSourceError
 from tuner.job.batching import accumulation_steps
 
-DEEPSPEED_DEFAULT_BUCKET = 500_000_000
 MiB = 1 << 20
 
 
@@ -116,8 +115,8 @@ def model_state_bytes(
         optimizer = math.ceil(12 * p / n)
     if knobs.offload_optimizer:
         optimizer = 0
-    reduce = knobs.reduce_bucket_size or DEEPSPEED_DEFAULT_BUCKET
-    allgather = knobs.allgather_bucket_size or DEEPSPEED_DEFAULT_BUCKET
+    reduce = knobs.reduce_bucket_size or DS_DEFAULT_BUCKET
+    allgather = knobs.allgather_bucket_size or DS_DEFAULT_BUCKET
     buffers = 0
     if stage in (1, 2):
         buffers += w * min(allgather, p)  # all-gather of the updated partitions, in chunks

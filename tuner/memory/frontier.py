@@ -47,13 +47,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trials.contract import Knobs
+from trials.contract import BUCKET_KNOBS, DS_DEFAULT_BUCKET, Knobs
 
 Verdict = Literal["oom", "fits"]
 Direction = Literal["up", "down", "equal", "rank"]
 
-DEEPSPEED_DEFAULT_BUCKET = 500_000_000
-BUCKET_KNOBS = ("allgather_bucket_size", "reduce_bucket_size")
 
 #: "up": a larger value needs at least as much memory; "down": a smaller value does; "equal": not ordered.
 DEFAULT_ORDER: dict[str, Direction] = {
@@ -84,7 +82,7 @@ def normalize(knobs: Mapping[str, Any] | Knobs) -> dict[str, Any]:
 def _value(knobs: Mapping[str, Any], name: str) -> Any:
     v = knobs.get(name)
     if name in BUCKET_KNOBS and v is None:
-        return DEEPSPEED_DEFAULT_BUCKET
+        return DS_DEFAULT_BUCKET
     if name == "eval_batch_size" and v is None:
         return 0
     if isinstance(v, bool):

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trials.contract import Knobs
+from trials.contract import BUCKET_KNOBS, Knobs
 from tuner.memory.frontier import Frontier
 from tuner.search.regression import NOISE_FLOOR, SPEED_SLOPES, Featurizer, Model
 from tuner.search.rows import ProbeRow, ProbeStatus
@@ -30,10 +30,7 @@ PEAK_NOISE_FLOOR = 0.03  # the same for log peak memory: measured peaks are dete
 UNKNOWN_FIT = 0.6  # P(stable) of a config with no estimate and no frontier verdict
 # prior mean per doubling (log units): memory grows with the micro batch and the length (the speed prior: regression)
 PEAK_SLOPES = {"micro_batch_size": 0.5, "max_length": 0.5, "reduce_bucket_size": 0.3, "allgather_bucket_size": 0.3}
-BUCKETS = (
-    "reduce_bucket_size",
-    "allgather_bucket_size",
-)  # sizes, for the memory model (tuner.search.regression.Featurizer)
+BUCKETS = BUCKET_KNOBS  # sizes, for the memory model (tuner.search.regression.Featurizer)
 LOCALITY = 0.5  # score factor per knob (besides the micro batch) beyond the first that differs from the incumbent
 MICRO_STEP = 0.5  # a doubling of the micro batch away from the incumbent, in knobs
 ESTIMATE_ERROR = 0.05  # relative error of a calibrated memory estimate (measured: median 1-2%, max ~6%)

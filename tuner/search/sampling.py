@@ -7,7 +7,7 @@ from typing import Any
 
 import optuna
 
-from trials.contract import Knobs
+from trials.contract import BUCKET_KNOBS, Knobs
 
 
 class PlainSuggester:
@@ -28,7 +28,7 @@ class PlainSuggester:
             return "deepspeed" if "deepspeed" in values else values[0]
         if name in ("gradient_checkpointing", "offload_optimizer", "overlap_comm", "generate"):
             return False if False in values else values[0]
-        if name in ("allgather_bucket_size", "reduce_bucket_size"):
+        if name in BUCKET_KNOBS:
             sized = [v for v in values if v is not None]
             return min(sized) if sized else None
         return values[0]
