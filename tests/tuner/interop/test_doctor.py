@@ -1,4 +1,4 @@
-"""`tuner doctor` (each trap, table-driven; then through the real CLI) and `tuner export` over a real storage."""
+"""`tuner doctor`: each trap, table-driven; then through the real CLI."""
 
 from __future__ import annotations
 

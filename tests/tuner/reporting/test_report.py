@@ -4,7 +4,6 @@ study comes from tests/report_study.py."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -121,23 +120,3 @@ def test_cli_report_writes_the_page(url: str, tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "no study named 'nope'" in bad.stderr
     assert "Traceback" not in bad.stderr
-
-
-def test_tuner_trials_shows_per_rank_peaks_and_the_imbalance_flag(url: str) -> None:
-    from tuner.cli.results import trial_rows
-
-    populate_study(url, "ranks")
-    notes = [r["ranks"] for r in trial_rows(Store(url), "ranks") if r["ranks"]]
-    assert len(notes) == 1
-    assert notes[0].startswith("r0=") and " r1=" in notes[0]
-    assert "IMBALANCE: rank 0 peaks 67% above rank 1" in notes[0] and "rank-0 gathering" in notes[0]
-    tuner = Path(sys.executable).with_name("tuner")
-    done = subprocess.run(
-        [str(tuner), "trials", "--study", "ranks", "--storage", url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "400"},
-    )
-    assert done.returncode == 0, done.stderr
-    assert "IMBALANCE" in done.stdout and "r0=" in done.stdout
