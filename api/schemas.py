@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.search.rows import DEFAULT_HEADROOM
+
 STUDY_NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 STUDY_NAME_MAX = 128
 Format = Literal["json", "deepspeed", "hf", "accelerate", "env"]
@@ -183,7 +185,7 @@ class StudyCreate(BaseModel):
     device_memory: int | str | None = Field(
         None, description="memory per rank: bytes or a size like 80GiB; null = the device's"
     )
-    headroom: float = Field(0.9, gt=0.0, le=1.0)
+    headroom: float = Field(DEFAULT_HEADROOM, gt=0.0, le=1.0)
     budget_s: float = Field(7200.0, gt=0, le=30 * 86400, description="the study's nominal budget, seconds")
     space: dict[str, Any] | None = Field(None, description="inline search space over the default (knob -> choices)")
     baseline: dict[str, Any] | None = Field(

@@ -23,11 +23,10 @@ from tuner.errors import NoStableConfig, StudyNotFound
 from tuner.interop.export import best_export_args, render_best
 from tuner.reporting.trials import join_trials
 from tuner.search.liveness import run_is_live
-from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus
+from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow, ProbeStatus
 from tuner.search.selection import Candidate, best_stable
 from tuner.storage import Store
 
-DEFAULT_HEADROOM = 0.9
 END_STATES = ("finished", "interrupted", "failed")
 
 

@@ -20,6 +20,7 @@ from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
 from tuner.search.driver import Search
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
 from tuner.search.request import build_request as build_search_request
+from tuner.search.rows import DEFAULT_HEADROOM
 from tuner.search.schedule import Schedule
 from tuner.settings import load_settings
 from tuner.storage import Store
@@ -141,7 +142,9 @@ def search(
     device_memory: Annotated[
         str | None, typer.Option("--device-memory", help="memory per rank, e.g. 80GiB (default: the device's)")
     ] = None,
-    headroom: Annotated[float, typer.Option("--headroom", help="stable = peak <= headroom x device memory")] = 0.9,
+    headroom: Annotated[
+        float, typer.Option("--headroom", help="stable = peak <= headroom x device memory")
+    ] = DEFAULT_HEADROOM,
     global_batch: Annotated[
         int | None, typer.Option("--global-batch", help="samples per optimizer step, held fixed")
     ] = None,

@@ -16,11 +16,10 @@ import plotly.graph_objects as go
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.memory.imbalance import probe_imbalance
 from tuner.reporting import figures as figs
-from tuner.search.rows import ProbeRow
+from tuner.search.rows import DEFAULT_HEADROOM, ProbeRow
 from tuner.search.selection import Candidate, best_stable
 from tuner.storage.store import Store
 
-DEFAULT_HEADROOM = 0.90
 MiB = float(1 << 20)
 
 

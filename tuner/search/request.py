@@ -15,6 +15,7 @@ from tuner.errors import BaselineError, ConfigError
 from tuner.job.batching import default_global_batch, require_reachable
 from tuner.job.objective import Objective, objective_for
 from tuner.job.space import Space, space_from_definition
+from tuner.search.rows import DEFAULT_HEADROOM
 from tuner.search.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class SearchRequest:
     objective: Objective
     budget_s: float
     device_memory: int | None = None
-    headroom: float = 0.9
+    headroom: float = DEFAULT_HEADROOM
     n_trials: int | None = None
     baseline: Knobs | None = None
     baseline_source: dict[str, Any] | None = None  # what the user's baseline file said (for reports)
@@ -69,7 +70,7 @@ def build_request(
     world_size: int | None = None,
     global_batch: int | None = None,
     device_memory: int | None = None,
-    headroom: float = 0.9,
+    headroom: float = DEFAULT_HEADROOM,
     n_trials: int | None = None,
     baseline: BaselineLoader | None = None,
     lengths: Sequence[int] | None = None,

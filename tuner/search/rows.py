@@ -106,6 +106,9 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(ProbeRow))
 _STORAGE_SET = ("id", "created_at")
 
 
+DEFAULT_HEADROOM = 0.9  # stable = peak at most this fraction of the device's memory (`--headroom`)
+
+
 def is_stable(status: str, peak: int | None, capacity: int | None, headroom: float, alloc_retries: int | None) -> bool:
     """Finished, peak at most ``headroom`` x capacity, and no allocator retries (a sign of fragmentation)."""
     if status != ProbeStatus.OK or peak is None:
@@ -176,4 +179,13 @@ def inferred_row(
     )
 
 
-__all__ = ["MEASURED", "Fidelity", "ProbeRow", "ProbeStatus", "inferred_row", "is_stable", "probe_row"]
+__all__ = [
+    "DEFAULT_HEADROOM",
+    "MEASURED",
+    "Fidelity",
+    "ProbeRow",
+    "ProbeStatus",
+    "inferred_row",
+    "is_stable",
+    "probe_row",
+]

@@ -31,7 +31,7 @@ from tuner.job.space import Space, config_key
 from tuner.memory.frontier import Frontier
 from tuner.search import confirm, proposers
 from tuner.search.evidence import EstimatorLike, Evidence
-from tuner.search.rows import Fidelity, ProbeRow, inferred_row, probe_row
+from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow, inferred_row, probe_row
 from tuner.search.sampling import fixed_params
 from tuner.search.schedule import Schedule, budgeted_seconds, expected_seconds, timeout_for
 from tuner.search.selection import Candidate, candidates
@@ -51,7 +51,7 @@ class SearchSetup:
     global_batch: int
     objective: Objective
     device_memory: int | None = None
-    headroom: float = 0.9
+    headroom: float = DEFAULT_HEADROOM
     schedule: Schedule = field(default_factory=Schedule)
     baseline: Knobs | None = None
     n_trials: int | None = None  # explore probes the search may run (inferred configs and duplicates are free)
