@@ -10,7 +10,7 @@ objective measured so far, times the probability that it is stable: from the mem
 headroom line, with the estimator's relative error) when there is one, else a flat prior; the frontier's "fits"
 verdict makes it 1. That is constrained EI (Gardner et al., ICML 2014); ties go to the cheaper probe.
 
-Pure: numpy only, no database, no Optuna. tuner.search.strategy.Strategy calls :func:`guide_step`, which gathers what
+Pure: numpy only, no database, no Optuna. tuner.search.proposers.guided calls :func:`guide_step`, which gathers what
 the probe rows, the frontier and the estimate say and asks :func:`next_config`."""
 
 from __future__ import annotations

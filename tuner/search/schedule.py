@@ -34,9 +34,7 @@ class Schedule:
     stuck_asks: int = 8  # consecutive duplicate/inferred proposals before picking an unknown config directly
     guide: bool = True  # after the opening, probe the config of highest constrained EI (tuner.search.guide), not TPE's
     min_expected_gain: float = 0.001  # the guide stops exploring when no config is expected to gain more (log units)
-    seed_bisection: bool = (
-        True  # start with a micro-batch bisection at the plainest config (tuner.search.strategy.Strategy._next_seed)
-    )
+    seed_bisection: bool = True  # open with a micro-batch bisection at the plainest config (proposers.opening)
 
 
 def walls(rows: Rows, fidelity: str | None = None) -> list[float]:
