@@ -54,8 +54,7 @@ class Table:
         pick = picks[truth]
         raw = json.loads(Path(path).read_text())
         space = _recorded_space(raw)
-        kind = "retained_tokens_per_s" if len(space.max_length) > 1 else "samples_per_s"
-        objective = Objective(kind=kind)  # type: ignore[arg-type]
+        objective = Objective(kind="retained_tokens_per_s" if len(space.max_length) > 1 else "samples_per_s")
         entries: dict[str, Entry] = {}
         order: list[str] = []
         for row in raw["rows"]:

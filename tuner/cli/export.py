@@ -93,9 +93,9 @@ def doctor(
     hf = read_json(training_args, "training-args file") if training_args is not None else None
     if ds is not None and file_kind(ds) != "deepspeed":
         raise BaselineError(f"{ds_config} looks like training args, not a DeepSpeed config; pass it as --training-args")
-    if hf is not None and isinstance(hf.get("deepspeed"), str) and ds is None:
+    if hf is not None and training_args is not None and isinstance(hf.get("deepspeed"), str) and ds is None:
         ds_path = Path(hf["deepspeed"])
-        ds = read_json(ds_path if ds_path.is_absolute() else training_args.parent / ds_path, "DeepSpeed config")  # type: ignore[union-attr]
+        ds = read_json(ds_path if ds_path.is_absolute() else training_args.parent / ds_path, "DeepSpeed config")
     env = dict(os.environ)
     baseline, findings = diagnose(ds, hf, env=env, gpus=visible_gpus(env))
     warnings = sum(f.severity == "warn" for f in findings)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast, get_args
 
 from trials.contract import ProbeResult
 from tuner.errors import ConfigError
@@ -64,7 +64,11 @@ class Objective:
     def from_dict(cls, data: dict[str, object] | None) -> Objective:
         if not data:
             return cls()
-        return cls(kind=data.get("kind", "samples_per_s"), lengths=tuple(data.get("lengths") or ()))  # type: ignore[arg-type]
+        kind = data.get("kind", "samples_per_s")
+        if kind not in get_args(Kind):
+            raise ConfigError(f"stored objective kind {kind!r} is unknown; expected one of {', '.join(get_args(Kind))}")
+        lengths = data.get("lengths") or ()
+        return cls(kind=cast(Kind, kind), lengths=tuple(int(n) for n in cast(Iterable[int], lengths)))
 
 
 def objective_for(max_length_choices: Sequence[int], lengths: Sequence[int] | None = None) -> Objective:

@@ -291,7 +291,7 @@ def run_probe(config: ProbeConfig, workdir: Path | None = None, *, launcher: str
     except OSError as exc:
         return ProbeResult(status="error", cause=f"could not start the probe fork server: {exc}")
     own = workdir is None
-    work = Path(tempfile.mkdtemp(prefix="tuner-probe-")) if own else Path(workdir)  # type: ignore[arg-type]
+    work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="tuner-probe-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         launch_t = time.time()

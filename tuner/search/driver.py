@@ -222,8 +222,8 @@ class Search:
 
     def _wait_for_storage(self, err: BaseException) -> None:
         root: BaseException = err
-        while root.__cause__ is not None or getattr(root, "orig", None) is not None:  # optuna wraps the driver's error
-            root = getattr(root, "orig", None) or root.__cause__  # type: ignore[assignment]
+        while (inner := getattr(root, "orig", None) or root.__cause__) is not None:  # optuna wraps the driver's error
+            root = inner
         first = (str(root).strip().splitlines() or [type(root).__name__])[0]
         if self.listener:
             self.listener.note(f"storage unreachable ({first[:120]}); retrying with backoff")
