@@ -306,8 +306,9 @@ def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: 
     study = optuna.load_study(study_name="hang", storage=storage)
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     timed_out = [r for r in summary_rows(url) if r.status == "timeout"]
-    assert len(timed_out) == 1 and "timeout" in (timed_out[0]["cause"] or "")
-    assert by_number[timed_out[0]["trial_number"]].state == optuna.trial.TrialState.FAIL
+    assert len(timed_out) == 1 and "timeout" in (timed_out[0].cause or "")
+    assert timed_out[0].trial_number is not None
+    assert by_number[timed_out[0].trial_number].state == optuna.trial.TrialState.FAIL
 
 
 def summary_rows(url: str) -> list[dict[str, Any]]:

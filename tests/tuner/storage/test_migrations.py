@@ -157,14 +157,14 @@ def test_a_pre_alembic_sqlite_file_upgrades_in_place_through_the_cli(tmp_path: P
 
     store = Store(url)
     probes = store.probes("old-demo")
-    assert len(probes) == 8 and {p["status"] for p in probes} >= {"ok", "oom", "inferred-oom", "error"}
-    assert probes[0]["knobs"]["micro_batch_size"] == 1 and probes[0]["result"]["capacity"] == 160 << 20
+    assert len(probes) == 8 and {p.status for p in probes} >= {"ok", "oom", "inferred-oom", "error"}
+    assert probes[0].knobs["micro_batch_size"] == 1 and (probes[0].result or {})["capacity"] == 160 << 20
     assert store.count_probes("old-demo")["ok"] == 5
     assert store.require_study("old-demo")["world_size"] == 2
     assert [r["status"] for r in store.runs("old-demo")] == ["finished"]
     assert store.claim_owner("old-demo", "k" * 32, "short") == "host-a:123"
-    new_id = store.record_probe({**{k: v for k, v in probes[0].items() if k not in ("id", "created_at")}})
-    assert new_id == max(p["id"] for p in probes) + 1
+    new_id = store.record_probe(probes[0])  # its id and timestamp are the storage's: a new row
+    assert new_id == max(p.id or 0 for p in probes) + 1
 
     study = optuna.load_study(study_name="old-demo", storage=url)
     assert len(study.trials) == 8 and study.best_trial.number == 3
@@ -215,7 +215,7 @@ def test_a_pre_alembic_postgres_database_upgrades_in_place_through_the_cli(new_p
     out = _tuner("db", "upgrade", "--storage", url)
     assert out.returncode == 0, out.stderr
     store = Store(url)
-    assert [p["knobs"]["micro_batch_size"] for p in store.probes("pg-old")] == [1, 2, 4]
+    assert [p.knobs["micro_batch_size"] for p in store.probes("pg-old")] == [1, 2, 4]
     assert store.claim_owner("pg-old", "k0", "short") == "h:1"
     assert store.require_study("pg-old") == {"m": 1}
     assert not store.claim("pg-old", "k0", "short", None, "h:2")  # the unique constraint still holds
