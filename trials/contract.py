@@ -9,6 +9,7 @@ result, the fork server's ready line, the op libraries, and the DeepSpeed defaul
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +41,21 @@ OP_LIBRARIES: dict[str, str] = {"cpu_adam": "cpu_adam", "shm_comm": "deepspeed_s
 # (None): the export writes it, the estimate and the feasibility frontier assume it.
 BUCKET_KNOBS: tuple[str, str] = ("allgather_bucket_size", "reduce_bucket_size")
 DS_DEFAULT_BUCKET = 500_000_000
+
+# The caching allocator's settings (the alloc_conf knob). PyTorch >= 2.9 reads PYTORCH_ALLOC_CONF and still honours
+# (first) the older PYTORCH_CUDA_ALLOC_CONF: a rank gets both, an export writes both, a rank reports the one in force.
+ALLOC_CONF_ENV: tuple[str, str] = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def allocator_env(alloc_conf: str | None) -> dict[str, str]:
+    """The environment a rank needs for the ``alloc_conf`` knob (it must be set before the rank's first CUDA call):
+    both variables set to it; nothing when the knob is unset (a value from the user's shell then stays in force)."""
+    return {name: alloc_conf for name in ALLOC_CONF_ENV} if alloc_conf else {}
+
+
+def alloc_conf_in_force(env: Mapping[str, str]) -> str | None:
+    """The allocator settings an environment puts in force (the older variable first, as torch reads them)."""
+    return next((env[name] for name in ALLOC_CONF_ENV if env.get(name)), None)
 
 
 def rank_out_path(out: Path, rank: int, world_size: int) -> Path:

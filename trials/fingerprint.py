@@ -10,6 +10,8 @@ from importlib import metadata
 
 import torch
 
+from trials.contract import alloc_conf_in_force
+
 
 @functools.cache
 def versions() -> dict[str, str]:
@@ -49,6 +51,8 @@ def fingerprint(device: torch.device | None = None) -> dict[str, str | int | flo
         "cpu_cores": os.cpu_count() or 0,
         "mem_total": _mem_total(),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
+        # the caching allocator's settings this rank ran with: the alloc_conf knob, or what the user's shell set
+        "alloc_conf": alloc_conf_in_force(os.environ) or "",
     }
     if torch.cuda.is_available():
         index = device.index if device is not None and device.type == "cuda" and device.index is not None else 0

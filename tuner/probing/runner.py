@@ -36,6 +36,7 @@ from trials.contract import (
     ProbeResult,
     RankResult,
     Status,
+    allocator_env,
     free_port,
     rank_out_path,
 )
@@ -138,6 +139,7 @@ def _launch(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world)
     )
     env[LAUNCH_ENV] = repr(launch_t)
+    env.update(allocator_env(config.knobs.alloc_conf))  # before any CUDA call of the rank
     ranks: list[_Rank] = []
     try:
         for r in range(world):

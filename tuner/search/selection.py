@@ -42,6 +42,11 @@ class Candidate:
     score: float = 0.0  # the rank: lower bound of log throughput given the model of every probe and its own
     upper: float = 0.0  # the matching upper bound (posterior mean + 1 std): could it still beat the leader?
 
+    @property
+    def fingerprints(self) -> list[dict[str, Any]]:
+        """The hardware/environment fingerprint of each of its probes (trials.fingerprint)."""
+        return [dict(r.result.get("fingerprint") or {}) for r in self.rows if r.result]
+
 
 def candidates(rows: Iterable[ProbeRow]) -> list[Candidate]:
     """Stable configs, one per config key, best first: confirmed (re-probed longer) first, then by ``score``. A config

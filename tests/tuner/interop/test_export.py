@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -16,6 +17,7 @@ from tuner.interop.export import (
     FORMATS,
     ExportArgs,
     best_export_args,
+    measured_knobs,
     render,
     render_best,
     to_accelerate,
@@ -254,6 +256,7 @@ def test_export_package_imports_no_torch() -> None:
 class _Best:  # the shape of tuner.search.selection.Candidate that an export reads
     knobs: dict[str, object]
     config: dict[str, object]
+    fingerprints: list[dict[str, object]] = dataclasses.field(default_factory=list)
 
 
 def test_best_export_args_come_from_the_stored_config_and_the_definition() -> None:
@@ -274,3 +277,16 @@ def test_render_best_is_render_with_the_best_configs_args(fmt: str) -> None:
     if fmt == "deepspeed":
         ds = json.loads(render_best(fmt, best, definition))
         assert ds["train_batch_size"] == 4 * 3 * 2 and ds["optimizer"] == USER_DS["optimizer"]
+
+
+def test_an_alloc_conf_inherited_by_every_probe_is_carried_into_the_export() -> None:
+    shell = [{"alloc_conf": "expandable_segments:True"}, {"alloc_conf": "expandable_segments:True"}]
+    best = _Best(knobs(), {"world_size": 1}, shell)
+    env = render_best("env", best, {})
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in env and "PYTORCH_ALLOC_CONF=" in env
+    assert measured_knobs(_Best(knobs(alloc_conf="max_split_size_mb:64"), {}, shell))["alloc_conf"] == (
+        "max_split_size_mb:64"  # the knob, when set, is what the probes ran with
+    )
+    mixed = [{"alloc_conf": "expandable_segments:True"}, {"alloc_conf": ""}]
+    assert measured_knobs(_Best(knobs(), {}, mixed)).get("alloc_conf") is None  # they disagree: nothing invented
+    assert measured_knobs(_Best(knobs(), {}, [])).get("alloc_conf") is None

@@ -265,3 +265,30 @@ def test_runner_killed_leaves_no_fork_server_nor_probe(tmp_path: Path) -> None:
     _assert_no_survivors(tmp_path)
     with pytest.raises(ProcessLookupError):
         os.kill(server, 0)
+
+
+def test_allocator_env_sets_both_variables_from_the_knob_and_nothing_when_unset() -> None:
+    from trials.contract import alloc_conf_in_force, allocator_env
+
+    assert allocator_env("expandable_segments:True") == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+    }
+    assert allocator_env(None) == {} and allocator_env("") == {}
+    assert alloc_conf_in_force({"PYTORCH_ALLOC_CONF": "b", "PYTORCH_CUDA_ALLOC_CONF": "a"}) == "a"  # torch's order
+    assert alloc_conf_in_force({"PYTORCH_ALLOC_CONF": "b"}) == "b" and alloc_conf_in_force({}) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["forkserver", "spawn"])
+def test_alloc_conf_reaches_the_rank_and_an_inherited_one_is_recorded(launcher, monkeypatch) -> None:
+    knob = run_probe(
+        ProbeConfig(knobs=Knobs(micro_batch_size=2, max_length=16, engine="torch", alloc_conf="max_split_size_mb:64")),
+        launcher=launcher,
+    )
+    assert knob.status == "ok", knob.cause
+    assert knob.fingerprint["alloc_conf"] == "max_split_size_mb:64"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # the user's shell
+    shell = run_probe(ProbeConfig(knobs=Knobs(micro_batch_size=2, max_length=16, engine="torch")), launcher=launcher)
+    assert shell.status == "ok", shell.cause
+    assert shell.fingerprint["alloc_conf"] == "expandable_segments:True"

@@ -11,7 +11,7 @@ A study's best config is exported through ``best_export_args`` / ``render_best``
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ __all__ = [
     "BestLike",
     "ExportArgs",
     "best_export_args",
+    "measured_knobs",
     "render",
     "render_best",
     "to_accelerate",
@@ -95,14 +96,17 @@ def render(
 
 
 class BestLike(Protocol):
-    """What an export needs of a study's best config (tuner.search.selection.Candidate has it): the knobs and the
-    probe config it was measured with (world_size, gradient_accumulation_steps)."""
+    """What an export needs of a study's best config (tuner.search.selection.Candidate has it): the knobs, the probe
+    config it was measured with (world_size, gradient_accumulation_steps) and the fingerprints of its probes."""
 
     @property
     def knobs(self) -> Mapping[str, Any]: ...
 
     @property
     def config(self) -> Mapping[str, Any]: ...
+
+    @property
+    def fingerprints(self) -> Sequence[Mapping[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,18 @@ def best_export_args(best: BestLike, definition: Mapping[str, Any]) -> ExportArg
     )
 
 
+def measured_knobs(best: BestLike) -> dict[str, Any]:
+    """The knobs as the best config's probes ran them. With the alloc_conf knob unset, every probe ran with the
+    allocator settings of the worker's shell (the probe fingerprint's ``alloc_conf``); when they all agree on one,
+    it is part of what was measured, so the export carries it."""
+    knobs = dict(best.knobs)
+    if not knobs.get("alloc_conf"):
+        inherited = {str(fp.get("alloc_conf") or "") for fp in best.fingerprints}
+        if len(inherited) == 1 and (value := inherited.pop()):
+            knobs["alloc_conf"] = value
+    return knobs
+
+
 def render_best(fmt: str, best: BestLike, definition: Mapping[str, Any]) -> str:
     """A study's best config in format ``fmt``, as every command and the API hand it out."""
-    return render(fmt, best.knobs, **best_export_args(best, definition).kwargs())
+    return render(fmt, measured_knobs(best), **best_export_args(best, definition).kwargs())

@@ -7,9 +7,9 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from trials.contract import ALLOC_CONF_ENV
 from tuner.errors import ConfigError
 from tuner.interop.export.deepspeed import check_batch, validate_knobs
-from tuner.interop.export.mapping import ALLOC_CONF_ENV
 
 # PYTORCH_CUDA_ALLOC_CONF syntax: comma-separated option:value pairs (expandable_segments:True,max_split_size_mb:128)
 _ALLOC_CONF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*:[^,:\s]+(,[A-Za-z_][A-Za-z0-9_]*:[^,:\s]+)*$")

@@ -88,10 +88,6 @@ HF_DEFAULTS: dict[str, Any] = {
     "logging_steps": 500,
 }
 
-# Environment variables of the env export. PyTorch >= 2.9 reads PYTORCH_ALLOC_CONF and still honours (first) the
-# older PYTORCH_CUDA_ALLOC_CONF; both are written so the export works on every release.
-ALLOC_CONF_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-
 # Every key DeepSpeed's ZeRO config (DeepSpeedZeroConfig, 0.19) accepts, field names and their stage3_* aliases, plus
 # the legacy cpu_offload* spellings. DeepSpeed rejects any other key; so does the baseline import, before probing.
 ZERO_KEYS: frozenset[str] = frozenset(
