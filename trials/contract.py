@@ -117,9 +117,24 @@ class ModelSpec(_Strict):
     vocab_size: int | None = None  # filled by the probe from the model's config
 
 
+class JobSettings(_Strict):
+    """What the user's job fixes that a probe needs beside the knobs (tuner.job.definition.Job holds the rest)."""
+
+    max_target_length: int | None = Field(None, ge=1, description="seq2seq label length; None: max_length")
+    generation_max_length: int | None = Field(None, ge=1, description="new tokens of an eval generate; None: labels")
+    num_beams: int = Field(1, ge=1, description="beams of an eval generate")
+
+    def label_length(self, max_length: int) -> int:
+        return self.max_target_length or max_length
+
+    def generation_length(self, max_length: int) -> int:
+        return self.generation_max_length or self.label_length(max_length)
+
+
 class ProbeConfig(_Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     knobs: Knobs
+    job: JobSettings = Field(default_factory=JobSettings)
     world_size: int = Field(1, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
     warmup_steps: int = Field(2, ge=1, description="micro-steps before measuring, at least one optimizer step")

@@ -1,4 +1,4 @@
-"""Worst-case batches: encoder inputs and labels both padded to max_length (random ids from a fixed seed)."""
+"""Worst-case batches: encoder inputs padded to max_length, labels to the label length (random ids, fixed seed)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ def worst_case_batch(
     seed: int = 0,
     encoder_decoder: bool = True,
     device: torch.device | str = "cpu",
+    label_length: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One batch whose every row is max_length long on both sides: no padding to skip, the largest activations.
+    """One batch whose every row is max_length long (labels: ``label_length``, default max_length, for a seq2seq
+    model; a causal LM's labels are its inputs): no padding to skip, the largest activations.
 
     Ids avoid the special ids 0-2 (pad, eos, unk in T5 vocabularies) so no position is masked out of the loss.
     """
@@ -23,7 +25,7 @@ def worst_case_batch(
     input_ids = torch.randint(low, vocab_size, (batch_size, max_length), generator=gen)
     attention_mask = torch.ones_like(input_ids)
     if encoder_decoder:
-        labels = torch.randint(low, vocab_size, (batch_size, max_length), generator=gen)
+        labels = torch.randint(low, vocab_size, (batch_size, label_length or max_length), generator=gen)
     else:
         labels = input_ids.clone()
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}

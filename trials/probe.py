@@ -170,8 +170,15 @@ class Probe:
         if knobs.eval_batch_size is None and not knobs.generate:
             return
         size = knobs.eval_batch_size or knobs.micro_batch_size
+        job = self.config.job
         batch = worst_case_batch(
-            size, knobs.max_length, vocab, seed=self.config.seed + 1, encoder_decoder=encdec, device=self.device
+            size,
+            knobs.max_length,
+            vocab,
+            seed=self.config.seed + 1,
+            encoder_decoder=encdec,
+            device=self.device,
+            label_length=job.label_length(knobs.max_length),
         )
         model = engine.module
         model.eval()
@@ -183,10 +190,10 @@ class Probe:
                     model.generate(  # type: ignore[operator]  # engine.module is typed as a plain Module
                         input_ids=batch["input_ids"],
                         attention_mask=batch["attention_mask"],
-                        max_new_tokens=knobs.max_length,
-                        min_new_tokens=knobs.max_length,
+                        max_new_tokens=job.generation_length(knobs.max_length),
+                        min_new_tokens=job.generation_length(knobs.max_length),
                         do_sample=False,
-                        num_beams=1,
+                        num_beams=job.num_beams,
                         use_cache=True,
                         synced_gpus=zero3,
                     )
@@ -219,6 +226,7 @@ class Probe:
                 seed=cfg.seed + self.rank,
                 encoder_decoder=encdec,
                 device=self.device,
+                label_length=cfg.job.label_length(knobs.max_length),
             )
             engine = build_engine(model, knobs, accum, self.device, cfg.learning_rate, self.world_size)
             self._host_offload(engine)
