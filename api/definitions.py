@@ -76,5 +76,8 @@ def definition(body: StudyCreate, storage: str) -> dict[str, Any]:
         device_memory=parse_size(body.device_memory) if body.device_memory is not None else None,
         headroom=body.headroom,
         baseline=_baseline(body.baseline, body.training_args),
+        space_listed=set(body.space or {}),  # an inline space naming max_length / precision says what the job is
+        length_hint="give space.max_length (your job's input length, e.g. [512]) or training_args with "
+        "max_source_length / max_seq_length",
     )
     return request.definition()

@@ -94,6 +94,15 @@ CLI_CASES: list[Cli] = [
     Cli("model-empty", ["search", "--budget", "1m", "--model", " "], r"--model is empty"),
     Cli("model-garbage-id", ["search", "--budget", "1m", "--model", "a/b/c/d"], r"neither builtin"),
     Cli("model-shell", ["search", "--budget", "1m", "--model", "x; touch {tmp}/pwned"], r"model"),
+    # -- the job: a real model has no default length; job flags are checked --------------------------------------
+    Cli("job-no-length", ["search", "--budget", "1m", "--model", "{tmp}/a-model"], r"no sequence length.*--max-length"),
+    Cli("job-bad-precision", ["search", "--budget", "1m", "--precision", "fp8"], r"--precision 'fp8'"),
+    Cli("job-zero-length", ["search", "--budget", "1m", "--max-length", "0"], r"max-length"),
+    Cli(
+        "job-training-args-alone",
+        ["search", "--budget", "1m", "--training-args", "{tmp}/unknown.yaml"],
+        r"--training-args goes with --baseline",
+    ),
     # -- baseline JSON ----------------------------------------------------------------------------------------------
     Cli("baseline-missing", ["search", "--budget", "1m", "--baseline", "{tmp}/nope.json"], r"baseline|nope\.json"),
     Cli("baseline-malformed", ["search", "--budget", "1m", "--baseline", "{tmp}/malformed.json"], r"json"),
@@ -301,6 +310,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name, text in files.items():
         (tmp / name).write_text(text)
     (tmp / "binary.yaml").write_bytes(b"\xff\xfe\x00\x81garbage\x00")
+    (tmp / "a-model").mkdir()
+    (tmp / "a-model" / "config.json").write_text('{"model_type": "t5"}')
     (tmp / "not-a-model").mkdir()
     (tmp / "not-a-model" / "weights.bin").write_bytes(b"\0" * 16)
     return {"tmp": tmp, "db": db, "url": url}

@@ -22,7 +22,7 @@ BODY = {
     "device_memory": "80GiB",
     "headroom": 0.85,
     "budget_s": 7200,
-    "space": {"zero_stage": [1, 2]},
+    "space": {"zero_stage": [1, 2], "max_length": [512]},
 }
 
 

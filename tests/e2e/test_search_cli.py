@@ -204,6 +204,60 @@ def test_baseline_is_probed_first_and_reported(tmp_path):
     assert exported["train_micro_batch_size_per_gpu"] == 2 and exported["train_batch_size"] == 32
 
 
+SEED = Path(__file__).resolve().parents[1] / "data" / "seed"  # the motivating team's files, verbatim
+
+
+@pytest.mark.slow
+def test_the_motivating_teams_files_fix_the_job_every_probe_runs(tmp_path):
+    """Their training args (bf16, eval batch 50, predict_with_generate) naming their ZeRO-2 JSON ("auto" values, CPU
+    offload, 2e8 buckets), lengths scaled to the tiny T5: trial 0 is their config and runs out of memory; every probe
+    runs bf16 at their lengths with the eval forward + generate at their eval batch; nothing of the job is searched."""
+    space = tmp_path / "space.yaml"
+    space.write_text("micro_batch_size: [1, 2]\nzero_stage: [0, 1]\ngradient_checkpointing: [false]\n")
+    url = f"sqlite:///{tmp_path}/tuner.db"
+    done = tuner(
+        "search",
+        "--budget",
+        "3m",
+        "--space",
+        str(space),
+        "--device-memory",
+        "160MiB",
+        "--storage",
+        url,
+        "--study",
+        "seed",
+        "--baseline",
+        str(SEED / "training_args.json"),
+        "--max-length",
+        "32",
+        "--max-target-length",
+        "16",
+        "--n-trials",
+        "3",
+        "--finalists",
+        "0",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "your job (held fixed): bf16, length 32 -> labels 16, eval batch 50 + generate 16 tokens" in done.stdout
+    from tuner.storage import Store
+
+    store = Store(url)
+    rows = [r for r in store.probes("seed") if r.measured]
+    first = rows[0]
+    assert first.fidelity == "baseline" and first.status == "oom"  # their config: 2e8-element buckets, 160 MiB
+    assert first.knobs["zero_stage"] == 2 and first.knobs["offload_optimizer"] and first.knobs["overlap_comm"]
+    assert len(rows) >= 2
+    for r in rows:  # every probe ran their job
+        assert (r.knobs["precision"], r.knobs["max_length"]) == ("bf16", 32)
+        assert (r.knobs["eval_batch_size"], r.knobs["generate"]) == (50, True)
+        assert r.config["job"] == {"max_target_length": 16, "generation_max_length": None, "num_beams": 1}
+    job = store.require_study("seed")["job"]
+    assert job["precision"] == "bf16" and job["eval_batch_size"] == 50 and job["generate"] is True
+    studies = tuner("studies", "--storage", url)
+    assert studies.returncode == 0 and "bf16, length 32" in studies.stdout
+
+
 @pytest.mark.slow
 def test_memory_estimate_skips_configs_without_probing(tmp_path):
     space = tmp_path / "space.yaml"

@@ -9,10 +9,12 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tuner.cli.app import app
 from tuner.cli.progress import fmt_num
 from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
+from tuner.job.definition import Job
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
 from tuner.reporting.trials import join_trials
@@ -195,17 +197,21 @@ def studies(storage: StorageOpt = None) -> None:
     """List the studies in a storage, newest first, with their best stable throughput."""
     store = Store(load_settings(storage=storage).storage)
     table = Table(title="studies")
-    for col in ("study", "created", "model", "world", "global batch", "probes", "best", "unit"):
+    for col in ("study", "created", "model", "job (held fixed)", "world", "global batch", "probes", "best", "unit"):
         table.add_column(col)
     rows = store.study_rows()
     for s in rows:
         d = s["definition"]
         probes = store.probes(s["name"])
         found = best_stable(probes)
+        model = d.get("model")
+        source = model.get("source", "-") if isinstance(model, dict) else str(model or "-")
+        job = Job.model_validate(d["job"]).describe() if d.get("job") else "-"
         table.add_row(
-            s["name"],
+            Text(str(s["name"])),  # stored text, never rich markup
             str(s["created_at"])[:19],
-            str((d.get("model") or {}).get("source", "-")),
+            Text(str(source)),
+            Text(job),
             str(d.get("world_size", "-")),
             str(d.get("global_batch", "-")),
             str(sum(1 for p in probes if p.measured)),

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast, get_args
 
 import optuna
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from trials.contract import ProbeConfig, ProbeResult
+from trials.contract import Precision, ProbeConfig, ProbeResult
 from tuner.cli.app import app
 from tuner.cli.progress import LiveProgress, summary_table
+from tuner.errors import BaselineError, ConfigError
+from tuner.job.definition import JobFlags
 from tuner.job.model_source import resolve_model
 from tuner.job.objective import load_lengths
-from tuner.job.space import load_space
+from tuner.job.space import load_space, space_file_knobs
 from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
 from tuner.search.driver import Search
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
@@ -55,6 +58,8 @@ def build_request(
     lengths: Path | None,
     finalists: int,
     seed: int | None,
+    training_args: Path | None = None,
+    job_flags: JobFlags | None = None,
 ) -> tuple[SearchRequest, set[str]]:
     """Parses the options (durations, sizes, files) and hands them to tuner.search.request.build_request, which checks
     them (one clear line on a mistake); returns the request plus the options set explicitly."""
@@ -64,12 +69,17 @@ def build_request(
     memory = parse_size(device_memory) if device_memory is not None else None
     lens = load_lengths(lengths) if lengths is not None else None
     loaded: list[Baseline] = []
+    if training_args is not None and baseline is None:
+        raise BaselineError(
+            "--training-args goes with --baseline (your DeepSpeed JSON); pass both, or the training "
+            "args alone as --baseline"
+        )
 
     def load(world: int | None, max_length: int) -> Baseline:
         from tuner.interop.baseline import load_baseline
 
         assert baseline is not None
-        loaded.append(load_baseline(baseline, world_size=world, max_length=max_length))
+        loaded.append(load_baseline(baseline, training_args, world_size=world, max_length=max_length))
         return loaded[-1]
 
     request = build_search_request(
@@ -88,6 +98,8 @@ def build_request(
         schedule=Schedule(finalists=finalists),
         seed=seed,
         option=cli_option,
+        job_flags=job_flags,
+        space_listed=space_file_knobs(space_file) if space_file is not None else (),
     )
     base_world = loaded[-1].world_size if loaded else None
     explicit = {
@@ -99,6 +111,7 @@ def build_request(
             "global_batch": global_batch is not None or baseline is not None,
             "device_memory": device_memory is not None,
             "objective": lengths is not None,
+            "job": baseline is not None or (job_flags is not None and job_flags != JobFlags()),
         }.items()
         if given
     }
@@ -159,6 +172,29 @@ def search(
         int, typer.Option("--finalists", help="best stable configs re-probed longer before the pick")
     ] = 2,
     seed: Annotated[int | None, typer.Option("--seed", help="sampler seed")] = None,
+    training_args: Annotated[
+        Path | None,
+        typer.Option("--training-args", help="your training-args JSON, with --baseline DS_JSON (or name it inside)"),
+    ] = None,
+    max_length: Annotated[
+        int | None, typer.Option("--max-length", min=1, help="your job's input length in tokens (encoder / causal)")
+    ] = None,
+    max_target_length: Annotated[
+        int | None, typer.Option("--max-target-length", min=1, help="your job's seq2seq label length")
+    ] = None,
+    precision: Annotated[
+        str | None, typer.Option("--precision", help="your job's precision: bf16, fp16 or fp32")
+    ] = None,
+    eval_batch_size: Annotated[
+        int | None, typer.Option("--eval-batch-size", min=1, help="your job's per-device eval batch")
+    ] = None,
+    generate: Annotated[
+        bool | None, typer.Option("--generate/--no-generate", help="your job evaluates with predict_with_generate")
+    ] = None,
+    generation_max_length: Annotated[
+        int | None, typer.Option("--generation-max-length", min=1, help="new tokens per eval generate")
+    ] = None,
+    num_beams: Annotated[int | None, typer.Option("--num-beams", min=1, help="beams per eval generate")] = None,
     estimate: Annotated[
         bool | None,
         typer.Option(
@@ -183,16 +219,34 @@ def search(
         lengths=lengths,
         finalists=max(finalists, 0),
         seed=seed,
+        training_args=training_args,
+        job_flags=JobFlags(
+            precision=_precision(precision),
+            max_length=max_length,
+            max_target_length=max_target_length,
+            eval_batch_size=eval_batch_size,
+            generate=generate,
+            generation_max_length=generation_max_length,
+            num_beams=num_beams,
+        ),
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = Store(request.storage)
     request, resumed = resolve(request, explicit, store)
     runner = Search(request, real_probe)
     console.print(
-        f"{'resuming' if resumed else 'new'} study [bold]{request.study_name}[/] on {_safe(request.storage)}: "
-        f"{request.model.source}, world size {request.world_size}, global batch {request.global_batch}, "
-        f"{request.space.size()} configs in the space, objective {request.objective.unit}"
+        f"{'resuming' if resumed else 'new'} study [bold]{escape(request.study_name)}[/] on "
+        f"{escape(_safe(request.storage))}: {escape(request.model.source)}, world size {request.world_size}, "
+        f"global batch {request.global_batch}, {request.space.size()} configs in the space, objective "
+        f"{request.objective.unit}"
     )
+    if request.job is not None:
+        console.print(f"your job (held fixed): {escape(request.job.describe())}")
+    if request.job_changes:
+        console.print(
+            f"[yellow]the space file searches job settings on purpose: {escape(', '.join(request.job_changes))}; "
+            "the pick may change your job's results[/]"
+        )
     use_estimate = estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S
     if use_estimate:
         with console.status("tracing one training step for the memory estimate ..."):
@@ -211,6 +265,14 @@ def search(
 
     console.print("best config:")
     typer.echo(render_best("json", summary.best, request.definition()).rstrip())
+
+
+def _precision(value: str | None) -> Precision | None:
+    if value is None:
+        return None
+    if value not in get_args(Precision):
+        raise ConfigError(f"--precision {value!r}: choose one of {', '.join(get_args(Precision))}")
+    return cast(Precision, value)
 
 
 def _safe(url: str) -> str:

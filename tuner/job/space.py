@@ -280,5 +280,10 @@ def load_space(path: str | Path | None = None) -> Space:
     return space_from_dict({**base, **user}, str(path))
 
 
+def space_file_knobs(path: str | Path) -> set[str]:
+    """The knobs a space file names (those it sets on purpose, e.g. a job knob like precision or max_length)."""
+    return set(_read(Path(path)))
+
+
 def space_from_definition(data: dict[str, Any]) -> Space:
     return space_from_dict(data, "stored study space")

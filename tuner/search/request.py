@@ -6,13 +6,15 @@ re-running a study rebuilds the request from it, so every worker of a study sear
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trials.contract import Knobs, ModelSpec
+from trials.contract import BUILTIN_PREFIX, Knobs, ModelSpec
 from tuner.errors import BaselineError, ConfigError
 from tuner.job.batching import default_global_batch, require_reachable
+from tuner.job.definition import BUILTIN_DEFAULTS, Job, JobFlags, fix_space, resolve_job
 from tuner.job.objective import Objective, objective_for
 from tuner.job.space import Space, space_from_definition
 from tuner.search.rows import DEFAULT_HEADROOM
@@ -39,10 +41,14 @@ class SearchRequest:
     baseline_source: dict[str, Any] | None = None  # what the user's baseline file said (for reports)
     schedule: Schedule = field(default_factory=Schedule)
     seed: int | None = None
+    job: Job | None = None  # what stays fixed (tuner.job.definition); None: a study stored before the job existed
+    job_changes: tuple[str, ...] = ()  # job knobs a space file searches on purpose
 
     def definition(self) -> dict[str, Any]:
         return {
             "model": self.model.model_dump(mode="json"),
+            "job": self.job.model_dump(mode="json") if self.job is not None else None,
+            "job_changes": list(self.job_changes),
             "space": self.space.model_dump(mode="json"),
             "world_size": self.world_size,
             "global_batch": self.global_batch,
@@ -77,6 +83,9 @@ def build_request(
     schedule: Schedule | None = None,
     seed: int | None = None,
     option: Callable[[str], str] = str,
+    job_flags: JobFlags | None = None,
+    space_listed: Collection[str] = (),
+    length_hint: str | None = None,
 ) -> SearchRequest:
     """The one place `tuner search` (tuner.cli.search) and ``POST /studies`` (api.definitions) check a search's
     settings and build its request from values each has already parsed from its own input (files, a JSON body).
@@ -94,8 +103,25 @@ def build_request(
     for name, value in (("world_size", world_size), ("n_trials", n_trials), ("global_batch", global_batch)):
         if value is not None and value < 1:
             raise ConfigError(f"{option(name)} {value} must be at least 1")
-    base = baseline(world_size, max(space.max_length)) if baseline is not None else None
-    base_knobs = Knobs.model_validate(base.knobs) if base is not None else None
+    flags = job_flags or JobFlags()
+    if flags.max_length is None and "max_length" in space_listed:  # a space file naming lengths says what they are
+        flags = dataclasses.replace(flags, max_length=max(space.max_length))
+    builtin = model.source.startswith(BUILTIN_PREFIX)
+    guess = flags.max_length or (int(BUILTIN_DEFAULTS["max_length"]) if builtin else max(space.max_length))
+    base = baseline(world_size, guess) if baseline is not None else None
+    job = resolve_job(
+        builtin=builtin,
+        baseline_knobs=base.knobs if base is not None else None,
+        hf_args=base.hf_args if base is not None else None,
+        flags=flags,
+        **({"length_hint": length_hint} if length_hint else {}),
+    )
+    space, job_changes = fix_space(space, job, space_listed)
+    base_knobs = None
+    if base is not None:  # trial 0 runs the user's config on their job
+        fixed = {"precision": job.precision, "max_length": job.max_length}
+        evaluation = {"eval_batch_size": job.eval_batch_size, "generate": job.generate}
+        base_knobs = Knobs.model_validate({**base.knobs, **fixed, **evaluation})
     world = world_size or (base.world_size if base is not None else None) or 1
     batch = global_batch or (base.global_batch if base is not None else None)
     batch = batch or default_global_batch(space.micro_batch_size, world)
@@ -121,11 +147,13 @@ def build_request(
         baseline_source=base.ds_config if base is not None else None,
         schedule=schedule if schedule is not None else Schedule(),
         seed=seed,
+        job=job,
+        job_changes=tuple(job_changes),
     )
 
 
 #: definition keys a resumed study must agree on: they decide which configs exist and what they measure
-ESSENTIAL = ("model", "space", "world_size", "global_batch", "device_memory", "objective")
+ESSENTIAL = ("model", "job", "space", "world_size", "global_batch", "device_memory", "objective")
 
 
 def check_resume(name: str, stored: dict[str, Any], wanted: dict[str, Any], explicit: set[str]) -> None:
@@ -161,4 +189,6 @@ def request_from_definition(base: SearchRequest, stored: dict[str, Any]) -> Sear
         baseline_source=stored.get("baseline_source"),
         schedule=base.schedule,
         seed=base.seed,
+        job=Job.model_validate(stored["job"]) if stored.get("job") else None,
+        job_changes=tuple(stored.get("job_changes") or ()),
     )

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import TrialState
 
-from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
+from trials.contract import JobSettings, Knobs, ModelSpec, ProbeConfig, ProbeResult
 from tuner.job.batching import accumulation_steps
 from tuner.job.objective import Objective
 from tuner.job.space import Space, config_key
@@ -56,6 +56,7 @@ class SearchSetup:
     baseline: Knobs | None = None
     n_trials: int | None = None  # explore probes the search may run (inferred configs and duplicates are free)
     seed: int | None = None
+    job: JobSettings = field(default_factory=JobSettings)  # label/generation lengths and beams of the user's job
 
     @classmethod
     def of(cls, request: SearchRequest) -> SearchSetup:
@@ -71,6 +72,7 @@ class SearchSetup:
             baseline=request.baseline,
             n_trials=request.n_trials,
             seed=request.seed,
+            job=request.job.settings() if request.job is not None else JobSettings(),
         )
 
 
@@ -207,6 +209,7 @@ class Strategy:
             device_memory=s.device_memory,
             timeout_s=self.timeout_for(fidelity, seconds_left, knobs),
             seed=s.seed or 0,
+            job=s.job,
         )
 
     def _baseline_pending(self) -> bool:

@@ -292,3 +292,23 @@ def test_alloc_conf_reaches_the_rank_and_an_inherited_one_is_recorded(launcher, 
     shell = run_probe(ProbeConfig(knobs=Knobs(micro_batch_size=2, max_length=16, engine="torch")), launcher=launcher)
     assert shell.status == "ok", shell.cause
     assert shell.fingerprint["alloc_conf"] == "expandable_segments:True"
+
+
+@pytest.mark.slow
+def test_a_probe_runs_the_jobs_label_length_and_eval_generate_with_beams() -> None:
+    from trials.contract import JobSettings
+
+    knobs = Knobs(micro_batch_size=2, max_length=32, engine="torch", eval_batch_size=4, generate=True)
+    short = run_probe(ProbeConfig(knobs=knobs, job=JobSettings(max_target_length=4), device_memory=64 << 20))
+    assert short.status == "ok", short.cause
+    long = run_probe(
+        ProbeConfig(
+            knobs=knobs,
+            job=JobSettings(max_target_length=32, generation_max_length=32, num_beams=4),
+            device_memory=64 << 20,
+        )
+    )
+    assert long.status == "ok", long.cause
+    # longer labels and a 4-beam generate of 32 tokens need more memory than 4-token labels and a 4-token greedy one
+    assert long.peak_allocated is not None and short.peak_allocated is not None
+    assert long.peak_allocated > short.peak_allocated

@@ -112,9 +112,12 @@ def test_a_baseline_micro_batch_that_cannot_reach_the_global_batch_names_the_opt
 
 def test_varying_max_length_with_lengths_counts_retained_tokens() -> None:
     space = space_from_dict({**default_space().model_dump(mode="json"), "max_length": [64, 128]}, "space")
-    request = _request(space=space, lengths=[10, 100, 200])
+    request = _request(space=space, lengths=[10, 100, 200], space_listed={"max_length"})  # a file naming lengths
     assert request.objective.kind == "retained_tokens_per_s"
     assert request.objective.lengths == (10, 100, 200)
+    assert request.job_changes == ("max_length",) and request.job is not None and request.job.max_length == 128
+    fixed = _request(space=space, lengths=[10, 100, 200])  # the same space, not from a file: the job's length holds
+    assert fixed.space.max_length == [128] and fixed.objective.kind == "samples_per_s" and not fixed.job_changes
 
 
 def test_cli_options_and_an_api_body_build_the_same_definition(tmp_path: Path) -> None:

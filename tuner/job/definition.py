@@ -1,0 +1,145 @@
+"""The user's job: what their training run does and must keep doing while the search varies speed-and-memory knobs.
+
+Precision, the lengths (seq2seq: encoder input and labels; causal LM: one), and the evaluation step (eval batch,
+predict_with_generate, generation length, beams) come from the user and stay fixed. Sources, later wins: built-in
+defaults (for the built-in presets only), the baseline (their training args and DeepSpeed JSON), flags. A real model
+with no known length is an error, never a silent default. The search space then keeps only the job's values of these
+knobs (``fix_space``), except where a space file lists one on purpose. The eval batch is probed at the user's value:
+searching below it (it changes speed and memory, not results) needs eval time in the objective, which the probe does
+not measure yet, so a smaller eval batch is only tried when a space file lists eval_batch_size.
+
+Pure: no torch, no storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trials.contract import JobSettings, Precision
+from tuner.errors import ConfigError
+from tuner.job.space import Space
+
+
+class Job(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    precision: Precision
+    max_length: int = Field(ge=1)  # encoder input (seq2seq) or sequence (causal LM) length, tokens
+    max_target_length: int | None = Field(None, ge=1)  # seq2seq label length; None: max_length
+    eval_batch_size: int | None = Field(None, ge=1)  # None: the job does not evaluate
+    generate: bool = False  # predict_with_generate
+    generation_max_length: int | None = Field(None, ge=1)  # None: the label length
+    num_beams: int = Field(1, ge=1)
+
+    @property
+    def evaluates(self) -> bool:
+        return self.eval_batch_size is not None or self.generate
+
+    def settings(self) -> JobSettings:
+        """What a probe needs beside the knobs."""
+        return JobSettings(
+            max_target_length=self.max_target_length,
+            generation_max_length=self.generation_max_length,
+            num_beams=self.num_beams,
+        )
+
+    def describe(self) -> str:
+        """One line for a study's summary."""
+        lengths = f"length {self.max_length}" + (
+            f" -> labels {self.max_target_length}" if self.max_target_length else ""
+        )
+        parts = [self.precision, lengths]
+        if self.evaluates:
+            gen = ""
+            if self.generate:
+                gen = f" + generate {self.generation_max_length or self.max_target_length or self.max_length} tokens"
+                gen += f" x {self.num_beams} beams" if self.num_beams > 1 else ""
+            parts.append(f"eval batch {self.eval_batch_size or '(train micro batch)'}{gen}")
+        else:
+            parts.append("no eval step")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class JobFlags:
+    """The job settings given on the command line (or in an API body): None = not given."""
+
+    precision: Precision | None = None
+    max_length: int | None = None
+    max_target_length: int | None = None
+    eval_batch_size: int | None = None
+    generate: bool | None = None
+    generation_max_length: int | None = None
+    num_beams: int | None = None
+
+
+HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size's default
+
+# Built-in presets only: a tiny model random-initialised from a config has no data, so the tool picks its shapes.
+BUILTIN_DEFAULTS: Mapping[str, Any] = {"precision": "fp32", "max_length": 128}
+
+# Training-args keys of each job setting, first found wins (Seq2SeqTrainingArguments and common script arguments).
+_HF_KEYS: Mapping[str, tuple[str, ...]] = {
+    "max_length": ("max_source_length", "max_seq_length", "max_length", "model_max_length"),
+    "max_target_length": ("max_target_length", "val_max_target_length"),
+    "generation_max_length": ("generation_max_length",),
+    "num_beams": ("generation_num_beams", "num_beams"),
+}
+
+
+def resolve_job(
+    *,
+    builtin: bool,
+    baseline_knobs: Mapping[str, Any] | None = None,
+    hf_args: Mapping[str, Any] | None = None,
+    flags: JobFlags = JobFlags(),
+    length_hint: str = "pass --max-length (the longest input your job trains on; --max-target-length for seq2seq "
+    "labels), or training args with max_source_length / max_seq_length",
+) -> Job:
+    """The job from its sources, later wins: built-in defaults (``builtin`` presets only), the baseline (its parsed
+    knobs: precision, eval batch, predict_with_generate; its training args: lengths, generation), then ``flags``.
+    Without a length from any source: a ConfigError saying ``length_hint`` (how this caller's user gives one)."""
+    values: dict[str, Any] = dict(BUILTIN_DEFAULTS) if builtin else {}
+    if baseline_knobs is not None:
+        values["precision"] = baseline_knobs.get("precision", values.get("precision"))
+        if hf_args:  # a job with training args evaluates the way they say
+            values["eval_batch_size"] = baseline_knobs.get("eval_batch_size")
+            values["generate"] = bool(baseline_knobs.get("generate"))
+    for name, keys in _HF_KEYS.items():
+        found = next((hf_args[k] for k in keys if hf_args and hf_args.get(k) is not None), None)
+        if found is not None:
+            values[name] = found
+    values.update({k: v for k, v in vars(flags).items() if v is not None})
+    if values.get("max_length") is None:
+        raise ConfigError(f"no sequence length for this model: {length_hint}")
+    if values.get("precision") is None:
+        values["precision"] = "fp32"  # a baseline or a flag says otherwise; fp32 is what torch runs by default
+    if values.get("generate") and values.get("eval_batch_size") is None:
+        values["eval_batch_size"] = HF_EVAL_BATCH  # the Trainer's per_device_eval_batch_size default
+    try:
+        return Job.model_validate(values)
+    except ValueError as err:
+        raise ConfigError(f"job settings: {str(err).splitlines()[-1].strip()}") from None
+
+
+#: the knobs that belong to the job, fixed to its values in the space unless a space file lists them
+JOB_KNOBS = ("precision", "max_length", "eval_batch_size", "generate")
+
+
+def fix_space(space: Space, job: Job, listed: Collection[str] = ()) -> tuple[Space, list[str]]:
+    """The space with the job's knobs fixed to the job's values, and the job knobs a space file changes on purpose
+    (``listed``: the knobs the file names, kept as the file says)."""
+    fixed: dict[str, list[Any]] = {}
+    changed: list[str] = []
+    for name in JOB_KNOBS:
+        value = getattr(job, name)
+        if name in listed:
+            if list(getattr(space, name)) != [value]:
+                changed.append(name)
+            continue
+        fixed[name] = [value]
+    return space.restrict(**fixed), changed
