@@ -21,6 +21,12 @@ def tuner(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     return subprocess.run([TUNER, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
 
+def search(url: str, study: str, space: object, budget: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`tuner search` on a 160 MiB emulated device (micro batch 2 of the tiny T5 fits, 32 runs out)."""
+    base = ["--budget", budget, "--space", str(space), "--device-memory", "160MiB", "--storage", url, "--study", study]
+    return tuner("search", *base, *extra)
+
+
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     d = tmp_path_factory.mktemp("search")
@@ -28,23 +34,7 @@ def searched(tmp_path_factory):
     space.write_text(SPACE)
     url = f"sqlite:///{d}/tuner.db"
     # 160 MiB of emulated device memory: micro batch 2 fits (~25 MiB), micro batch 32 runs out (~155 MiB live)
-    done = tuner(
-        "search",
-        "--budget",
-        "3m",
-        "--space",
-        str(space),
-        "--device-memory",
-        "160MiB",
-        "--storage",
-        url,
-        "--study",
-        "e2e",
-        "--finalists",
-        "1",
-        "--seed",
-        "0",
-    )
+    done = search(url, "e2e", str(space), "3m", "--finalists", "1", "--seed", "0")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return url, d, done
 
@@ -171,23 +161,7 @@ def test_baseline_is_probed_first_and_reported(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("micro_batch_size: [2]\nzero_stage: [0]\ngradient_checkpointing: [false]\n")
     url = f"sqlite:///{tmp_path}/tuner.db"
-    done = tuner(
-        "search",
-        "--budget",
-        "3m",
-        "--space",
-        str(space),
-        "--device-memory",
-        "160MiB",
-        "--storage",
-        url,
-        "--study",
-        "flan",
-        "--baseline",
-        str(base),
-        "--finalists",
-        "0",
-    )
+    done = search(url, "flan", str(space), "3m", "--baseline", str(base), "--finalists", "0")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     from tuner.storage import Store
 
@@ -215,18 +189,11 @@ def test_the_motivating_teams_files_fix_the_job_every_probe_runs(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("micro_batch_size: [1, 2]\nzero_stage: [0, 1]\ngradient_checkpointing: [false]\n")
     url = f"sqlite:///{tmp_path}/tuner.db"
-    done = tuner(
-        "search",
-        "--budget",
-        "3m",
-        "--space",
-        str(space),
-        "--device-memory",
-        "160MiB",
-        "--storage",
+    done = search(
         url,
-        "--study",
         "seed",
+        str(space),
+        "3m",
         "--baseline",
         str(SEED / "training_args.json"),
         "--max-length",
