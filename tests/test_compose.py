@@ -8,7 +8,7 @@ import re
 import pytest
 from composefile import DOCKERFILE, ComposeError, command, interpolate, load, parse_cli, with_option
 
-ENV = {"TUNER_API_TOKEN": "t0ken"}
+ENV = {"TUNER_API_TOKEN": "t0ken", "TUNER_MAX_LENGTH": "512"}
 
 
 def test_services_and_their_wiring() -> None:
@@ -44,7 +44,7 @@ def test_each_service_command_is_accepted_by_the_cli(service, path) -> None:
         assert params["host"] == "0.0.0.0" and params["port"] == 8000
     if service == "worker":
         assert params["study"] == "flan-t5-large"
-        assert params["model"] == "google/flan-t5-large"
+        assert params["model"] == "google/flan-t5-large" and params["max_length"] == 512
 
 
 def test_worker_settings_come_from_the_environment() -> None:
@@ -64,7 +64,12 @@ def test_the_parser_rejects_what_the_cli_rejects() -> None:
 
 def test_api_refuses_to_come_up_without_a_token() -> None:
     with pytest.raises(ComposeError, match="TUNER_API_TOKEN"):
-        load({})
+        load({"TUNER_MAX_LENGTH": "512"})
+
+
+def test_the_worker_needs_the_jobs_length() -> None:
+    with pytest.raises(ComposeError, match="TUNER_MAX_LENGTH"):
+        load({"TUNER_API_TOKEN": "t0ken"})
 
 
 def test_interpolation_follows_compose_rules() -> None:

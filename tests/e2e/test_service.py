@@ -35,6 +35,7 @@ COMPOSE_ENV = {
     "TUNER_BUDGET": BUDGET,
     "TUNER_WORLD_SIZE": "1",
     "TUNER_GLOBAL_BATCH": "8",
+    "TUNER_MAX_LENGTH": "32",  # the job of the study the API defines (SPACE: max_length 32)
 }
 
 
