@@ -265,12 +265,15 @@ class Search:
         if self.store.claim(*args):
             return True
         owner = self.store.claim_owner(name, proposal.config_key, proposal.fidelity)
-        done = any(r.config_key == proposal.config_key and r.fidelity == proposal.fidelity for r in self.strategy.rows)
-        if owner is not None and not done and self._stale(owner):
-            # the claim of a worker that died mid-probe: take it over
-            self.store.release_claim(name, proposal.config_key, proposal.fidelity)
-            return self.store.claim(*args)
-        return False
+        if owner is None or not self._stale(owner):
+            return False
+        # the owner is gone; it stores a probe's row before its run ends or its heartbeat stops, so the storage read
+        # after the liveness check tells a finished probe (reuse it) from one it died in (take the claim over)
+        stored = self.store.probes(name, fidelity=proposal.fidelity.value)
+        if any(r.config_key == proposal.config_key for r in stored):
+            return False
+        self.store.release_claim(name, proposal.config_key, proposal.fidelity)
+        return self.store.claim(*args)
 
     def _stale(self, owner: str) -> bool:
         """The claim's worker is gone (tuner.search.liveness: not running, or no heartbeat for STALE_AFTER_S)."""
