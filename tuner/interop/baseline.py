@@ -26,12 +26,12 @@ from tuner.interop.export.mapping import (
     DS_KNOWN_TOP,
     HF_DEFAULTS,
     HF_DS_FILL,
-    HF_MAX_LENGTH_KEYS,
     ZERO_KEYS,
     auto_paths,
     get_path,
     set_path,
 )
+from tuner.job.definition import HF_MAX_LENGTH_KEYS
 
 # Keys that only a DeepSpeed config has / only a training-args JSON has (to tell a lone file's kind).
 _DS_ONLY = {

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from trials.contract import BUCKET_KNOBS, DS_DEFAULT_BUCKET
 from tuner.interop.baseline import Baseline, parse_baseline
-from tuner.interop.export.mapping import HF_MAX_LENGTH_KEYS, auto_paths, get_path
+from tuner.interop.export.mapping import auto_paths, get_path
+from tuner.job.definition import HF_MAX_LENGTH_KEYS
 
 Severity = Literal["warn", "info"]
 LAUNCHER_ENV = ("WORLD_SIZE", "LOCAL_RANK", "RANK")

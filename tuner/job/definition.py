@@ -83,8 +83,9 @@ HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size's default
 BUILTIN_DEFAULTS: Mapping[str, Any] = {"precision": "fp32", "max_length": 128}
 
 # Training-args keys of each job setting, first found wins (Seq2SeqTrainingArguments and common script arguments).
+HF_MAX_LENGTH_KEYS: tuple[str, ...] = ("max_source_length", "max_seq_length", "max_length", "model_max_length")
 _HF_KEYS: Mapping[str, tuple[str, ...]] = {
-    "max_length": ("max_source_length", "max_seq_length", "max_length", "model_max_length"),
+    "max_length": HF_MAX_LENGTH_KEYS,
     "max_target_length": ("max_target_length", "val_max_target_length"),
     "generation_max_length": ("generation_max_length",),
     "num_beams": ("generation_num_beams", "num_beams"),

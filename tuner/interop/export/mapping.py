@@ -64,7 +64,6 @@ HF_DS_FILL: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
 )
 # Where a training-args JSON (HfArgumentParser style, often mixed with the script's data arguments) says how long a
 # sample may be; the first one present wins. The probe pads encoder input and labels to this length (worst case).
-HF_MAX_LENGTH_KEYS: tuple[str, ...] = ("max_source_length", "max_seq_length", "max_length", "model_max_length")
 
 # TrainingArguments defaults the HF Trainer uses when a training-args JSON leaves a field out (transformers 5.x;
 # tests/tuner/interop/test_baseline.py checks them against the installed transformers).
