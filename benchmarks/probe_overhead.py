@@ -21,16 +21,17 @@ from typing import Any
 
 from trials.contract import Knobs, ModelSpec, ProbeConfig
 from tuner.probing import forkserver as launch_forkserver
+from tuner.probing.config import probe_config
 from tuner.probing.runner import probe_env, run_probe
 
 CASES: dict[str, ProbeConfig] = {
-    "1 rank torch": ProbeConfig(
+    "1 rank torch": probe_config(
         model=ModelSpec(),
         knobs=Knobs(micro_batch_size=4, max_length=64, engine="torch"),
         gradient_accumulation_steps=2,
         measure_steps=2,
     ),
-    "1 rank deepspeed z2": ProbeConfig(
+    "1 rank deepspeed z2": probe_config(
         model=ModelSpec(),
         knobs=Knobs(
             micro_batch_size=4, max_length=64, zero_stage=2, reduce_bucket_size=200_000, allgather_bucket_size=200_000
@@ -38,7 +39,7 @@ CASES: dict[str, ProbeConfig] = {
         gradient_accumulation_steps=2,
         measure_steps=2,
     ),
-    "2 ranks deepspeed z2": ProbeConfig(
+    "2 ranks deepspeed z2": probe_config(
         model=ModelSpec(),
         knobs=Knobs(
             micro_batch_size=4,

@@ -26,12 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trials.contract import ModelSpec, ProbeConfig, ProbeResult
+from trials.contract import ModelSpec, ProbeResult
 from tuner.cli.estimate import _parse_size
 from tuner.job.batching import accumulation_steps
 from tuner.job.space import Space, config_key, load_space, space_from_dict
 from tuner.memory.estimator import trace
 from tuner.memory.frontier import describe
+from tuner.probing.config import probe_config
 
 TABLES = Path(__file__).with_name("tables")
 BASE_GRID: dict[str, Any] = {  # knobs a --grid leaves out are fixed here, not at the search's defaults
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             row = rows[config_key(knobs, args.world_size, accum)]
             if len(row["repeats"]) > rep:
                 continue
-            cfg = ProbeConfig(
+            cfg = probe_config(
                 model=model,
                 knobs=knobs,
                 world_size=args.world_size,

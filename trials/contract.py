@@ -11,13 +11,15 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Status = Literal["ok", "oom", "timeout", "error"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Engine = Literal["torch", "deepspeed"]
+# Where a probe rank is: building the engine, training steps, the eval forward, the eval generate.
+Phase = Literal["setup", "train", "eval", "generate"]
 
 BUILTIN_PREFIX = "builtin:"
 # Built-in model presets (random init from a T5Config, no download); trials/models.py holds their shapes.
@@ -45,6 +47,31 @@ DS_DEFAULT_BUCKET = 500_000_000
 # The caching allocator's settings (the alloc_conf knob). PyTorch >= 2.9 reads PYTORCH_ALLOC_CONF and still honours
 # (first) the older PYTORCH_CUDA_ALLOC_CONF: a rank gets both, an export writes both, a rank reports the one in force.
 ALLOC_CONF_ENV: tuple[str, str] = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+# A DeepSpeed JSON value the HF Trainer fills at run time (from its TrainingArguments or the model).
+AUTO = "auto"
+
+# Top-level DeepSpeed keys that act on the training host without changing what a step computes or keeps in device
+# memory: profilers and monitors writing files or contacting a service, the autotuner. A probe runs without them (a
+# probe must not write the user's profiles or log to their wandb); an export carries them, listed as "not probed".
+DS_HOST_KEYS: frozenset[str] = frozenset(
+    {"flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "autotuning", "monitor_config"}
+)
+
+
+def auto_paths(tree: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of every value "auto" left in a (nested) config."""
+    found: list[str] = []
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            found += auto_paths(value, f"{prefix}{key}.")
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            found += auto_paths(value, f"{prefix}{i}.")
+    elif tree == AUTO:
+        found.append(prefix.rstrip("."))
+    return found
 
 
 def allocator_env(alloc_conf: str | None) -> dict[str, str]:
@@ -123,6 +150,7 @@ class JobSettings(_Strict):
     max_target_length: int | None = Field(None, ge=1, description="seq2seq label length; None: max_length")
     generation_max_length: int | None = Field(None, ge=1, description="new tokens of an eval generate; None: labels")
     num_beams: int = Field(1, ge=1, description="beams of an eval generate")
+    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping without DeepSpeed (0: none), as the Trainer")
 
     def label_length(self, max_length: int) -> int:
         return self.max_target_length or max_length
@@ -135,6 +163,10 @@ class ProbeConfig(_Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     knobs: Knobs
     job: JobSettings = Field(default_factory=JobSettings)
+    # The DeepSpeed JSON the user runs with these knobs (engine deepspeed): tuner.interop.export.to_deepspeed of the
+    # knobs and the user's own DeepSpeed settings, the one function the export uses too. The probe runs it as is but
+    # for trials.engine.probe_deepspeed_config's documented adaptations (its accumulation, no profiler files ...).
+    deepspeed: dict[str, Any] | None = None
     world_size: int = Field(1, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
     warmup_steps: int = Field(2, ge=1, description="micro-steps before measuring, at least one optimizer step")
@@ -180,11 +212,13 @@ class RankResult(_Strict):
     fingerprint: dict[str, str | int | float] = Field(default_factory=dict)
     # where setup_s went, seconds: "start" (launch to probe code: spawn + imports), "dist", "model", "engine"
     setup_phases: dict[str, float] = Field(default_factory=dict)
+    phase: Phase | None = None  # where a failed rank was when it failed
 
 
 class ProbeResult(_Strict):
     status: Status
     cause: str | None = None
+    phase: Phase | None = None  # of the rank whose failure names the probe's (e.g. an OOM in the eval generate)
     samples_per_s: float | None = None  # at the global batch, over whole accumulation cycles
     tokens_per_s: float | None = None  # samples_per_s * max_length (worst-case padded shapes)
     steps: StepStats | None = None  # of rank 0

@@ -1,4 +1,5 @@
-"""Training engines of one probe: plain PyTorch (AdamW, optional autocast) and a real DeepSpeed engine built from Knobs.
+"""Training engines of one probe: plain PyTorch (the Trainer's AdamW, autocast, clipping) and a real DeepSpeed engine
+built from the job's DeepSpeed JSON (ProbeConfig.deepspeed, the export's).
 
 Both expose the same three things to the probe loop: ``micro_step(batch) -> bool`` (True when that micro-step ended
 with an optimizer step), ``module`` (the unwrapped model, for eval/generate) and ``optimizer_for_host()`` (the
@@ -8,12 +9,13 @@ optimizer whose state lives in host memory under CPU offload, else None).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import copy
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
 
-from trials.contract import DS_DEFAULT_BUCKET, Knobs
+from trials.contract import AUTO, DS_HOST_KEYS, ProbeConfig, auto_paths
 
 
 class Engine(Protocol):
@@ -42,11 +44,14 @@ def _autocast_dtype(precision: str) -> torch.dtype | None:
 
 
 class TorchEngine:
-    """AdamW over an fp32 model; bf16/fp16 through autocast (fp16 with a GradScaler on CUDA); DDP for world > 1."""
+    """The Trainer's plain path: AdamW (client_optimizer) over an fp32 model, bf16/fp16 through autocast (fp16 with a
+    GradScaler on CUDA), gradient clipping at the job's max_grad_norm; DDP for world > 1."""
 
     def __init__(
-        self, model: torch.nn.Module, knobs: Knobs, accum: int, device: torch.device, lr: float, world_size: int
+        self, model: torch.nn.Module, config: ProbeConfig, accum: int, device: torch.device, world_size: int
     ) -> None:
+        knobs = config.knobs
+        self.max_grad_norm = config.job.max_grad_norm
         self.module = model.to(device)
         if knobs.gradient_checkpointing:
             enable_checkpointing(model)
@@ -60,7 +65,7 @@ class TorchEngine:
                 device_ids=ids,
                 bucket_cap_mb=knobs.reduce_bucket_size * 4 / 2**20 if knobs.reduce_bucket_size else 25.0,
             )
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        self.optimizer = client_optimizer(model.parameters(), config.learning_rate, device.type == "cuda")
         self.dtype = _autocast_dtype(knobs.precision)
         if self.dtype is torch.float16 and device.type != "cuda":
             raise ValueError("fp16 autocast needs a CUDA device; use precision bf16 or fp32 on CPU")
@@ -81,6 +86,10 @@ class TorchEngine:
             else:
                 loss.backward()
         if boundary:
+            if self.max_grad_norm > 0:
+                if self.scaler is not None:
+                    self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.max_grad_norm)
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
@@ -101,37 +110,65 @@ class TorchEngine:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
 
-def deepspeed_config(knobs: Knobs, accum: int, world_size: int, lr: float) -> dict[str, Any]:
-    """The DeepSpeed JSON for these knobs (tuner/interop/export writes the same mapping for users)."""
-    zero: dict[str, Any] = {
-        "stage": knobs.zero_stage,
-        "overlap_comm": knobs.overlap_comm,
-        "contiguous_gradients": knobs.contiguous_gradients,
-        "allgather_bucket_size": knobs.allgather_bucket_size or DS_DEFAULT_BUCKET,
-        "reduce_bucket_size": knobs.reduce_bucket_size or DS_DEFAULT_BUCKET,
+# Model-sized "auto" values of a ZeRO config, resolved from the hidden size as the HF Trainer does
+# (transformers' HfTrainerDeepSpeedConfig.trainer_config_finalize).
+def _model_sized(hidden: int) -> dict[str, int]:
+    return {
+        "reduce_bucket_size": hidden * hidden,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+        "stage3_param_persistence_threshold": 10 * hidden,
     }
-    if knobs.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-    optimizer_params: dict[str, Any] = {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
-    if not knobs.offload_optimizer:
-        # torch.optim.AdamW instead of FusedAdam: no 40 s op compile per fresh cache (offload uses DeepSpeedCPUAdam)
-        optimizer_params["torch_adam"] = True
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": knobs.micro_batch_size,
-        "gradient_accumulation_steps": accum,
-        "train_batch_size": knobs.micro_batch_size * accum * world_size,
-        "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": optimizer_params},
-        "gradient_clipping": 1.0,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-        "zero_allow_untested_optimizer": True,
-    }
-    if knobs.precision == "bf16":
-        config["bf16"] = {"enabled": True}
-    elif knobs.precision == "fp16":
-        config["fp16"] = {"enabled": True, "initial_scale_power": 16, "loss_scale_window": 1000}
-    return config
+
+
+_ADAM_TYPES = {"adam", "adamw"}
+
+
+def probe_deepspeed_config(
+    user: Mapping[str, Any], *, micro_batch_size: int, accum: int, world_size: int, cuda: bool, hidden_size: int
+) -> dict[str, Any]:
+    """The user's DeepSpeed JSON (ProbeConfig.deepspeed, what the export writes) as one probe rank runs it.
+
+    Only these change, each because of how a probe runs, not what the job computes:
+    - the batch fields at the probe's accumulation (it times min(accum, 2) micro-steps; the runner composes the cycle);
+    - DS_HOST_KEYS dropped (profilers and monitors write the user's files), steps_per_print silenced;
+    - the model-sized "auto" values resolved from the hidden size, as the Trainer resolves them;
+    - no optimizer section: the HF Trainer passes its own optimizer (see client_optimizer) and sets
+      zero_allow_untested_optimizer, so the probe does too;
+    - on CPU (the emulated device) only: Adam/AdamW runs torch's AdamW instead of the CUDA-only FusedAdam, and
+      offload buffers are not pinned (pinning needs CUDA). Offloaded Adam is DeepSpeedCPUAdam on both.
+    Any other "auto" left is a ValueError naming it (the baseline import resolves the training-args ones).
+    """
+    ds: dict[str, Any] = copy.deepcopy(dict(user))
+    for key in DS_HOST_KEYS:
+        ds.pop(key, None)
+    ds["train_micro_batch_size_per_gpu"] = micro_batch_size
+    ds["gradient_accumulation_steps"] = accum
+    ds["train_batch_size"] = micro_batch_size * accum * world_size
+    ds["steps_per_print"] = 10**9
+    zero = ds.setdefault("zero_optimization", {})
+    for key, value in _model_sized(hidden_size).items():
+        if zero.get(key) == AUTO:
+            zero[key] = value
+    offload = (zero.get("offload_optimizer") or {}).get("device", "none") != "none"
+    optimizer = ds.get("optimizer")
+    if optimizer is None:
+        ds["zero_allow_untested_optimizer"] = True
+    elif not cuda and not offload and str(optimizer.get("type", "")).lower() in _ADAM_TYPES:
+        optimizer["params"] = {**(optimizer.get("params") or {}), "torch_adam": True}
+    if not cuda:
+        for name in ("offload_optimizer", "offload_param"):
+            if isinstance(zero.get(name), dict) and zero[name].get("pin_memory"):
+                zero[name] = {**zero[name], "pin_memory": False}
+    left = auto_paths(ds)
+    if left:
+        raise ValueError(f"the DeepSpeed config leaves {', '.join(left)} as 'auto' and nothing resolves it")
+    return ds
+
+
+def client_optimizer(params: Iterable[torch.nn.Parameter], lr: float, cuda: bool) -> torch.optim.Optimizer:
+    """The optimizer the HF Trainer builds when the job names none (TrainingArguments.optim's default
+    adamw_torch_fused; the fused kernel on CUDA, the plain one where fused does not run)."""
+    return torch.optim.AdamW(params, lr=lr, fused=True if cuda else None)
 
 
 # ZeRO optimizer attributes that live in host memory when the optimizer is offloaded (stages 1-2 and 3)
@@ -160,15 +197,31 @@ class DeepSpeedEngine:
     """A real ``deepspeed.initialize`` engine; the process group must already be initialised."""
 
     def __init__(
-        self, model: torch.nn.Module, knobs: Knobs, accum: int, device: torch.device, lr: float, world_size: int
+        self, model: torch.nn.Module, config: ProbeConfig, accum: int, device: torch.device, world_size: int
     ) -> None:
         import deepspeed
 
+        knobs = config.knobs
+        if config.deepspeed is None:
+            raise ValueError(
+                "ProbeConfig.deepspeed is unset for engine 'deepspeed': build the probe config with "
+                "tuner.probing.config.probe_config, which writes the job's DeepSpeed JSON"
+            )
         if knobs.gradient_checkpointing:
             enable_checkpointing(model)
-        self.config = deepspeed_config(knobs, accum, world_size, lr)
+        cuda = device.type == "cuda"
+        self.config = probe_deepspeed_config(
+            config.deepspeed,
+            micro_batch_size=knobs.micro_batch_size,
+            accum=accum,
+            world_size=world_size,
+            cuda=cuda,
+            hidden_size=hidden_size(model),
+        )
+        params = [p for p in model.parameters() if p.requires_grad]
+        client = None if "optimizer" in self.config else client_optimizer(params, config.learning_rate, cuda)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=self.config
+            model=model, model_parameters=params, optimizer=client, config=self.config
         )
         self.module = self.engine.module
         self.device = self.engine.device
@@ -198,8 +251,18 @@ class DeepSpeedEngine:
             yield from _tensors_in(getattr(self.optimizer, name, None))
 
 
+def hidden_size(model: torch.nn.Module) -> int:
+    """The model's hidden size as the Trainer reads it for model-sized "auto" values (d_model for T5)."""
+    config = getattr(model, "config", None)
+    for name in ("hidden_size", "d_model"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    raise ValueError(f"{type(model).__name__} has no hidden_size or d_model in its config")
+
+
 def build_engine(
-    model: torch.nn.Module, knobs: Knobs, accum: int, device: torch.device, lr: float, world_size: int
+    model: torch.nn.Module, config: ProbeConfig, accum: int, device: torch.device, world_size: int
 ) -> Engine:
-    cls = DeepSpeedEngine if knobs.engine == "deepspeed" else TorchEngine
-    return cls(model, knobs, accum, device, lr, world_size)
+    cls = DeepSpeedEngine if config.knobs.engine == "deepspeed" else TorchEngine
+    return cls(model, config, accum, device, world_size)

@@ -30,6 +30,7 @@ from trials.contract import (
     EXIT_OK,
     EXIT_OOM,
     EXIT_TIMEOUT,
+    Phase,
     ProbeConfig,
     RankMemory,
     RankResult,
@@ -80,6 +81,7 @@ class Probe:
         self._mark_t = time.time()
         self.phases["start"] = max(0.0, self._mark_t - self.launch_t)
         self.boundary_times: list[float] = []
+        self.phase: Phase = "setup"
 
     def _mark(self, phase: str) -> None:
         now = time.time()
@@ -184,8 +186,10 @@ class Probe:
         model.eval()
         try:
             with torch.no_grad(), engine.autocast():
+                self.phase = "eval"
                 model(**batch)
                 if knobs.generate:
+                    self.phase = "generate"
                     zero3 = knobs.engine == "deepspeed" and knobs.zero_stage == 3 and self.world_size > 1
                     model.generate(  # type: ignore[operator]  # engine.module is typed as a plain Module
                         input_ids=batch["input_ids"],
@@ -228,11 +232,12 @@ class Probe:
                 device=self.device,
                 label_length=cfg.job.label_length(knobs.max_length),
             )
-            engine = build_engine(model, knobs, accum, self.device, cfg.learning_rate, self.world_size)
+            engine = build_engine(model, cfg, accum, self.device, self.world_size)
             self._host_offload(engine)
             self._mark("engine")
             memory_steps = max(cfg.warmup_steps, 2 * accum)
             memory_steps = math.ceil(memory_steps / accum) * accum
+            self.phase = "train"
             for i in range(memory_steps):
                 self._step(engine, batch, timed=False)
                 self._host_offload(engine)
@@ -240,6 +245,7 @@ class Probe:
                     self._settle()
             self._eval(engine, vocab, encdec)
         timed_steps = math.ceil(max(cfg.measure_steps, accum) / accum) * accum
+        self.phase = "train"
         for _ in range(timed_steps):
             self._step(engine, batch, timed=True)
         return RankResult(
@@ -301,6 +307,7 @@ class Probe:
             setup_s=self._setup_s(),
             versions=versions(),
             fingerprint=fingerprint(self.device),
+            phase=self.phase,
         ), code
 
 

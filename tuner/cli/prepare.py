@@ -10,8 +10,9 @@ import time
 
 import typer
 
-from trials.contract import Knobs, ProbeConfig
+from trials.contract import Knobs
 from tuner.cli.app import app
+from tuner.probing.config import probe_config
 from tuner.settings import load_settings
 
 
@@ -22,7 +23,7 @@ def prepare() -> None:
     from tuner.probing.ops import ensure_ops, missing_ops, needed_ops
     from tuner.probing.runner import probe_env
 
-    config = ProbeConfig(knobs=Knobs(micro_batch_size=1, max_length=8, zero_stage=1, offload_optimizer=True))
+    config = probe_config(knobs=Knobs(micro_batch_size=1, max_length=8, zero_stage=1, offload_optimizer=True))
     ext_dir = load_settings().torch_extensions_dir
     start = time.monotonic()
     built = ensure_ops(config, probe_env(1))

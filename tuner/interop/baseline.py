@@ -73,6 +73,11 @@ class Baseline:
     ds_config: dict[str, Any]  # the user's DeepSpeed JSON, "auto" filled where the training args resolve it
     hf_args: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how each default or "auto" was resolved
+    ds_given: dict[str, Any] | None = None  # the user's DeepSpeed JSON as given ("auto" kept)
+
+    def files(self) -> dict[str, Any]:
+        """The user's files as given, what an export starts from: {"deepspeed": ..., "training_args": ...}."""
+        return {"deepspeed": self.ds_given, "training_args": self.hf_args or None}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -382,6 +387,7 @@ def parse_baseline(
         ds_config=ds if ds_config is not None else {},
         hf_args=hf.given,
         notes=notes,
+        ds_given=copy.deepcopy(dict(ds_config)) if ds_config is not None else None,
     )
 
 

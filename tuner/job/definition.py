@@ -34,6 +34,7 @@ class Job(BaseModel):
     generate: bool = False  # predict_with_generate
     generation_max_length: int | None = Field(None, ge=1)  # None: the label length
     num_beams: int = Field(1, ge=1)
+    max_grad_norm: float = Field(1.0, ge=0)  # clipping of a job without DeepSpeed (TrainingArguments' default)
 
     @property
     def evaluates(self) -> bool:
@@ -45,6 +46,7 @@ class Job(BaseModel):
             max_target_length=self.max_target_length,
             generation_max_length=self.generation_max_length,
             num_beams=self.num_beams,
+            max_grad_norm=self.max_grad_norm,
         )
 
     def describe(self) -> str:
@@ -89,6 +91,7 @@ _HF_KEYS: Mapping[str, tuple[str, ...]] = {
     "max_target_length": ("max_target_length", "val_max_target_length"),
     "generation_max_length": ("generation_max_length",),
     "num_beams": ("generation_num_beams", "num_beams"),
+    "max_grad_norm": ("max_grad_norm",),
 }
 
 

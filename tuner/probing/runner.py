@@ -264,7 +264,9 @@ def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: 
         )
     if failures:
         r, status, cause = max(failures, key=lambda f: (_RANK[f[1]], -f[0].rank))
-        return ProbeResult(status=status, cause=cause or f"rank {r.rank}: {status}", **common)
+        read = r.read()
+        phase = read.phase if read is not None else None
+        return ProbeResult(status=status, cause=cause or f"rank {r.rank}: {status}", phase=phase, **common)
     if any(s is None for _, s, _ in statuses) or results[0] is None or results[0].steps is None:
         return ProbeResult(status="error", cause="probe ended without results from every rank", **common)
     steps = results[0].steps

@@ -38,7 +38,8 @@ class SearchRequest:
     headroom: float = DEFAULT_HEADROOM
     n_trials: int | None = None
     baseline: Knobs | None = None
-    baseline_source: dict[str, Any] | None = None  # what the user's baseline file said (for reports)
+    baseline_source: dict[str, Any] | None = None  # the user's DeepSpeed JSON, "auto" resolved (what probes run)
+    baseline_files: dict[str, Any] | None = None  # the user's files as given: {"deepspeed": ..., "training_args": ...}
     schedule: Schedule = field(default_factory=Schedule)
     seed: int | None = None
     job: Job | None = None  # what stays fixed (tuner.job.definition); None: a study stored before the job existed
@@ -58,6 +59,7 @@ class SearchRequest:
             "budget_s": self.budget_s,
             "baseline": self.baseline.model_dump(mode="json") if self.baseline is not None else None,
             "baseline_source": self.baseline_source,
+            "baseline_files": self.baseline_files,
             "finalists": self.schedule.finalists,
         }
 
@@ -145,6 +147,7 @@ def build_request(
         n_trials=n_trials,
         baseline=base_knobs,
         baseline_source=base.ds_config if base is not None else None,
+        baseline_files=base.files() if base is not None else None,
         schedule=schedule if schedule is not None else Schedule(),
         seed=seed,
         job=job,
@@ -187,6 +190,7 @@ def request_from_definition(base: SearchRequest, stored: dict[str, Any]) -> Sear
         n_trials=base.n_trials,
         baseline=Knobs.model_validate(stored["baseline"]) if stored.get("baseline") else None,
         baseline_source=stored.get("baseline_source"),
+        baseline_files=stored.get("baseline_files"),
         schedule=base.schedule,
         seed=base.seed,
         job=Job.model_validate(stored["job"]) if stored.get("job") else None,

@@ -18,8 +18,9 @@ lookup and a simulated clock. The phases:
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import TrialState
@@ -29,6 +30,7 @@ from tuner.job.batching import accumulation_steps
 from tuner.job.objective import Objective
 from tuner.job.space import Space, config_key
 from tuner.memory.frontier import Frontier
+from tuner.probing.config import probe_config
 from tuner.search import confirm, proposers
 from tuner.search.evidence import EstimatorLike, Evidence
 from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow, inferred_row, probe_row
@@ -57,6 +59,8 @@ class SearchSetup:
     n_trials: int | None = None  # explore probes the search may run (inferred configs and duplicates are free)
     seed: int | None = None
     job: JobSettings = field(default_factory=JobSettings)  # label/generation lengths and beams of the user's job
+    deepspeed_base: Mapping[str, Any] | None = None  # the user's DeepSpeed JSON, "auto" resolved: every probe's base
+    training_args: Mapping[str, Any] | None = None  # the user's training args (the Trainer's optimizer values)
 
     @classmethod
     def of(cls, request: SearchRequest) -> SearchSetup:
@@ -73,6 +77,8 @@ class SearchSetup:
             n_trials=request.n_trials,
             seed=request.seed,
             job=request.job.settings() if request.job is not None else JobSettings(),
+            deepspeed_base=request.baseline_source,
+            training_args=(request.baseline_files or {}).get("training_args"),
         )
 
 
@@ -199,9 +205,11 @@ class Strategy:
         if accum is None:  # the space is restricted to reachable micro batches; a baseline may not be
             raise ValueError(f"micro batch {knobs.micro_batch_size} cannot reach global batch {s.global_batch}")
         warmup, measure = self.schedule.confirm if fidelity == Fidelity.CONFIRM else self.schedule.short
-        return ProbeConfig(
-            model=s.model,
+        return probe_config(
             knobs=knobs,
+            baseline=s.deepspeed_base,
+            training_args=s.training_args,
+            model=s.model,
             world_size=s.world_size,
             gradient_accumulation_steps=accum,
             warmup_steps=warmup,

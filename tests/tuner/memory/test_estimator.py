@@ -12,6 +12,7 @@ import pytest
 from trials.contract import Knobs
 from tuner.errors import ConfigError
 from tuner.memory.estimator import Estimator, Trace, TracePoint, model_state_bytes, zero_order_sound, zero_stage_need
+from tuner.probing.config import probe_config
 from tuner.search.rows import ProbeRow
 
 P = 1_000_000
@@ -200,14 +201,13 @@ def test_zero_stage_need_follows_the_arithmetic() -> None:
 
 @pytest.mark.slow
 def test_cli_estimate_calibrates_from_a_stored_study(tmp_path: Path) -> None:
-    from trials.contract import ProbeConfig
     from tuner.storage.store import Store
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     store = Store(url)
     store.ensure_study("s", {"model": "builtin:tiny-t5"})
     knobs = Knobs(micro_batch_size=4, max_length=64)
-    cfg = ProbeConfig(knobs=knobs)
+    cfg = probe_config(knobs=knobs)
     store.record_probe(
         ProbeRow.from_record(
             {

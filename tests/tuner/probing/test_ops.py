@@ -9,11 +9,12 @@ import pytest
 
 from trials.contract import Knobs, ProbeConfig
 from tuner.probing import ops as launch_ops
+from tuner.probing.config import probe_config
 from tuner.probing.ops import ensure_ops, missing_ops, needed_ops
 
 
 def _cfg(**knobs: object) -> ProbeConfig:
-    return ProbeConfig(knobs=Knobs(micro_batch_size=1, max_length=8, **knobs))  # type: ignore[arg-type]
+    return probe_config(knobs=Knobs(micro_batch_size=1, max_length=8, **knobs))  # type: ignore[arg-type]
 
 
 def test_needed_ops() -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
+from trials.contract import Knobs, ModelSpec, ProbeResult
+from tuner.probing.config import probe_config
 from tuner.probing.runner import run_probe
 
 pytestmark = pytest.mark.slow
@@ -59,7 +60,7 @@ def _assert_ok(result: ProbeResult) -> None:
 
 
 def test_one_rank_plain_torch_probe(tmp_path: Path, launcher: str) -> None:
-    cfg = ProbeConfig(
+    cfg = probe_config(
         model=TINY,
         knobs=Knobs(micro_batch_size=4, max_length=32, engine="torch"),
         gradient_accumulation_steps=4,
@@ -95,7 +96,7 @@ def test_two_rank_deepspeed_zero2_overlap_comm_custom_buckets(tmp_path: Path) ->
         allgather_bucket_size=50_000,
         reduce_bucket_size=50_000,
     )
-    cfg = ProbeConfig(
+    cfg = probe_config(
         model=TINY, knobs=knobs, world_size=2, gradient_accumulation_steps=2, measure_steps=2, timeout_s=300
     )
     result = run_probe(cfg, tmp_path, launcher="forkserver")
@@ -125,12 +126,12 @@ def test_local_save_pretrained_dir_with_eval_and_generate(tmp_path: Path) -> Non
     )
     T5ForConditionalGeneration(config).save_pretrained(model_dir)
     knobs = Knobs(micro_batch_size=2, max_length=16, engine="torch", eval_batch_size=4, generate=True)
-    cfg = ProbeConfig(model=ModelSpec(source=str(model_dir)), knobs=knobs, timeout_s=240)
+    cfg = probe_config(model=ModelSpec(source=str(model_dir)), knobs=knobs, timeout_s=240)
     _assert_ok(run_probe(cfg, tmp_path / "work"))
 
 
 def test_too_small_device_memory_is_oom(tmp_path: Path) -> None:
-    cfg = ProbeConfig(
+    cfg = probe_config(
         model=TINY,
         knobs=Knobs(micro_batch_size=8, max_length=128, engine="torch"),
         device_memory=8_000_000,
@@ -145,7 +146,7 @@ def test_too_small_device_memory_is_oom(tmp_path: Path) -> None:
 
 
 def test_two_rank_oom_ends_the_whole_group(tmp_path: Path) -> None:
-    cfg = ProbeConfig(
+    cfg = probe_config(
         model=TINY,
         knobs=Knobs(micro_batch_size=8, max_length=128, engine="torch"),
         world_size=2,
@@ -158,7 +159,7 @@ def test_two_rank_oom_ends_the_whole_group(tmp_path: Path) -> None:
 
 
 def test_error_probe_reports_its_message(tmp_path: Path) -> None:
-    cfg = ProbeConfig(
+    cfg = probe_config(
         model=ModelSpec(source="builtin:no-such-preset"), knobs=Knobs(micro_batch_size=1, max_length=8), timeout_s=120
     )
     result = run_probe(cfg, tmp_path)
@@ -167,7 +168,7 @@ def test_error_probe_reports_its_message(tmp_path: Path) -> None:
 
 
 def test_timeout_kills_every_process_of_the_probe(tmp_path: Path, launcher: str) -> None:
-    cfg = ProbeConfig(
+    cfg = probe_config(
         model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"), measure_steps=10**7, timeout_s=4
     )
     result = run_probe(cfg, tmp_path, launcher=launcher)
@@ -178,7 +179,7 @@ def test_timeout_kills_every_process_of_the_probe(tmp_path: Path, launcher: str)
 
 
 def test_rank_killed_by_sigkill_is_oom(tmp_path: Path, launcher: str) -> None:
-    cfg = ProbeConfig(
+    cfg = probe_config(
         model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"), measure_steps=10**7, timeout_s=120
     )
     box: dict[str, ProbeResult] = {}
@@ -209,7 +210,7 @@ def test_offload_takes_optimizer_state_off_the_emulated_device(tmp_path: Path) -
             reduce_bucket_size=50_000,
             allgather_bucket_size=50_000,
         )
-        cfg = ProbeConfig(model=TINY, knobs=knobs, gradient_accumulation_steps=2, measure_steps=2, timeout_s=300)
+        cfg = probe_config(model=TINY, knobs=knobs, gradient_accumulation_steps=2, measure_steps=2, timeout_s=300)
         result = run_probe(cfg, tmp_path / f"offload-{offload}")
         _assert_ok(result)
         assert result.peak_allocated is not None
@@ -223,12 +224,12 @@ def test_offload_takes_optimizer_state_off_the_emulated_device(tmp_path: Path) -
 
 def test_zero3_bf16_checkpointing_smoke(tmp_path: Path) -> None:
     knobs = Knobs(micro_batch_size=2, max_length=16, zero_stage=3, precision="bf16", gradient_checkpointing=True)
-    cfg = ProbeConfig(model=TINY, knobs=knobs, warmup_steps=2, measure_steps=1, timeout_s=300)
+    cfg = probe_config(model=TINY, knobs=knobs, warmup_steps=2, measure_steps=1, timeout_s=300)
     _assert_ok(run_probe(cfg, tmp_path))
 
 
 def test_setup_phases_are_reported(tmp_path: Path) -> None:
-    cfg = ProbeConfig(model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"), timeout_s=120)
+    cfg = probe_config(model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"), timeout_s=120)
     result = run_probe(cfg, tmp_path, launcher="forkserver")
     _assert_ok(result)
     assert set(result.setup_phases) >= {"start", "model", "engine"}
@@ -283,13 +284,13 @@ def test_allocator_env_sets_both_variables_from_the_knob_and_nothing_when_unset(
 @pytest.mark.parametrize("launcher", ["forkserver", "spawn"])
 def test_alloc_conf_reaches_the_rank_and_an_inherited_one_is_recorded(launcher, monkeypatch) -> None:
     knob = run_probe(
-        ProbeConfig(knobs=Knobs(micro_batch_size=2, max_length=16, engine="torch", alloc_conf="max_split_size_mb:64")),
+        probe_config(knobs=Knobs(micro_batch_size=2, max_length=16, engine="torch", alloc_conf="max_split_size_mb:64")),
         launcher=launcher,
     )
     assert knob.status == "ok", knob.cause
     assert knob.fingerprint["alloc_conf"] == "max_split_size_mb:64"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # the user's shell
-    shell = run_probe(ProbeConfig(knobs=Knobs(micro_batch_size=2, max_length=16, engine="torch")), launcher=launcher)
+    shell = run_probe(probe_config(knobs=Knobs(micro_batch_size=2, max_length=16, engine="torch")), launcher=launcher)
     assert shell.status == "ok", shell.cause
     assert shell.fingerprint["alloc_conf"] == "expandable_segments:True"
 
@@ -299,10 +300,10 @@ def test_a_probe_runs_the_jobs_label_length_and_eval_generate_with_beams() -> No
     from trials.contract import JobSettings
 
     knobs = Knobs(micro_batch_size=2, max_length=32, engine="torch", eval_batch_size=4, generate=True)
-    short = run_probe(ProbeConfig(knobs=knobs, job=JobSettings(max_target_length=4), device_memory=64 << 20))
+    short = run_probe(probe_config(knobs=knobs, job=JobSettings(max_target_length=4), device_memory=64 << 20))
     assert short.status == "ok", short.cause
     long = run_probe(
-        ProbeConfig(
+        probe_config(
             knobs=knobs,
             job=JobSettings(max_target_length=32, generation_max_length=32, num_beams=4),
             device_memory=64 << 20,

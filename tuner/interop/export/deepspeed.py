@@ -14,6 +14,7 @@ from tuner.interop.export.mapping import (
     AUTO,
     DS_BATCH_KEYS,
     DS_FIELDS,
+    HF_DEFAULTS,
     auto_paths,
     encode_offload,
     precision_blocks,
@@ -34,6 +35,21 @@ def validate_knobs(knobs: Mapping[str, Any]) -> Knobs:
         raise ConfigError(f"invalid knobs: {where}: {first['msg']}") from None
 
 
+def trainer_adamw(training_args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """DeepSpeed's AdamW section with the hyperparameters the HF Trainer gives its own AdamW: the training args',
+    else TrainingArguments' defaults (the numerics of the optimizer the job would otherwise run)."""
+    given = {**HF_DEFAULTS, **dict(training_args or {})}
+    return {
+        "type": "AdamW",
+        "params": {
+            "lr": given["learning_rate"],
+            "betas": [given["adam_beta1"], given["adam_beta2"]],
+            "eps": given["adam_epsilon"],
+            "weight_decay": given["weight_decay"],
+        },
+    }
+
+
 def check_batch(world_size: int, gradient_accumulation_steps: int) -> None:
     for name, value in (("world_size", world_size), ("gradient_accumulation_steps", gradient_accumulation_steps)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -47,6 +63,7 @@ def to_deepspeed(
     gradient_accumulation_steps: int,
     baseline: Mapping[str, Any] | None = None,
     allow_auto: bool = False,
+    training_args: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A complete DeepSpeed config for ``knobs`` at ``world_size`` ranks.
 
@@ -54,6 +71,9 @@ def to_deepspeed(
     clipping, precision options and any other sections are kept; the batch fields, the ZeRO stage and the tuned ZeRO
     keys and the precision switch come from ``knobs``. With ``allow_auto`` False (the deepspeed format) any "auto"
     left in a kept section is a ConfigError; the HF Trainer fills those itself, so the hf/accelerate exports allow them.
+    An offloading config whose baseline names no optimizer gets DeepSpeed's AdamW at the values the Trainer would
+    give its own (``trainer_adamw``): ZeRO-Offload refuses a client optimizer. The probe runs this same JSON
+    (trials.engine.probe_deepspeed_config).
     """
     k = validate_knobs(knobs)
     check_batch(world_size, gradient_accumulation_steps)
@@ -93,6 +113,8 @@ def to_deepspeed(
     base.pop("fp16", None)
     out.update(blocks)
     out.update(base)  # optimizer, scheduler, steps_per_print ... exactly as the user had them
+    if k.offload_optimizer and "optimizer" not in out:
+        out["optimizer"] = trainer_adamw(training_args)
     if not allow_auto:
         left = auto_paths(out)
         if left:

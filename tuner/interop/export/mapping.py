@@ -10,7 +10,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-AUTO = "auto"
+# defined with the probe contract (the probe resolves what an export leaves "auto"); re-exported for the exports
+from trials.contract import AUTO as AUTO
+from trials.contract import auto_paths as auto_paths
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,8 @@ DS_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient
 HF_ARGS: dict[str, str] = {
     "micro_batch_size": "per_device_train_batch_size",
     "eval_batch_size": "per_device_eval_batch_size",
-    # transformers 5 prefers activation_checkpointing and keeps this name as an alias until v6 (a FutureWarning);
-    # this spelling works on 4.x and 5.x alike. The baseline import reads both.
+    # transformers 5 renamed it activation_checkpointing (this name warns, gone in v6): the exports write the name of
+    # the installed version (tuner.interop.export.own.checkpointing_key); the baseline import reads both.
     "gradient_checkpointing": "gradient_checkpointing",
     "generate": "predict_with_generate",
 }
@@ -157,10 +159,13 @@ def encode_offload(enabled: bool) -> dict[str, Any]:
 
 
 def precision_blocks(precision: str, base: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """The bf16 and fp16 blocks for ``precision``; the baseline's own block options (loss scaling ...) are kept."""
+    """The bf16 and fp16 blocks for ``precision``; the baseline's own block options (loss scaling ...) are kept, and a
+    switched-off block the user's file does not have is not added (their file, only what was tuned changed)."""
     base = base or {}
     out: dict[str, dict[str, Any]] = {}
     for name, block in PRECISION_BLOCKS.items():
+        if precision != name and base and block not in base:
+            continue  # a user's file without this block: switched off already, nothing to add
         kept = dict(base.get(block) or {}) if precision == name else {}
         kept.pop("enabled", None)
         out[block] = {"enabled": precision == name, **kept}
@@ -181,17 +186,3 @@ def set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     for key in path[:-1]:
         node = node.setdefault(key, {})
     node[path[-1]] = value
-
-
-def auto_paths(tree: Any, prefix: str = "") -> list[str]:
-    """Dotted paths of every value "auto" left in a (nested) config."""
-    found: list[str] = []
-    if isinstance(tree, Mapping):
-        for key, value in tree.items():
-            found += auto_paths(value, f"{prefix}{key}.")
-    elif isinstance(tree, list):
-        for i, value in enumerate(tree):
-            found += auto_paths(value, f"{prefix}{i}.")
-    elif tree == AUTO:
-        found.append(prefix.rstrip("."))
-    return found
