@@ -146,6 +146,23 @@ class BaselineOut(BaseModel):
     )
 
 
+class ChangeOut(BaseModel):
+    file: str = Field(description="'training args' or 'deepspeed' (the user's file), 'knobs' without a baseline")
+    key: str = Field(description="dotted path in that file")
+    old: Any = None
+    new: Any = None
+    added: bool = False
+    removed: bool = False
+
+
+class ChangesOut(BaseModel):
+    changes: list[ChangeOut] = Field(description="what the export changes in the user's files, old -> new")
+    fixed: str | None = Field(None, description="the job, held fixed")
+    not_probed: list[str] = Field(default_factory=list, description="keys of the user's files carried, not probed")
+    verdict: str | None = Field(None, description="against the user's config: the speed-up, or where it ran out")
+    lines: list[str] = Field(default_factory=list, description="the same, as `tuner best --changes` prints it")
+
+
 class BestConfigOut(BaseModel):
     study: str
     format: Format
@@ -168,6 +185,7 @@ class BestConfigOut(BaseModel):
     fingerprint: dict[str, Any] = Field(default_factory=dict, description="hardware the config was measured on")
     versions: dict[str, str] = Field(default_factory=dict, description="torch, deepspeed, transformers versions")
     baseline: BaselineOut | None = None
+    changes: ChangesOut | None = None
     content: str | None = Field(None, description="the config rendered in `format` (null for format=json)")
 
 

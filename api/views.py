@@ -10,6 +10,7 @@ from api.schemas import (
     BaselineOut,
     BestConfigOut,
     BestSoFarOut,
+    ChangesOut,
     ProbeOut,
     ProgressOut,
     RankMemoryOut,
@@ -21,6 +22,7 @@ from api.schemas import (
 )
 from tuner.errors import NoStableConfig, StudyNotFound
 from tuner.interop.export import best_export_args, render_best
+from tuner.interop.export.changes import best_changes
 from tuner.reporting.trials import join_trials
 from tuner.search.liveness import run_is_live
 from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow, ProbeStatus
@@ -226,6 +228,9 @@ def best_config(store: Store, name: str, fmt: str) -> BestConfigOut:
     tokens = [r.tokens_per_s for r in best.rows if r.tokens_per_s is not None]
     headroom = float(definition.get("headroom") or DEFAULT_HEADROOM)
     content = render_best(fmt, best, definition) if fmt != "json" else None
+    base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
+    found = best_changes(best, definition, base)
+    changes = ChangesOut(**found.to_dict(), lines=found.lines())
     return BestConfigOut(
         study=name,
         format=fmt,
@@ -248,5 +253,6 @@ def best_config(store: Store, name: str, fmt: str) -> BestConfigOut:
         fingerprint=dict(result.get("fingerprint") or {}),
         versions={str(k): str(v) for k, v in (result.get("versions") or {}).items()},
         baseline=_baseline(rows, best),
+        changes=changes,
         content=content,
     )

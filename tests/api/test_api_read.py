@@ -109,6 +109,13 @@ def test_best_config_reports_speedup_over_baseline(client) -> None:
     assert base["status"] == "ok" and base["samples_per_s"] == 10.0
     assert base["speedup"] == pytest.approx(body["objective"] / base["objective"])
     assert base["speedup"] > 1.5
+    # the same verdict and changes `tuner best --changes` prints (this study has no baseline files: the knobs)
+    changes = body["changes"]
+    assert changes["verdict"].startswith(f"{base['speedup']:.2f}x the throughput of your config")
+    assert {"file": "knobs", "key": "zero_stage", "old": None, "new": 2, "added": True, "removed": False} in changes[
+        "changes"
+    ]
+    assert changes["lines"][-1] == changes["verdict"]
 
 
 def test_best_config_raw_json_is_the_config_file(client) -> None:

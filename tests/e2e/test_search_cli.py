@@ -218,11 +218,34 @@ def test_the_motivating_teams_files_fix_the_job_every_probe_runs(tmp_path):
     for r in rows:  # every probe ran their job
         assert (r.knobs["precision"], r.knobs["max_length"]) == ("bf16", 32)
         assert (r.knobs["eval_batch_size"], r.knobs["generate"]) == (50, True)
-        assert r.config["job"] == {"max_target_length": 16, "generation_max_length": None, "num_beams": 1}
+        assert r.config["job"] == {
+            "max_target_length": 16,
+            "generation_max_length": None,
+            "num_beams": 1,
+            "max_grad_norm": 1.0,
+        }
+        # the probe ran their DeepSpeed JSON: their optimizer (lr from their args), scheduler, reduce_scatter ...
+        ds = r.config["deepspeed"]
+        assert ds["optimizer"]["params"]["lr"] == 2e-5 and ds["scheduler"]["type"] == "WarmupLR"
+        assert ds["zero_optimization"]["reduce_scatter"] is True and ds["bf16"]["enabled"] is True
+    assert "generate" in first.result["phase"] or first.result["phase"] in ("train", "eval")
     job = store.require_study("seed")["job"]
     assert job["precision"] == "bf16" and job["eval_batch_size"] == 50 and job["generate"] is True
     studies = tuner("studies", "--storage", url)
     assert studies.returncode == 0 and "bf16, length 32" in studies.stdout
+    # what comes back is their training args with only the tuned values changed
+    hf = json.loads(tuner("best", "--storage", url, "--study", "seed", "--format", "hf").stdout)
+    given = json.loads((SEED / "training_args.json").read_text())
+    assert hf["bf16"] is True and hf["predict_with_generate"] is True and hf["per_device_eval_batch_size"] == 50
+    assert {k: hf[k] for k in ("output_dir", "learning_rate", "weight_decay", "report_to", "eval_strategy")} == {
+        k: given[k] for k in ("output_dir", "learning_rate", "weight_decay", "report_to", "eval_strategy")
+    }
+    changes = tuner("best", "--storage", url, "--study", "seed", "--changes")
+    assert changes.returncode == 0, changes.stderr
+    print(changes.stdout)  # the closing note of issue 11 quotes it
+    assert "held fixed (your job): bf16, length 32 -> labels 16, eval batch 50 + generate 16 tokens" in changes.stdout
+    assert "your config ran out of memory in its" in changes.stdout
+    assert "training args: bf16" not in changes.stdout and "predict_with_generate" not in changes.stdout
 
 
 @pytest.mark.slow
@@ -258,3 +281,76 @@ def test_memory_estimate_skips_configs_without_probing(tmp_path):
     assert [r.knobs["micro_batch_size"] for r in inferred] == [32]  # predicted far over 160 MiB: never run
     assert "estimated peak" in (inferred[0].cause or "")
     assert [r.knobs["micro_batch_size"] for r in probed] == [2] and probed[0].estimate_bytes > 0
+
+
+@pytest.mark.slow
+def test_a_causal_lm_from_a_local_directory_runs_the_same_path(tmp_path):
+    """A tiny Llama-shaped model saved with save_pretrained: its training args (bf16, eval batch 4, their
+    ZeRO-1 JSON with "auto") fix the job, every probe runs it through DeepSpeed, the export is their files."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model_dir = tmp_path / "tiny-llama"
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    ds = {
+        "bf16": {"enabled": "auto"},
+        "zero_optimization": {"stage": 1, "reduce_bucket_size": "auto"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    }
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    args = {
+        "output_dir": "out",
+        "bf16": True,
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "per_device_eval_batch_size": 4,
+        "max_seq_length": 24,
+        "deepspeed": "ds.json",
+    }
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    space = tmp_path / "space.yaml"
+    space.write_text("micro_batch_size: [1, 2, 4]\nzero_stage: [0, 1]\ngradient_checkpointing: [false]\n")
+    url = f"sqlite:///{tmp_path}/tuner.db"
+    done = tuner(
+        "search",
+        "--model",
+        str(model_dir),
+        "--baseline",
+        str(tmp_path / "args.json"),
+        "--space",
+        str(space),
+        "--budget",
+        "3m",
+        "--n-trials",
+        "2",
+        "--finalists",
+        "0",
+        "--storage",
+        url,
+        "--study",
+        "llama",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "your job (held fixed): bf16, length 24, eval batch 4" in done.stdout
+    from tuner.storage import Store
+
+    rows = [r for r in Store(url).probes("llama") if r.measured]
+    assert rows[0].fidelity == "baseline" and rows[0].status == "ok", rows[0].cause
+    assert all(
+        (r.knobs["precision"], r.knobs["max_length"], r.knobs["eval_batch_size"]) == ("bf16", 24, 4) for r in rows
+    )
+    # their "auto" bucket reaches the probe, which resolves it from the model (hidden size²) as the Trainer does
+    assert rows[0].config["deepspeed"]["zero_optimization"]["reduce_bucket_size"] == "auto"
+    hf = json.loads(tuner("best", "--storage", url, "--study", "llama", "--format", "hf").stdout)
+    assert hf["max_seq_length"] == 24 and hf["bf16"] is True and hf["per_device_eval_batch_size"] == 4
+    assert hf["deepspeed"]["bf16"] == {"enabled": "auto"}

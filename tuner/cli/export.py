@@ -36,7 +36,7 @@ def export(
 ) -> None:
     """Export the best stable config of a study. With --format accelerate -o FILE the DeepSpeed JSON it points at is
     written next to FILE as FILE-stem.deepspeed.json."""
-    from tuner.interop.export import FORMATS, best_export_args, render_best, to_deepspeed
+    from tuner.interop.export import FORMATS, best_export_args, deepspeed_export, measured_knobs, render_best
     from tuner.interop.export.accelerate import render_yaml, to_accelerate
     from tuner.search.selection import best_stable
     from tuner.settings import load_settings
@@ -58,10 +58,18 @@ def export(
     written = [output]
     if fmt == "accelerate" and best.knobs.get("engine", "deepspeed") == "deepspeed":
         # the accelerate YAML names the DeepSpeed JSON written next to it
-        args = best_export_args(best, definition).kwargs()
+        export = best_export_args(best, definition)
+        knobs = measured_knobs(best)
+        world, accum = export.world_size, export.gradient_accumulation_steps
         ds_path = output.with_name(f"{output.stem}.deepspeed.json").resolve()
-        _write(ds_path, json.dumps(to_deepspeed(best.knobs, **args), indent=2) + "\n")
-        _write(output, render_yaml(to_accelerate(best.knobs, deepspeed_config_file=str(ds_path), **args), str(ds_path)))
+        ds = deepspeed_export(
+            knobs, world_size=world, gradient_accumulation_steps=accum, baseline=export.baseline, files=export.files
+        )
+        _write(ds_path, json.dumps(ds, indent=2) + "\n")
+        acc = to_accelerate(
+            knobs, world_size=world, gradient_accumulation_steps=accum, deepspeed_config_file=str(ds_path)
+        )
+        _write(output, render_yaml(acc, str(ds_path)))
         written.append(ds_path)
     else:
         _write(output, render_best(fmt, best, definition))

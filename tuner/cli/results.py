@@ -55,9 +55,13 @@ def best(
     study: StudyOpt = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="json | deepspeed | hf | accelerate | env")] = "json",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file instead of stdout")] = None,
+    changes: Annotated[
+        bool, typer.Option("--changes", help="list what the export changes in your files (old -> new), not the file")
+    ] = False,
 ) -> None:
-    """Print (or write) the best stable config of a study."""
+    """Print (or write) the best stable config of a study; --changes lists what it changes in your own files."""
     from tuner.interop.export import render_best
+    from tuner.interop.export.changes import best_changes
 
     if fmt not in _formats():
         raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(_formats())}")
@@ -69,7 +73,12 @@ def best(
             f"study {name!r} has no stable config yet; run `tuner search --study {name}` longer or with more "
             "device memory"
         )
-    text = render_best(fmt, found, definition)
+    if changes:
+        rows = store.probes(name)
+        base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
+        text = "".join(line + "\n" for line in best_changes(found, definition, base).lines())
+    else:
+        text = render_best(fmt, found, definition)
     if output is None:
         typer.echo(text, nl=False)
         return

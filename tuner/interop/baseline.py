@@ -348,7 +348,14 @@ def parse_baseline(
     for key in BUCKET_KNOBS:
         value = zero.get(key)
         if value == AUTO:
-            notes.append(f"zero_optimization.{key}: 'auto' unresolved (no model hidden size); DeepSpeed's default used")
+            notes.append(
+                f"zero_optimization.{key}: 'auto' (no model hidden size here): "
+                + (
+                    "the probe resolves it from the model as the Trainer does"
+                    if key == "reduce_bucket_size"
+                    else "the Trainer does not fill it; DeepSpeed's default used"
+                )
+            )
             value = None
         buckets[key] = None if value is None else _int(f"zero_optimization.{key}", value)
     overlap = zero.get("overlap_comm")

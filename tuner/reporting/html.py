@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.memory.imbalance import probe_imbalance
 from tuner.reporting import figures as figs
-from tuner.search.rows import DEFAULT_HEADROOM, ProbeRow
+from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow
 from tuner.search.selection import Candidate, best_stable
 from tuner.storage.store import Store
 
@@ -31,6 +31,7 @@ class ReportData:
     optuna_study: Any | None  # optuna.Study when Optuna has the study
     best: Candidate | None
     exports: dict[str, str] = field(default_factory=dict)  # format -> text (tuner.interop.export.render)
+    changes: list[str] = field(default_factory=list)  # what the export changes in the user's files (`best --changes`)
 
     @property
     def headroom(self) -> float:
@@ -81,7 +82,13 @@ def load(url: str, study: str) -> ReportData:
     rows = store.probes(study)
     best = best_stable(rows)
     exports = _exports(best, definition or {}) if best is not None else {}
-    return ReportData(study, definition or {}, rows, optuna_study, best, exports)
+    changes: list[str] = []
+    if best is not None:
+        from tuner.interop.export.changes import best_changes
+
+        base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
+        changes = best_changes(best, definition or {}, base).lines()
+    return ReportData(study, definition or {}, rows, optuna_study, best, exports, changes)
 
 
 # -- HTML ----------------------------------------------------------------------------------------------------------
@@ -174,7 +181,8 @@ def _best_section(data: ReportData) -> str:
         f"<details{' open' if i == 0 else ''}><summary>{_e(fmt)}</summary><pre>{_e(text)}</pre></details>"
         for i, (fmt, text) in enumerate(data.exports.items())
     )
-    return _table(["", ""], facts) + _table(["knob", "value"], knobs) + "<h3>Export</h3>" + exports
+    changes = "<h3>Changes to your files</h3><pre>" + _e("\n".join(data.changes)) + "</pre>" if data.changes else ""
+    return _table(["", ""], facts) + _table(["knob", "value"], knobs) + changes + "<h3>Export</h3>" + exports
 
 
 def _ranks_section(data: ReportData, figures: _Figures) -> str:

@@ -17,6 +17,7 @@ from tuner.interop.export import (
     FORMATS,
     ExportArgs,
     best_export_args,
+    installed_transformers,
     measured_knobs,
     render,
     render_best,
@@ -262,9 +263,14 @@ class _Best:  # the shape of tuner.search.selection.Candidate that an export rea
 def test_best_export_args_come_from_the_stored_config_and_the_definition() -> None:
     best = _Best(knobs(zero_stage=2), {"world_size": 4, "gradient_accumulation_steps": 2})
     args = best_export_args(best, {"world_size": 8, "baseline_source": USER_DS})
-    assert args == ExportArgs(world_size=4, gradient_accumulation_steps=2, baseline=USER_DS)  # the measured config wins
+    version = installed_transformers()
+    assert version is not None and version.startswith("5.")  # names TrainingArguments fields as this one does
+    # the measured config wins
+    assert args == ExportArgs(
+        world_size=4, gradient_accumulation_steps=2, baseline=USER_DS, transformers_version=version
+    )
     bare = best_export_args(_Best(knobs(), {}), {"world_size": 8, "baseline_source": "not a dict"})
-    assert bare == ExportArgs(world_size=8, gradient_accumulation_steps=1, baseline=None)
+    assert bare == ExportArgs(world_size=8, gradient_accumulation_steps=1, baseline=None, transformers_version=version)
     assert best_export_args(_Best(knobs(), {}), {}).world_size == 1
 
 
@@ -272,7 +278,14 @@ def test_best_export_args_come_from_the_stored_config_and_the_definition() -> No
 def test_render_best_is_render_with_the_best_configs_args(fmt: str) -> None:
     best = _Best(knobs(zero_stage=2), {"world_size": 2, "gradient_accumulation_steps": 3})
     definition = {"world_size": 2, "baseline_source": USER_DS}
-    expected = render(fmt, best.knobs, world_size=2, gradient_accumulation_steps=3, baseline=USER_DS)
+    expected = render(
+        fmt,
+        best.knobs,
+        world_size=2,
+        gradient_accumulation_steps=3,
+        baseline=USER_DS,
+        transformers_version=installed_transformers(),
+    )
     assert render_best(fmt, best, definition) == expected
     if fmt == "deepspeed":
         ds = json.loads(render_best(fmt, best, definition))

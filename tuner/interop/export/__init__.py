@@ -10,6 +10,7 @@ A study's best config is exported through ``best_export_args`` / ``render_best``
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from tuner.interop.export.accelerate import render_yaml, to_accelerate
 from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
 from tuner.interop.export.env import render_env, to_env
 from tuner.interop.export.hf import to_hf
+from tuner.interop.export.own import UserFiles, own_deepspeed, own_training_args
 
 FORMATS: tuple[str, ...] = ("json", "deepspeed", "hf", "accelerate", "env")
 
@@ -27,7 +29,11 @@ __all__ = [
     "FORMATS",
     "BestLike",
     "ExportArgs",
+    "UserFiles",
     "best_export_args",
+    "deepspeed_export",
+    "hf_export",
+    "installed_transformers",
     "measured_knobs",
     "render",
     "render_best",
@@ -39,12 +45,76 @@ __all__ = [
 ]
 
 
+def deepspeed_export(
+    knobs: Mapping[str, Any],
+    *,
+    world_size: int,
+    gradient_accumulation_steps: int,
+    baseline: Mapping[str, Any] | None = None,
+    files: UserFiles | None = None,
+    allow_auto: bool = False,
+) -> dict[str, Any]:
+    """The deepspeed export: to_deepspeed (what the probes ran), as the user's own DeepSpeed file when they gave one
+    ("auto" back where they wrote it: a Trainer user's file, the Trainer fills it from the exported training args)."""
+    args = files.training_args if files is not None else None
+    ds = to_deepspeed(
+        knobs,
+        world_size=world_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        baseline=baseline,
+        allow_auto=allow_auto or args is not None,
+        training_args=args,
+    )
+    if files is not None and files.deepspeed is not None:
+        ds = own_deepspeed(ds, files.deepspeed, baseline or {})
+    return ds
+
+
+def hf_export(
+    knobs: Mapping[str, Any],
+    *,
+    world_size: int,
+    gradient_accumulation_steps: int,
+    baseline: Mapping[str, Any] | None = None,
+    files: UserFiles | None = None,
+    transformers_version: str | None = None,
+) -> dict[str, Any]:
+    """The hf export: the user's own training args with the tuned values when they gave them, else to_hf."""
+    if files is None or files.training_args is None:
+        return to_hf(
+            knobs,
+            world_size=world_size,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            baseline=baseline,
+            transformers_version=transformers_version,
+        )
+    k = validate_knobs(knobs)
+    ds = None
+    if k.engine == "deepspeed":
+        ds = deepspeed_export(
+            knobs,
+            world_size=world_size,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            baseline=baseline,
+            files=files,
+        )
+    return own_training_args(
+        files.training_args,
+        k,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        deepspeed=ds,
+        transformers_version=transformers_version,
+    )
+
+
 def to_summary(
     knobs: Mapping[str, Any],
     *,
     world_size: int,
     gradient_accumulation_steps: int,
     baseline: Mapping[str, Any] | None = None,
+    files: UserFiles | None = None,
+    transformers_version: str | None = None,
 ) -> dict[str, Any]:
     """The json format: the flat knobs, the batch arithmetic and every other export in one document."""
     k = validate_knobs(knobs)
@@ -54,16 +124,12 @@ def to_summary(
         "gradient_accumulation_steps": gradient_accumulation_steps,
         "global_batch": k.micro_batch_size * gradient_accumulation_steps * world_size,
     }
-    if k.engine == "deepspeed":
-        out["deepspeed"] = to_deepspeed(
-            k.model_dump(),
-            world_size=world_size,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            baseline=baseline,
-            allow_auto=True,
-        )
     batch = {"world_size": world_size, "gradient_accumulation_steps": gradient_accumulation_steps}
-    out["hf"] = to_hf(k.model_dump(), **batch, baseline=baseline)
+    if k.engine == "deepspeed":
+        out["deepspeed"] = deepspeed_export(k.model_dump(), **batch, baseline=baseline, files=files, allow_auto=True)
+    out["hf"] = hf_export(
+        k.model_dump(), **batch, baseline=baseline, files=files, transformers_version=transformers_version
+    )
     out["env"] = to_env(k.model_dump(), **batch, baseline=baseline)
     return out
 
@@ -75,19 +141,23 @@ def render(
     world_size: int,
     gradient_accumulation_steps: int,
     baseline: Mapping[str, Any] | None = None,
+    files: UserFiles | None = None,
+    transformers_version: str | None = None,
 ) -> str:
-    """The export of ``knobs`` in format ``fmt`` as text (JSON, YAML or shell), ending in a newline."""
+    """The export of ``knobs`` in format ``fmt`` as text (JSON, YAML or shell), ending in a newline. With the user's
+    ``files`` the deepspeed and hf formats are their own files with only the tuned knobs changed."""
     args: dict[str, Any] = {
         "world_size": world_size,
         "gradient_accumulation_steps": gradient_accumulation_steps,
         "baseline": baseline,
     }
+    version = transformers_version
     if fmt == "json":
-        return json.dumps(to_summary(knobs, **args), indent=2) + "\n"
+        return json.dumps(to_summary(knobs, **args, files=files, transformers_version=version), indent=2) + "\n"
     if fmt == "deepspeed":
-        return json.dumps(to_deepspeed(knobs, **args), indent=2) + "\n"
+        return json.dumps(deepspeed_export(knobs, **args, files=files), indent=2) + "\n"
     if fmt == "hf":
-        return json.dumps(to_hf(knobs, **args), indent=2) + "\n"
+        return json.dumps(hf_export(knobs, **args, files=files, transformers_version=version), indent=2) + "\n"
     if fmt == "accelerate":
         return render_yaml(to_accelerate(knobs, **args))
     if fmt == "env":
@@ -111,18 +181,30 @@ class BestLike(Protocol):
 
 @dataclass(frozen=True)
 class ExportArgs:
-    """The batch arithmetic and the user's DeepSpeed source an export of a best config is rendered with."""
+    """The batch arithmetic, the user's DeepSpeed source and files an export of a best config is rendered with."""
 
     world_size: int
     gradient_accumulation_steps: int
     baseline: Mapping[str, Any] | None
+    files: UserFiles | None = None
+    transformers_version: str | None = None
 
     def kwargs(self) -> dict[str, Any]:
         return {
             "world_size": self.world_size,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
             "baseline": self.baseline,
+            "files": self.files,
+            "transformers_version": self.transformers_version,
         }
+
+
+def installed_transformers() -> str | None:
+    """The installed transformers version (the exports name TrainingArguments fields as it does), None without it."""
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def best_export_args(best: BestLike, definition: Mapping[str, Any]) -> ExportArgs:
@@ -134,6 +216,8 @@ def best_export_args(best: BestLike, definition: Mapping[str, Any]) -> ExportArg
         world_size=int(best.config.get("world_size") or definition.get("world_size") or 1),
         gradient_accumulation_steps=int(best.config.get("gradient_accumulation_steps") or 1),
         baseline=source if isinstance(source, Mapping) else None,
+        files=UserFiles.of(definition.get("baseline_files")),
+        transformers_version=installed_transformers(),
     )
 
 

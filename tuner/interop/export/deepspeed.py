@@ -21,6 +21,8 @@ from tuner.interop.export.mapping import (
     set_path,
 )
 
+# ZeRO keys whose "auto" the HF Trainer resolves from the model (trials.engine resolves them the same way)
+_MODEL_SIZED = {"reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"}
 # Keys of the baseline's zero_optimization that the tuned knobs replace (plus the legacy spelling of offload).
 _TUNED_ZERO_KEYS = {f.path[-1] for f in DS_FIELDS if f.path[0] == "zero_optimization"} | {"cpu_offload"}
 
@@ -99,7 +101,10 @@ def to_deepspeed(
             continue
         value: Any = getattr(k, field.knob)
         if field.knob in BUCKET_KNOBS and value is None:
-            value = DS_DEFAULT_BUCKET  # DeepSpeed's default, and what the probe ran with
+            # the user's "auto" reduce bucket: the Trainer (and the probe, from the model) resolve it to hidden size²;
+            # else DeepSpeed's default, what the probe runs with
+            user_auto = field.path[-1] in _MODEL_SIZED and base_zero.get(field.path[-1]) == AUTO
+            value = AUTO if user_auto else DS_DEFAULT_BUCKET
         if field.knob == "offload_optimizer":  # the baseline's own offload options (pin_memory, ratio ...) stay
             value = {**encode_offload(True), **base_offload, "device": "cpu"} if value else encode_offload(False)
         set_path(out, field.path, value)

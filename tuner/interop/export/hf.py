@@ -7,6 +7,7 @@ from typing import Any
 
 from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
 from tuner.interop.export.mapping import AUTO, DS_BATCH_KEYS, HF_ARGS, HF_DS_FILL, get_path, set_path
+from tuner.interop.export.own import checkpointing_key
 
 
 def to_hf(
@@ -15,6 +16,7 @@ def to_hf(
     world_size: int,
     gradient_accumulation_steps: int,
     baseline: Mapping[str, Any] | None = None,
+    transformers_version: str | None = None,
 ) -> dict[str, Any]:
     """TrainingArguments kwargs for ``knobs``; ``Seq2SeqTrainingArguments(**to_hf(...), output_dir=...)`` builds.
 
@@ -24,15 +26,17 @@ def to_hf(
     the Trainer's "DeepSpeed config values that mismatch TrainingArguments" check can never fire. ``world_size`` is
     the launcher's business (the Trainer reads it from the process group); it only sizes the DeepSpeed section.
     ``max_length`` is not a TrainingArguments field: truncate the tokenizer to it (the json and env exports carry it).
+    Gradient checkpointing is spelled as ``transformers_version`` expects it (tuner.interop.export.own).
     """
     k = validate_knobs(knobs)
     kwargs: dict[str, Any] = {
         HF_ARGS["micro_batch_size"]: k.micro_batch_size,
         "gradient_accumulation_steps": gradient_accumulation_steps,
-        HF_ARGS["gradient_checkpointing"]: k.gradient_checkpointing,
+        checkpointing_key(transformers_version): k.gradient_checkpointing,
         "bf16": k.precision == "bf16",
         "fp16": k.precision == "fp16",
-        # unset, the Trainer evaluates at batch 8 whatever the train batch is; no larger than what was probed
+        # the probed eval batch; for a job without an eval step the train micro batch, never the Trainer's default 8
+        # behind the user's back (a no-grad forward at the micro batch holds less than the probed training step)
         HF_ARGS["eval_batch_size"]: k.eval_batch_size or k.micro_batch_size,
     }
     if k.generate:
@@ -49,7 +53,7 @@ def to_hf(
     for key in DS_BATCH_KEYS:
         ds[key] = AUTO
     for block in ("bf16", "fp16"):
-        ds[block]["enabled"] = AUTO
+        ds[block] = {**ds.get(block, {}), "enabled": AUTO}
     for path, hf_keys in HF_DS_FILL:
         value = get_path(ds, path)
         if value is None:

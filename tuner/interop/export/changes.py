@@ -1,0 +1,171 @@
+"""What the export changes in the user's files, what it held fixed, and how it compares with their config.
+
+``tuner best --changes``, ``GET /best-config`` (``changes``) and the report all read ``changes_of``: each changed key
+old -> new (a diff of the user's files against the exports of the best config, so it is exactly what changed), the
+job held fixed, the keys carried without being probed, and the verdict on the baseline probe: the speed-up, or where
+and at what size the user's config ran out of memory. Pure functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trials.contract import DS_HOST_KEYS
+from tuner.interop.export import BestLike, best_export_args, deepspeed_export, hf_export, measured_knobs
+from tuner.interop.export.own import UserFiles
+from tuner.units import format_size
+
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class Change:
+    file: str  # "training args" | "deepspeed"
+    key: str  # dotted path in that file
+    old: Any  # None with ``added``: the key was not in the user's file
+    new: Any  # None with ``removed``
+    added: bool = False
+    removed: bool = False
+
+    def line(self) -> str:
+        old = "(unset)" if self.added else repr(self.old)
+        new = "(removed)" if self.removed else repr(self.new)
+        return f"{self.file}: {self.key}: {old} -> {new}"
+
+
+@dataclass(frozen=True)
+class Changes:
+    changes: list[Change] = field(default_factory=list)
+    fixed: str | None = None  # the job, held fixed (tuner.job.definition.Job.describe)
+    not_probed: list[str] = field(default_factory=list)  # the user's keys the export carries but no probe ran
+    verdict: str | None = None  # against the baseline probe
+
+    def lines(self) -> list[str]:
+        out = [c.line() for c in self.changes] or ["no change to your files"]
+        if self.fixed:
+            out.append(f"held fixed (your job): {self.fixed}")
+        if self.not_probed:
+            out.append(f"carried, not probed: {', '.join(self.not_probed)} (probes run without them)")
+        if self.verdict:
+            out.append(self.verdict)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def diff(old: Any, new: Any, file: str, prefix: str = "") -> list[Change]:
+    """Every key whose value differs between two nested JSON objects (lists compare as values), in ``new``'s order
+    then the removed ones."""
+    if not (isinstance(old, Mapping) and isinstance(new, Mapping)):
+        return [] if old == new else [Change(file, prefix.rstrip("."), old, new)]
+    out: list[Change] = []
+    for key, value in new.items():
+        path = f"{prefix}{key}"
+        before = old.get(key, _UNSET)
+        if before is _UNSET:
+            out.append(Change(file, path, None, value, added=True))
+        else:
+            out += diff(before, value, file, f"{path}.")
+    out += [Change(file, f"{prefix}{key}", value, None, removed=True) for key, value in old.items() if key not in new]
+    return out
+
+
+def verdict(baseline: Any | None, best_objective: float, best_samples_per_s: float | None) -> str | None:
+    """The best config against the baseline probe (a ProbeRow, or None without a baseline)."""
+    if baseline is None:
+        return None
+    status = str(baseline.status)
+    if status == "ok" and baseline.objective:
+        speed = f"{best_objective / baseline.objective:.2f}x the throughput of your config"
+        if baseline.samples_per_s and best_samples_per_s:
+            speed += f" ({baseline.samples_per_s:.3g} -> {best_samples_per_s:.3g} samples/s)"
+        return speed + ("" if baseline.stable else "; yours ran above the memory headroom")
+    if status == "oom":
+        result = baseline.result or {}
+        phase = result.get("phase") or "an unknown phase"
+        need = max((r.get("oom_need") or r.get("peak_allocated") or 0 for r in result.get("ranks") or []), default=0)
+        size = f", needing at least {format_size(need)}" if need else ""
+        return f"your config ran out of memory in its {phase} step{size}; this one fits"
+    return f"your config did not complete its probe ({status}: {baseline.cause or 'no cause recorded'})"
+
+
+def changes_of(
+    files: UserFiles | None,
+    exported: Mapping[str, Mapping[str, Any] | None],
+    *,
+    job: str | None,
+    baseline: Any | None,
+    best_objective: float,
+    best_samples_per_s: float | None,
+    tuned_without_files: Sequence[Change] = (),
+) -> Changes:
+    """The changes of the user's ``files`` to the ``exported`` ones ({"training args": ..., "deepspeed": ...}; the
+    training args' inline deepspeed section is compared as the deepspeed file). Without files (no baseline):
+    ``tuned_without_files``."""
+    changes: list[Change] = []
+    not_probed: list[str] = []
+    if files is None:
+        changes = list(tuned_without_files)
+    else:
+        if files.training_args is not None and exported.get("training args") is not None:
+            old_args = {k: v for k, v in files.training_args.items() if k != "deepspeed"}
+            new_args = {k: v for k, v in dict(exported["training args"] or {}).items() if k != "deepspeed"}
+            changes += diff(old_args, new_args, "training args")
+        if exported.get("deepspeed") is not None:
+            changes += diff(files.deepspeed or {}, exported["deepspeed"], "deepspeed")
+        not_probed = sorted(k for k in (files.deepspeed or {}) if k in DS_HOST_KEYS)
+    return Changes(
+        changes=changes,
+        fixed=job,
+        not_probed=not_probed,
+        verdict=verdict(baseline, best_objective, best_samples_per_s),
+    )
+
+
+def best_changes(best: BestLike, definition: Mapping[str, Any], baseline: Any | None) -> Changes:
+    """The changes of a study's best config (``best``: a selection Candidate) to the user's files, as ``tuner best
+    --changes``, ``GET /best-config`` and the report show them; ``baseline``: the study's baseline probe row."""
+    args = best_export_args(best, definition)
+    knobs = measured_knobs(best)
+    world, accum, files = args.world_size, args.gradient_accumulation_steps, args.files
+    exported: dict[str, Mapping[str, Any] | None] = {"training args": None, "deepspeed": None}
+    if files is not None and files.training_args is not None:
+        exported["training args"] = hf_export(
+            knobs,
+            world_size=world,
+            gradient_accumulation_steps=accum,
+            baseline=args.baseline,
+            files=files,
+            transformers_version=args.transformers_version,
+        )
+    if knobs.get("engine", "deepspeed") == "deepspeed":
+        exported["deepspeed"] = deepspeed_export(
+            knobs,
+            world_size=world,
+            gradient_accumulation_steps=accum,
+            baseline=args.baseline,
+            files=files,
+            allow_auto=True,
+        )
+    job = definition.get("job")
+    fixed = None
+    if isinstance(job, Mapping):
+        from tuner.job.definition import Job
+
+        fixed = Job.model_validate(job).describe()
+        searched = list(definition.get("job_changes") or ())
+        if searched:
+            fixed += f" (searched on purpose, as the space file lists: {', '.join(searched)})"
+    tuned = [Change("knobs", name, None, value, added=True) for name, value in knobs.items() if value is not None]
+    return changes_of(
+        args.files,
+        exported,
+        job=fixed,
+        baseline=baseline,
+        best_objective=float(getattr(best, "objective", 0.0) or 0.0),
+        best_samples_per_s=getattr(best, "samples_per_s", None),
+        tuned_without_files=tuned,
+    )

@@ -1,0 +1,100 @@
+"""The export as the user's own files with only the tuned knobs changed.
+
+A study with a baseline stores the user's files as given (``baseline_files``: their DeepSpeed JSON and their training
+args). The deepspeed and hf exports then start from those files: every key they wrote stays, "auto" stays where they
+wrote it and the HF Trainer fills it the same way from the exported training args, and only what the search tuned
+(micro batch and accumulation, ZeRO stage and keys, offload, checkpointing, the eval batch) changes. Pure functions.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trials.contract import Knobs
+from tuner.interop.export.mapping import AUTO, DS_BATCH_KEYS, HF_DS_FILL, auto_paths, get_path, set_path
+
+# DeepSpeed paths whose "auto" the Trainer fills from TrainingArguments (the exported ones: consistent by construction)
+_TRAINER_FILLED: frozenset[tuple[str, ...]] = frozenset(
+    {
+        *((key,) for key in DS_BATCH_KEYS),
+        ("bf16", "enabled"),
+        ("fp16", "enabled"),
+        ("scheduler", "params", "warmup_min_lr"),
+        *(path for path, _ in HF_DS_FILL),
+    }
+)
+
+
+@dataclass(frozen=True)
+class UserFiles:
+    """The user's baseline files as given (None: that file was not given)."""
+
+    deepspeed: Mapping[str, Any] | None = None
+    training_args: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, stored: Any) -> UserFiles | None:
+        """From a study definition's ``baseline_files``; None for a study without a baseline (or stored before)."""
+        if not isinstance(stored, Mapping):
+            return None
+        ds, args = stored.get("deepspeed"), stored.get("training_args")
+        files = cls(ds if isinstance(ds, Mapping) else None, args if isinstance(args, Mapping) else None)
+        return files if files.deepspeed is not None or files.training_args is not None else None
+
+
+def checkpointing_key(transformers_version: str | None) -> str:
+    """The TrainingArguments name of gradient checkpointing: ``activation_checkpointing`` from transformers 5 (which
+    deprecates ``gradient_checkpointing``, gone in v6), ``gradient_checkpointing`` before (or when unknown)."""
+    try:
+        major = int(str(transformers_version).split(".")[0])
+    except ValueError:
+        return "gradient_checkpointing"
+    return "activation_checkpointing" if major >= 5 else "gradient_checkpointing"
+
+
+def own_deepspeed(tuned: Mapping[str, Any], given: Mapping[str, Any], resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """``tuned`` (to_deepspeed of the knobs on the user's ``resolved`` JSON) with "auto" back where the user's
+    ``given`` JSON had it and the Trainer resolves it to the value probed: the TrainingArguments-filled fields always
+    (the hf export carries their values), a model-sized one when the tuned value is what "auto" resolved to."""
+    out = copy.deepcopy(dict(tuned))
+    for dotted in auto_paths(given):
+        path = tuple(dotted.split("."))
+        if get_path(out, path) is None:
+            continue  # a key the tuned config dropped (e.g. a ZeRO key of a lower stage)
+        if path in _TRAINER_FILLED or get_path(out, path) == get_path(resolved, path):
+            set_path(out, path, AUTO)
+    return out
+
+
+def own_training_args(
+    given: Mapping[str, Any],
+    knobs: Knobs,
+    *,
+    gradient_accumulation_steps: int,
+    deepspeed: Mapping[str, Any] | None,
+    transformers_version: str | None,
+) -> dict[str, Any]:
+    """The user's training args with the tuned values: micro batch, accumulation, checkpointing (under the name the
+    installed transformers expects; the other spelling removed), the probed eval batch, the job's precision and
+    predict_with_generate, and ``deepspeed`` inline (the deepspeed export) or removed for a plain-PyTorch config.
+    Every other key (their script's data arguments too) stays as they wrote it."""
+    out = dict(given)
+    out["per_device_train_batch_size"] = knobs.micro_batch_size
+    out["gradient_accumulation_steps"] = gradient_accumulation_steps
+    key = checkpointing_key(transformers_version)
+    for name in ("gradient_checkpointing", "activation_checkpointing"):
+        out.pop(name, None)
+    out[key] = knobs.gradient_checkpointing
+    out["per_device_eval_batch_size"] = knobs.eval_batch_size or knobs.micro_batch_size  # as to_hf writes it
+    out["bf16"] = knobs.precision == "bf16"
+    out["fp16"] = knobs.precision == "fp16"
+    if knobs.generate or "predict_with_generate" in out:
+        out["predict_with_generate"] = knobs.generate
+    if deepspeed is not None:
+        out["deepspeed"] = dict(deepspeed)
+    else:
+        out.pop("deepspeed", None)
+    return out
