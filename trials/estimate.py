@@ -32,6 +32,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trials.contract import ModelSpec
+from trials.data import worst_case_batch
 from trials.memory import LiveTensorTracker
 
 if TYPE_CHECKING:
@@ -50,12 +51,11 @@ def _build(spec: ModelSpec) -> PreTrainedModel:
     return model
 
 
-def _batch(model: torch.nn.Module, micro: int, length: int) -> dict[str, torch.Tensor]:
+def _batch(model: torch.nn.Module, micro: int, length: int, label_length: int | None) -> dict[str, torch.Tensor]:
+    """The probe's worst-case batch (trials.data): seq2seq labels at the job's label length."""
     vocab = int(getattr(model.config, "vocab_size", 32000))
-    ids = torch.randint(2, vocab, (micro, length))
-    batch = {"input_ids": ids, "attention_mask": torch.ones(micro, length, dtype=torch.long)}
-    batch["labels"] = torch.randint(2, vocab, (micro, length))
-    return batch
+    encdec = bool(getattr(model.config, "is_encoder_decoder", False))
+    return worst_case_batch(micro, length, vocab, encoder_decoder=encdec, label_length=label_length)
 
 
 def _forward_backward(
@@ -88,7 +88,13 @@ def _step(
 
 
 def trace_point(
-    spec: ModelSpec, micro: int, length: int, checkpointing: bool, precision: str, fake: bool = True
+    spec: ModelSpec,
+    micro: int,
+    length: int,
+    checkpointing: bool,
+    precision: str,
+    fake: bool = True,
+    label_length: int | None = None,
 ) -> dict[str, Any]:
     """One point; ``fake=False`` runs the same steps on real tensors (to check the trace against reality)."""
     with FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext():
@@ -102,7 +108,7 @@ def trace_point(
             param_bytes = tracker.live
             largest = max(p.numel() for p in params)
             opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-            batch = _batch(model, micro, length)
+            batch = _batch(model, micro, length, label_length)
             batch_bytes = tracker.live - param_bytes
             _step(model, opt, batch, precision, tracker)  # creates the optimizer state
             opt.zero_grad(set_to_none=False)
@@ -141,6 +147,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             int(p["max_length"]),
             bool(p.get("gradient_checkpointing", False)),
             str(p.get("precision", "fp32")),
+            label_length=request.get("label_length"),
         )
         out.update({k: got[k] for k in ("param_count", "param_bytes", "largest_param")})
         out["points"].append(got["point"])
@@ -158,7 +165,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trials.estimate", description=__doc__.splitlines()[0])
-    ap.add_argument("--request", required=True, help="JSON: {model: ModelSpec, points: [{micro_batch_size, ...}]}")
+    ap.add_argument(
+        "--request", required=True, help="JSON: {model: ModelSpec, points: [{micro_batch_size, ...}], label_length}"
+    )
     ap.add_argument("--out", required=True, help="file to write the trace JSON to")
     args = ap.parse_args(argv)
     request = json.loads(args.request)

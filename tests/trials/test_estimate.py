@@ -52,3 +52,11 @@ def test_trace_moves_with_the_knobs() -> None:
 def test_unknown_builtin_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown built-in model"):
         run({"model": {"source": "builtin:no-such-model"}, "points": [{"micro_batch_size": 1, "max_length": 8}]})
+
+
+def test_seq2seq_labels_are_traced_at_the_jobs_label_length() -> None:
+    """The probe pads labels to the job's label length; the trace does too, or it over-estimates (and prunes)."""
+    spec = ModelSpec(source="builtin:tiny-t5")
+    full = trace_point(spec, 4, 64, False, "fp32")["point"]
+    short = trace_point(spec, 4, 64, False, "fp32", label_length=8)["point"]
+    assert short["activation_bytes"] < full["activation_bytes"]

@@ -347,10 +347,13 @@ def trace(
     points: Sequence[tuple[int, int, bool, str]],
     timeout_s: float = 600.0,
     python: str | None = None,
+    label_length: int | None = None,
 ) -> Trace:
-    """Traces one training step per (micro, max_length, checkpointing, precision) on CPU fake tensors."""
+    """Traces one training step per (micro, max_length, checkpointing, precision) on CPU fake tensors; seq2seq
+    labels at ``label_length`` (the job's; None: max_length), as the probe pads them."""
     request = {
         "model": model.model_dump(),
+        "label_length": label_length,
         "points": [
             {"micro_batch_size": m, "max_length": s, "gradient_checkpointing": c, "precision": p}
             for m, s, c, p in points

@@ -29,7 +29,8 @@ def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator
     """The estimator's fake-tensor trace of the model (a subprocess), or None with the reason it is unavailable."""
     started = time.monotonic()
     try:
-        traced = trace(request.model, trace_points(request.space), timeout_s=timeout_s)
+        labels = request.job.max_target_length if request.job is not None else None
+        traced = trace(request.model, trace_points(request.space), timeout_s=timeout_s, label_length=labels)
     except (TunerError, RuntimeError, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         return None, f"memory estimate unavailable ({reason}); probing without it"
