@@ -302,7 +302,8 @@ def parse_baseline(
         elif auto_paths(ds):
             raise BaselineError(
                 f"the DeepSpeed config has 'auto' values ({', '.join(auto_paths(ds))}) and no "
-                "training-args JSON resolves them; pass the training args too or write numbers"
+                "training-args JSON resolves them; give your training args too (`tuner search --training-args FILE`, "
+                "training_args in POST /studies) or write numbers"
             )
         if get_path(ds, ("fp16", "enabled")) is True and get_path(ds, ("bf16", "enabled")) is True:
             raise BaselineError("fp16.enabled and bf16.enabled are both true; DeepSpeed allows one of them")

@@ -128,3 +128,19 @@ def test_diff_lists_each_change_old_to_new() -> None:
 )
 def test_checkpointing_is_named_as_the_installed_transformers_names_it(version: str | None, key: str) -> None:
     assert checkpointing_key(version) == key
+
+
+def test_the_hf_export_carries_the_generation_the_eval_was_probed_with() -> None:
+    """Flags override the training args (--generation-max-length, --num-beams): the export says what was probed."""
+    job = {"generate": True, "generation_max_length": 24, "num_beams": 4}
+    knobs = {"micro_batch_size": 2, "max_length": 32, "engine": "torch", "eval_batch_size": 8, "generate": True}
+    plain = hf_export(knobs, world_size=1, gradient_accumulation_steps=1, job=job)
+    assert (plain["generation_max_length"], plain["generation_num_beams"], plain["predict_with_generate"]) == (
+        24,
+        4,
+        True,
+    )
+    base, _, _ = seed_case()
+    own = hf_export(knobs, world_size=1, gradient_accumulation_steps=1, files=UserFiles.of(base.files()), job=job)
+    assert own["generation_max_length"] == 24 and own["output_dir"] == "out"
+    assert "generation_max_length" not in hf_export(knobs, world_size=1, gradient_accumulation_steps=1, job=None)

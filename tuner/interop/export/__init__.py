@@ -78,16 +78,19 @@ def hf_export(
     baseline: Mapping[str, Any] | None = None,
     files: UserFiles | None = None,
     transformers_version: str | None = None,
+    job: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The hf export: the user's own training args with the tuned values when they gave them, else to_hf."""
+    """The hf export: the user's own training args with the tuned values when they gave them, else to_hf; with
+    the study's ``job``, its generation settings (what the eval generate was probed with)."""
     if files is None or files.training_args is None:
-        return to_hf(
+        out = to_hf(
             knobs,
             world_size=world_size,
             gradient_accumulation_steps=gradient_accumulation_steps,
             baseline=baseline,
             transformers_version=transformers_version,
         )
+        return {**out, **generation_args(job)}
     k = validate_knobs(knobs)
     ds = None
     if k.engine == "deepspeed":
@@ -98,13 +101,27 @@ def hf_export(
             baseline=baseline,
             files=files,
         )
-    return own_training_args(
+    out = own_training_args(
         files.training_args,
         k,
         gradient_accumulation_steps=gradient_accumulation_steps,
         deepspeed=ds,
         transformers_version=transformers_version,
     )
+    return {**out, **generation_args(job)}
+
+
+def generation_args(job: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Seq2SeqTrainingArguments' generation fields of a job that generates (tuner.job.definition.Job as stored):
+    the length and beams its eval generate was probed with; nothing when it does not generate or left them unset."""
+    if not job or not job.get("generate"):
+        return {}
+    out: dict[str, Any] = {}
+    if job.get("generation_max_length") is not None:
+        out["generation_max_length"] = job["generation_max_length"]
+    if int(job.get("num_beams") or 1) > 1:
+        out["generation_num_beams"] = job["num_beams"]
+    return out
 
 
 def to_summary(
@@ -115,6 +132,7 @@ def to_summary(
     baseline: Mapping[str, Any] | None = None,
     files: UserFiles | None = None,
     transformers_version: str | None = None,
+    job: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The json format: the flat knobs, the batch arithmetic and every other export in one document."""
     k = validate_knobs(knobs)
@@ -128,7 +146,7 @@ def to_summary(
     if k.engine == "deepspeed":
         out["deepspeed"] = deepspeed_export(k.model_dump(), **batch, baseline=baseline, files=files, allow_auto=True)
     out["hf"] = hf_export(
-        k.model_dump(), **batch, baseline=baseline, files=files, transformers_version=transformers_version
+        k.model_dump(), **batch, baseline=baseline, files=files, transformers_version=transformers_version, job=job
     )
     out["env"] = to_env(k.model_dump(), **batch, baseline=baseline)
     return out
@@ -143,6 +161,7 @@ def render(
     baseline: Mapping[str, Any] | None = None,
     files: UserFiles | None = None,
     transformers_version: str | None = None,
+    job: Mapping[str, Any] | None = None,
 ) -> str:
     """The export of ``knobs`` in format ``fmt`` as text (JSON, YAML or shell), ending in a newline. With the user's
     ``files`` the deepspeed and hf formats are their own files with only the tuned knobs changed."""
@@ -153,11 +172,13 @@ def render(
     }
     version = transformers_version
     if fmt == "json":
-        return json.dumps(to_summary(knobs, **args, files=files, transformers_version=version), indent=2) + "\n"
+        return (
+            json.dumps(to_summary(knobs, **args, files=files, transformers_version=version, job=job), indent=2) + "\n"
+        )
     if fmt == "deepspeed":
         return json.dumps(deepspeed_export(knobs, **args, files=files), indent=2) + "\n"
     if fmt == "hf":
-        return json.dumps(hf_export(knobs, **args, files=files, transformers_version=version), indent=2) + "\n"
+        return json.dumps(hf_export(knobs, **args, files=files, transformers_version=version, job=job), indent=2) + "\n"
     if fmt == "accelerate":
         return render_yaml(to_accelerate(knobs, **args))
     if fmt == "env":
@@ -188,6 +209,7 @@ class ExportArgs:
     baseline: Mapping[str, Any] | None
     files: UserFiles | None = None
     transformers_version: str | None = None
+    job: Mapping[str, Any] | None = None  # the study's job (tuner.job.definition.Job as stored)
 
     def kwargs(self) -> dict[str, Any]:
         return {
@@ -196,6 +218,7 @@ class ExportArgs:
             "baseline": self.baseline,
             "files": self.files,
             "transformers_version": self.transformers_version,
+            "job": self.job,
         }
 
 
@@ -212,12 +235,14 @@ def best_export_args(best: BestLike, definition: Mapping[str, Any]) -> ExportArg
     world size, else 1, where the stored config lacks it); the baseline's DeepSpeed JSON from the study definition
     (``baseline_source``), whose optimizer, scheduler and clipping the export keeps."""
     source = definition.get("baseline_source")
+    job = definition.get("job")
     return ExportArgs(
         world_size=int(best.config.get("world_size") or definition.get("world_size") or 1),
         gradient_accumulation_steps=int(best.config.get("gradient_accumulation_steps") or 1),
         baseline=source if isinstance(source, Mapping) else None,
         files=UserFiles.of(definition.get("baseline_files")),
         transformers_version=installed_transformers(),
+        job=job if isinstance(job, Mapping) else None,
     )
 
 

@@ -140,6 +140,7 @@ def best_changes(best: BestLike, definition: Mapping[str, Any], baseline: Any | 
             baseline=args.baseline,
             files=files,
             transformers_version=args.transformers_version,
+            job=args.job,
         )
     if knobs.get("engine", "deepspeed") == "deepspeed":
         exported["deepspeed"] = deepspeed_export(
