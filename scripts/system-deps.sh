@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests need (chromium renders the HTML report headless). Idempotent: does nothing
+# Installs the Debian packages the tests need (chromium renders the HTML report headless; postgresql gives the
+# throwaway test cluster of scripts/throwaway-pg.sh where no server runs). Idempotent: does nothing
 # when they are already there. Needs root (CI runs as root); without root it says what to install and exits 0 so a
 # developer without sudo can still run the rest of the suite.
 set -euo pipefail
-PACKAGES=(chromium)
+PACKAGES=(chromium postgresql)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then

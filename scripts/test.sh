@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
 # Installs tuner with its test extras into .venv (and the system packages the tests need) and runs the whole suite.
+# Arguments go to pytest (scripts/test.sh tests/api -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x scripts/system-deps.sh ]; then scripts/system-deps.sh; fi
 scripts/install.sh test
 export TUNER_CACHE_DIR=${TUNER_CACHE_DIR:-$HOME/.cache/tuner}
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# PostgreSQL: the server at TUNER_TEST_PG_ADMIN (127.0.0.1:5432 by default: CI's) when one answers, else a throwaway
+# cluster of our own for this run, stopped and removed at the end.
+admin=${TUNER_TEST_PG_ADMIN:-postgresql://postgres@127.0.0.1:5432/postgres}
+if [ "${TUNER_TEST_POSTGRES:-}" != skip ] && ! .venv/bin/python -c \
+    'import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()' "$admin" 2>/dev/null; then
+  echo "test: no PostgreSQL answers at $admin; starting a throwaway cluster (scripts/throwaway-pg.sh)" >&2
+  exports=$(scripts/throwaway-pg.sh start) || exit 2
+  eval "$exports"
+  trap 'scripts/throwaway-pg.sh stop "$TUNER_THROWAWAY_PG"' EXIT
+fi
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"

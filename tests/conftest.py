@@ -7,8 +7,10 @@
 - ``storage_url``: parametrized over ``sqlite`` and ``postgres``; each test gets an empty storage of that kind.
 - ``tuner_server``: factory starting a real `tuner serve` process (uvicorn) on a free port; stopped at teardown.
 
-PostgreSQL is part of CI (.ci/run); when it is unreachable these fixtures fail with one line saying so (they do not
-skip, so a CI without the server cannot pass silently). Set TUNER_TEST_POSTGRES=skip to skip them on a laptop. Chromium
+PostgreSQL is part of CI (.ci/run). Where none answers, scripts/test.sh starts a throwaway cluster
+(scripts/throwaway-pg.sh; TUNER_TEST_PG_ADMIN names it, tests/pg_admin.py reads it); run pytest by hand without a server
+and these fixtures fail with one line saying so (they do not skip, so a CI without the server cannot pass silently).
+TUNER_TEST_POSTGRES=skip skips them on purpose. Chromium
 (tests/e2e/test_report_render.py) follows the same rule: TUNER_TEST_CHROMIUM=skip.
 
 Shared helpers are plain modules imported by name (``from servers import start_server``): this conftest puts tests/ on
@@ -26,16 +28,8 @@ import secrets
 from collections.abc import Callable, Iterator
 
 import pytest
-
-PG_ADMIN = os.environ.get("TUNER_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
-PG_HOST = PG_ADMIN.rsplit("/", 1)[0].split("://", 1)[1]  # user@host:port
-
-
-def _admin_exec(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql)
+from pg_admin import PG_ADMIN, PG_HOST
+from pg_admin import admin_exec as _admin_exec
 
 
 @pytest.fixture(scope="session")

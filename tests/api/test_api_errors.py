@@ -7,6 +7,7 @@ import socket
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from pg_admin import PG_ADMIN
 
 from api.app import create_app
 from tuner.settings import Settings
@@ -43,7 +44,7 @@ def test_database_dropped_while_serving_turns_into_503(new_postgres_url) -> None
     client = TestClient(create_app(Settings(storage=url)), raise_server_exceptions=False)
     assert client.get("/best-config", params={"study": "s"}).status_code == 200
     name = url.rsplit("/", 1)[1]
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
     for path in ("/best-config?study=s", "/studies/s", "/studies/s/trials", "/health"):
         r = client.get(path)
