@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from api.schemas import StudyCreate
 from trials.contract import BUILTIN_PREFIX, ModelSpec
-from tuner.errors import ModelSourceError, SpaceError
+from tuner.errors import ModelSourceError
 from tuner.job.model_source import resolve_model
-from tuner.job.space import Space, default_space, space_from_dict
+from tuner.job.space import Space, inline_space
 from tuner.search.request import BaselineLoader, build_request
 from tuner.units import parse_size
 
@@ -36,18 +36,7 @@ def _model(source: str) -> ModelSpec:
 
 
 def _space(inline: dict[str, Any] | None) -> Space:
-    base = default_space().model_dump(mode="json")
-    if not inline:
-        return space_from_dict(base, "default space")
-    unknown = sorted(set(inline) - set(Space.model_fields))
-    if unknown:
-        raise SpaceError(f"space: unknown knob {unknown[0]!r}; known knobs: {', '.join(Space.model_fields)}")
-    # a bare value means one choice (as in a space file); lists and {low, high, scale} ranges pass as they are
-    choices = {k: v if isinstance(v, (list, dict)) else [v] for k, v in inline.items()}
-    try:
-        return space_from_dict({**base, **choices}, "space")
-    except (TypeError, ValueError) as err:  # a validator that choked on a shape it did not expect
-        raise SpaceError(f"space: invalid choices ({err}); give each knob a list of values") from None
+    return inline_space(inline)
 
 
 def _baseline(ds_config: dict[str, Any] | None, hf_args: dict[str, Any] | None) -> BaselineLoader | None:

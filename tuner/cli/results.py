@@ -13,10 +13,11 @@ from rich.text import Text
 
 from tuner.cli.app import app
 from tuner.cli.progress import fmt_num
-from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
+from tuner.errors import ConfigError, NoStableConfig
 from tuner.job.definition import Job
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
+from tuner.python_api import pick_study
 from tuner.reporting.trials import join_trials
 from tuner.search.rows import Fidelity
 from tuner.search.selection import best_stable
@@ -32,15 +33,6 @@ StorageOpt = Annotated[
     str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
 ]
 StudyOpt = Annotated[str | None, typer.Option("--study", help="study name (default: the most recent study)")]
-
-
-def pick_study(store: Store, study: str | None) -> tuple[str, dict[str, Any]]:
-    if study is not None:
-        return study, store.require_study(study)
-    rows = store.study_rows()
-    if not rows:
-        raise StudyNotFound(f"no study in storage {store.url}; run `tuner search --budget 30m` first")
-    return rows[0]["name"], dict(rows[0]["definition"])
 
 
 def _formats() -> tuple[str, ...]:

@@ -2,44 +2,29 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast, get_args
+from typing import Annotated, cast, get_args
 
 import optuna
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trials.contract import Precision, ProbeConfig, ProbeResult
+from trials.contract import Precision
 from tuner.cli.app import app
 from tuner.cli.progress import LiveProgress, summary_table
-from tuner.errors import BaselineError, ConfigError
+from tuner.errors import ConfigError
 from tuner.job.definition import JobFlags
-from tuner.job.model_source import resolve_model
-from tuner.job.objective import load_lengths
-from tuner.job.space import load_space, space_file_knobs
 from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
+from tuner.python_api import DEFAULT_MODEL, cli_option, prepare_request, real_probe, resolve
 from tuner.search.driver import Search
-from tuner.search.request import SearchRequest, check_resume, request_from_definition
-from tuner.search.request import build_request as build_search_request
+from tuner.search.request import SearchRequest
 from tuner.search.rows import DEFAULT_HEADROOM
-from tuner.search.schedule import Schedule
-from tuner.settings import load_settings
 from tuner.storage import Store
-from tuner.units import parse_duration, parse_size
-
-if TYPE_CHECKING:
-    from tuner.interop.baseline import Baseline
 
 console = Console(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
     console = Console(highlight=False, soft_wrap=True, width=200)
-
-
-def cli_option(name: str) -> str:
-    """How `tuner search` spells a setting in a message: ``global_batch`` -> ``--global-batch``."""
-    return "--" + name.replace("_", "-")
 
 
 def build_request(
@@ -61,81 +46,27 @@ def build_request(
     training_args: Path | None = None,
     job_flags: JobFlags | None = None,
 ) -> tuple[SearchRequest, set[str]]:
-    """Parses the options (durations, sizes, files) and hands them to tuner.search.request.build_request, which checks
-    them (one clear line on a mistake); returns the request plus the options set explicitly."""
-    budget_s = parse_duration(budget)
-    spec = resolve_model(model)
-    space = load_space(space_file)
-    memory = parse_size(device_memory) if device_memory is not None else None
-    lens = load_lengths(lengths) if lengths is not None else None
-    loaded: list[Baseline] = []
-    if training_args is not None and baseline is None:
-        raise BaselineError(
-            "--training-args goes with --baseline (your DeepSpeed JSON); pass both, or the training "
-            "args alone as --baseline"
-        )
-
-    def load(world: int | None, max_length: int) -> Baseline:
-        from tuner.interop.baseline import load_baseline
-
-        assert baseline is not None
-        loaded.append(load_baseline(baseline, training_args, world_size=world, max_length=max_length))
-        return loaded[-1]
-
-    request = build_search_request(
-        study_name=study or "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
-        storage=load_settings(storage=storage).storage,
-        model=spec,
-        space=space,
-        budget_s=budget_s,
+    """The options as tuner.python_api.prepare_request takes them (the Python API's parsing, `tuner search`'s
+    spelling of the settings in messages); returns the request plus the options set explicitly."""
+    return prepare_request(
+        budget=budget,
+        model=model,
+        space=space_file,
+        storage=storage,
+        study=study,
         world_size=world_size,
-        global_batch=global_batch,
-        device_memory=memory,
+        device_memory=device_memory,
         headroom=headroom,
+        global_batch=global_batch,
         n_trials=n_trials,
-        baseline=load if baseline is not None else None,
-        lengths=lens,
-        schedule=Schedule(finalists=finalists),
+        baseline=baseline,
+        training_args=training_args,
+        lengths=lengths,
+        finalists=finalists,
         seed=seed,
-        option=cli_option,
         job_flags=job_flags,
-        space_listed=space_file_knobs(space_file) if space_file is not None else (),
+        option=cli_option,
     )
-    base_world = loaded[-1].world_size if loaded else None
-    explicit = {
-        key
-        for key, given in {
-            "model": model != DEFAULT_MODEL,
-            "space": space_file is not None,
-            "world_size": world_size is not None or base_world is not None,
-            "global_batch": global_batch is not None or baseline is not None,
-            "device_memory": device_memory is not None,
-            "objective": lengths is not None,
-            "job": baseline is not None or (job_flags is not None and job_flags != JobFlags()),
-        }.items()
-        if given
-    }
-    return request, explicit
-
-
-DEFAULT_MODEL = "builtin:tiny-t5"
-
-
-def resolve(request: SearchRequest, explicit: set[str], store: Store) -> tuple[SearchRequest, bool]:
-    """Creates the study definition, or resumes an existing one with its stored definition."""
-    wanted = request.definition()
-    stored = store.study_definition(request.study_name)
-    if stored is None:
-        store.ensure_study(request.study_name, wanted)
-        return request, False
-    check_resume(request.study_name, stored, wanted, explicit)
-    return request_from_definition(request, stored), True
-
-
-def real_probe(config: ProbeConfig) -> ProbeResult:
-    from tuner.probing.runner import run_probe
-
-    return run_probe(config)
 
 
 @app.command("search")

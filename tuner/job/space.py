@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -287,3 +287,20 @@ def space_file_knobs(path: str | Path) -> set[str]:
 
 def space_from_definition(data: dict[str, Any]) -> Space:
     return space_from_dict(data, "stored study space")
+
+
+def inline_space(inline: Mapping[str, Any] | None, source: str = "space") -> Space:
+    """The default space overridden knob by knob by an inline mapping (an API body's ``space``,
+    ``tuner.tune(space={...})``): a bare value means one choice, as in a space file; lists and {low, high, scale}
+    ranges pass as they are."""
+    base = default_space().model_dump(mode="json")
+    if not inline:
+        return space_from_dict(base, "default space")
+    unknown = sorted(set(inline) - set(Space.model_fields))
+    if unknown:
+        raise SpaceError(f"{source}: unknown knob {unknown[0]!r}; known knobs: {', '.join(Space.model_fields)}")
+    choices = {k: v if isinstance(v, (list, dict)) else [v] for k, v in inline.items()}
+    try:
+        return space_from_dict({**base, **choices}, source)
+    except (TypeError, ValueError) as err:  # a validator that choked on a shape it did not expect
+        raise SpaceError(f"{source}: invalid choices ({err}); give each knob a list of values") from None

@@ -1,0 +1,71 @@
+"""The Python API: tuner.tune runs a real search in-process (real probes of the tiny T5 on a 160 MiB emulated
+device), tuner.best_config hands back what `tuner best` does, tuner.estimate what `tuner estimate` does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tuner
+from tuner.errors import BudgetError, ConfigError, NoStableConfig, StudyNotFound
+
+SPACE = {"micro_batch_size": [2, 32], "zero_stage": [0], "gradient_checkpointing": [False]}
+
+
+def test_import_tuner_stays_light() -> None:
+    """``import tuner`` loads no training stack (the API imports on first use)."""
+    code = "import sys, tuner; assert callable(tuner.tune); print([m for m in ('torch', 'optuna') if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_tune_searches_and_best_config_hands_back_the_same(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/tuner.db"
+    result = tuner.tune(
+        budget="3m", space=SPACE, device_memory="160MiB", storage=url, study="py", finalists=0, seed=0, format="hf"
+    )
+    assert result.study == "py" and result.stop_reason
+    assert result.best is not None and result.best.knobs["micro_batch_size"] == 2  # 32 runs out of 160 MiB
+    statuses = {r.knobs["micro_batch_size"]: str(r.status) for r in result.probes}
+    assert statuses[2] == "ok" and statuses.get(32, "inferred-oom") in ("oom", "inferred-oom")
+    hf = result.best.as_dict()
+    assert hf["per_device_train_batch_size"] == 2
+    again = tuner.best_config("py", storage=url, format="hf")
+    assert again.content == result.best.content and again.changes == result.best.changes
+    assert json.loads(tuner.best_config(storage=url).content)["knobs"]["micro_batch_size"] == 2  # the newest study
+
+
+def test_api_mistakes_are_typed_one_line_errors(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/tuner.db"
+    with pytest.raises(BudgetError, match="'soon' is not a duration"):
+        tuner.tune(budget="soon", storage=url)
+    with pytest.raises(ConfigError, match="unknown settings max_lenght"):
+        tuner.tune(budget="1m", storage=url, max_lenght=128)
+    with pytest.raises(ConfigError, match="global batch 7 cannot be reached by any micro_batch_size"):
+        tuner.tune(budget="1m", storage=url, space=SPACE, global_batch=7)
+    with pytest.raises(StudyNotFound, match="no study"):
+        tuner.best_config(storage=url)
+    with pytest.raises(ConfigError, match="unknown format"):
+        tuner.best_config("x", storage=url, format="yaml")
+
+
+def test_best_config_without_a_stable_config_says_so(tmp_path: Path) -> None:
+    from tuner.storage import Store
+
+    url = f"sqlite:///{tmp_path}/tuner.db"
+    Store(url).ensure_study("empty", {"model": {}})
+    with pytest.raises(NoStableConfig, match="'empty' has no stable config"):
+        tuner.best_config("empty", storage=url)
+
+
+def test_estimate_predicts_one_config() -> None:
+    small = tuner.estimate("builtin:tiny-t5", {"micro_batch_size": 2, "max_length": 64, "zero_stage": 0})
+    large = tuner.estimate("builtin:tiny-t5", {"micro_batch_size": 16, "max_length": 64, "zero_stage": 0})
+    assert 0 < small.raw < large.raw and large.activations > small.activations
+    with pytest.raises(ConfigError, match="micro_batch_size"):
+        tuner.estimate("builtin:tiny-t5", {"micro_batch_size": 0, "max_length": 64})

@@ -1,0 +1,360 @@
+"""The Python API: ``tuner.tune(...)``, ``tuner.best_config(...)``, ``tuner.estimate(...)``.
+
+`tuner search`, `tuner best` and `tuner estimate` are thin layers over these: the CLI parses its options into the
+same arguments (tuner.cli.search calls ``prepare_request`` / ``resolve`` / ``real_probe`` from here). Every mistake is
+a typed exception from tuner.errors with the one line the CLI prints. ``tune`` is named so because ``tuner.search`` is
+the search package.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trials.contract import Knobs, ProbeConfig, ProbeResult
+from tuner.errors import BaselineError, ConfigError, NoStableConfig, StudyNotFound
+from tuner.job.definition import JobFlags
+from tuner.job.model_source import resolve_model
+from tuner.job.objective import load_lengths
+from tuner.job.space import Space, inline_space, load_space, space_file_knobs
+from tuner.search.request import SearchRequest, check_resume, request_from_definition
+from tuner.search.request import build_request as build_search_request
+from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow
+from tuner.search.schedule import Schedule
+from tuner.settings import load_settings
+from tuner.storage import Store
+from tuner.units import parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from tuner.interop.baseline import Baseline
+    from tuner.memory.estimator import Estimate
+    from tuner.search.driver import Listener, SearchSummary
+    from tuner.search.selection import Candidate
+
+DEFAULT_MODEL = "builtin:tiny-t5"
+Probe = Callable[[ProbeConfig], ProbeResult]
+
+
+def cli_option(name: str) -> str:
+    """How `tuner search` spells a setting in a message: ``global_batch`` -> ``--global-batch``."""
+    return "--" + name.replace("_", "-")
+
+
+def api_option(name: str) -> str:
+    """How ``tuner.tune`` spells a setting in a message: its keyword argument."""
+    return name
+
+
+def _space(space: Path | str | Mapping[str, Any] | None) -> tuple[Space, set[str]]:
+    """The search space and the knobs it names (a file, an inline mapping, or the built-in one)."""
+    if isinstance(space, Mapping):
+        return inline_space(space), set(space)
+    if space is None:
+        return load_space(None), set()
+    return load_space(space), space_file_knobs(space)
+
+
+def prepare_request(
+    *,
+    budget: str | float,
+    model: str = DEFAULT_MODEL,
+    space: Path | str | Mapping[str, Any] | None = None,
+    storage: str | None = None,
+    study: str | None = None,
+    world_size: int | None = None,
+    device_memory: str | int | None = None,
+    headroom: float = DEFAULT_HEADROOM,
+    global_batch: int | None = None,
+    n_trials: int | None = None,
+    baseline: Path | str | Mapping[str, Any] | None = None,
+    training_args: Path | str | Mapping[str, Any] | None = None,
+    lengths: Path | str | Sequence[int] | None = None,
+    finalists: int = 2,
+    seed: int | None = None,
+    job_flags: JobFlags | None = None,
+    option: Callable[[str], str] = api_option,
+) -> tuple[SearchRequest, set[str]]:
+    """Parses the settings (durations, sizes, files or mappings) and hands them to
+    tuner.search.request.build_request, which checks them; returns the request plus the settings given explicitly
+    (what a resumed study must agree on). ``baseline`` is your DeepSpeed JSON or training-args JSON (a file, or its
+    contents as a mapping); ``training_args`` the second one."""
+    budget_s = parse_duration(budget) if isinstance(budget, str) else float(budget)
+    if budget_s <= 0:
+        raise ConfigError(f"{option('budget')} must be positive, got {budget!r}")
+    spec = resolve_model(model)
+    parsed_space, listed = _space(space)
+    memory = parse_size(device_memory) if device_memory is not None else None
+    lens = load_lengths(lengths) if isinstance(lengths, (str, Path)) else list(lengths) if lengths is not None else None
+    loaded: list[Baseline] = []
+    if training_args is not None and baseline is None:
+        raise BaselineError(
+            f"{option('training_args')} goes with {option('baseline')} (your DeepSpeed JSON); pass both, or the "
+            f"training args alone as {option('baseline')}"
+        )
+
+    def load(world: int | None, max_length: int) -> Baseline:
+        from tuner.interop.baseline import file_kind, load_baseline, parse_baseline, read_json
+
+        assert baseline is not None
+        if not isinstance(baseline, Mapping) and not isinstance(training_args, Mapping):
+            args_path = Path(training_args) if training_args is not None else None
+            loaded.append(load_baseline(Path(baseline), args_path, world_size=world, max_length=max_length))
+            return loaded[-1]
+        first = dict(baseline) if isinstance(baseline, Mapping) else read_json(Path(baseline), "baseline file")
+        second = None
+        if training_args is not None:
+            second = (
+                dict(training_args)
+                if isinstance(training_args, Mapping)
+                else read_json(Path(training_args), "training-args file")
+            )
+        ds, hf = (first, second) if file_kind(first) == "deepspeed" else (None, first)
+        if second is not None and ds is None:
+            raise BaselineError("two training-args given; pass one DeepSpeed JSON and one training-args JSON")
+        loaded.append(parse_baseline(ds, hf, world_size=world, max_length=max_length))
+        return loaded[-1]
+
+    request = build_search_request(
+        study_name=study or "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        storage=load_settings(storage=storage).storage,
+        model=spec,
+        space=parsed_space,
+        budget_s=budget_s,
+        world_size=world_size,
+        global_batch=global_batch,
+        device_memory=memory,
+        headroom=headroom,
+        n_trials=n_trials,
+        baseline=load if baseline is not None else None,
+        lengths=lens,
+        schedule=Schedule(finalists=max(finalists, 0)),
+        seed=seed,
+        option=option,
+        job_flags=job_flags,
+        space_listed=listed,
+    )
+    base_world = loaded[-1].world_size if loaded else None
+    explicit = {
+        key
+        for key, given in {
+            "model": model != DEFAULT_MODEL,
+            "space": space is not None,
+            "world_size": world_size is not None or base_world is not None,
+            "global_batch": global_batch is not None or baseline is not None,
+            "device_memory": device_memory is not None,
+            "objective": lengths is not None,
+            "job": baseline is not None or (job_flags is not None and job_flags != JobFlags()),
+        }.items()
+        if given
+    }
+    return request, explicit
+
+
+def resolve(request: SearchRequest, explicit: set[str], store: Store) -> tuple[SearchRequest, bool]:
+    """Creates the study definition, or resumes an existing one with its stored definition."""
+    wanted = request.definition()
+    stored = store.study_definition(request.study_name)
+    if stored is None:
+        store.ensure_study(request.study_name, wanted)
+        return request, False
+    check_resume(request.study_name, stored, wanted, explicit)
+    return request_from_definition(request, stored), True
+
+
+def real_probe(config: ProbeConfig) -> ProbeResult:
+    from tuner.probing.runner import run_probe
+
+    return run_probe(config)
+
+
+@dataclass(frozen=True)
+class BestConfig:
+    """A study's best stable config: the knobs, the export in the asked format, and what it changes in your files."""
+
+    study: str
+    knobs: dict[str, Any]
+    format: str
+    content: str  # the export, as `tuner best --format FORMAT` prints it
+    changes: list[str]  # as `tuner best --changes` prints it
+    samples_per_s: float
+    objective: float
+    confirmed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """The export parsed (json, deepspeed and hf formats)."""
+        parsed: dict[str, Any] = json.loads(self.content)
+        return parsed
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    study: str
+    storage: str
+    stop_reason: str  # "budget", "converged", "exhausted", "trials", "interrupted" ... (the search run's)
+    best: BestConfig | None  # None: no stable config (more device memory, a longer budget, a smaller space)
+    trials: list[ProbeRow] = field(default_factory=list)  # every probe row of the study, inferred ones included
+    summary: SearchSummary | None = None
+
+    @property
+    def probes(self) -> list[ProbeRow]:
+        """The rows of probes that ran (not those ruled out without running)."""
+        return [r for r in self.trials if r.measured]
+
+
+def tune(
+    *,
+    budget: str | float,
+    model: str = DEFAULT_MODEL,
+    space: Path | str | Mapping[str, Any] | None = None,
+    storage: str | None = None,
+    study: str | None = None,
+    world_size: int | None = None,
+    device_memory: str | int | None = None,
+    headroom: float = DEFAULT_HEADROOM,
+    global_batch: int | None = None,
+    n_trials: int | None = None,
+    baseline: Path | str | Mapping[str, Any] | None = None,
+    training_args: Path | str | Mapping[str, Any] | None = None,
+    lengths: Path | str | Sequence[int] | None = None,
+    finalists: int = 2,
+    seed: int | None = None,
+    estimate: bool | None = None,
+    format: str = "json",
+    listener: Listener | None = None,
+    probe: Probe | None = None,
+    **job: Any,
+) -> TuneResult:
+    """Runs `tuner search` in this process: the same options as keywords (``budget`` a duration like "30m" or
+    seconds; ``space``/``baseline``/``training_args`` files or mappings; ``lengths`` a file or token lengths; the job
+    settings ``max_length``, ``max_target_length``, ``precision``, ``eval_batch_size``, ``generate``,
+    ``generation_max_length``, ``num_beams`` as keywords). Returns the best config exported in ``format``, every
+    trial, and why the search stopped. ``probe`` replaces the real probe runner (benchmarks replay recorded tables)."""
+    import optuna
+
+    from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
+    from tuner.search.driver import Search
+
+    unknown = sorted(set(job) - set(JobFlags.__dataclass_fields__))
+    if unknown:
+        raise ConfigError(f"tune() got unknown settings {', '.join(unknown)}; see help(tuner.tune)")
+    request, explicit = prepare_request(
+        budget=budget,
+        model=model,
+        space=space,
+        storage=storage,
+        study=study,
+        world_size=world_size,
+        device_memory=device_memory,
+        headroom=headroom,
+        global_batch=global_batch,
+        n_trials=n_trials,
+        baseline=baseline,
+        training_args=training_args,
+        lengths=lengths,
+        finalists=finalists,
+        seed=seed,
+        job_flags=JobFlags(**job),
+    )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    store = Store(request.storage)
+    request, _ = resolve(request, explicit, store)
+    runner = Search(request, probe or real_probe)
+    if estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S:
+        estimator, _note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))
+        runner.attach_estimator(estimator)
+    if listener is not None:
+        runner.listener = listener
+    summary = runner.run()
+    best = None
+    if summary.best is not None:
+        best = _best(store, request.study_name, request.definition(), summary.best, format)
+    return TuneResult(
+        study=request.study_name,
+        storage=request.storage,
+        stop_reason=summary.stop_reason,
+        best=best,
+        trials=store.probes(request.study_name),
+        summary=summary,
+    )
+
+
+def _best(store: Store, name: str, definition: Mapping[str, Any], found: Candidate, fmt: str) -> BestConfig:
+    from tuner.interop.export import render_best
+    from tuner.interop.export.changes import best_changes
+
+    rows = store.probes(name)
+    base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
+    return BestConfig(
+        study=name,
+        knobs=dict(found.knobs),
+        format=fmt,
+        content=render_best(fmt, found, definition),
+        changes=best_changes(found, definition, base).lines(),
+        samples_per_s=found.samples_per_s,
+        objective=found.objective,
+        confirmed=found.confirmed,
+    )
+
+
+def pick_study(store: Store, study: str | None) -> tuple[str, dict[str, Any]]:
+    """``study``'s definition, or the most recently created study's when None."""
+    if study is not None:
+        return study, store.require_study(study)
+    rows = store.study_rows()
+    if not rows:
+        raise StudyNotFound(f"no study in storage {store.url}; run `tuner search --budget 30m` first")
+    return rows[0]["name"], dict(rows[0]["definition"])
+
+
+def best_config(study: str | None = None, storage: str | None = None, format: str = "json") -> BestConfig:
+    """The best stable config of ``study`` (the most recent one when None) exported in ``format``
+    (json, deepspeed, hf, accelerate, env), as `tuner best` and ``GET /best-config`` hand it out."""
+    from tuner.interop.export import FORMATS
+    from tuner.search.selection import best_stable
+
+    if format not in FORMATS:
+        raise ConfigError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    store = Store(load_settings(storage=storage).storage)
+    name, definition = pick_study(store, study)
+    found = best_stable(store.probes(name))
+    if found is None:
+        raise NoStableConfig(
+            f"study {name!r} has no stable config yet; run `tuner search --study {name}` longer or with more "
+            "device memory"
+        )
+    return _best(store, name, definition, found, format)
+
+
+def estimate(
+    model: str,
+    knobs: Knobs | Mapping[str, Any],
+    *,
+    world_size: int = 1,
+    global_batch: int | None = None,
+) -> Estimate:
+    """The predicted peak device memory per rank of one config (``knobs``: micro_batch_size, max_length, zero_stage
+    ...), from a fake-tensor trace of one training step plus DeepSpeed's model-state arithmetic, as `tuner
+    estimate` prints it. No GPU needed."""
+    from pydantic import ValidationError
+
+    from tuner.job.batching import accumulation_steps
+    from tuner.memory.estimator import Estimator, trace
+
+    try:
+        k = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(dict(knobs))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "knobs"
+        raise ConfigError(f"{where}: {first['msg']}") from None
+    if global_batch is not None and accumulation_steps(global_batch, k.micro_batch_size, world_size) is None:
+        raise ConfigError(
+            f"global_batch {global_batch} is not a whole number of micro batches: give a multiple of "
+            f"micro_batch_size x world_size = {k.micro_batch_size * world_size}"
+        )
+    spec = resolve_model(model)
+    traced = trace(spec, [(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision)])
+    return Estimator(trace=traced, world_size=world_size, global_batch=global_batch).predict(k)
