@@ -163,6 +163,22 @@ class ChangesOut(BaseModel):
     lines: list[str] = Field(default_factory=list, description="the same, as `tuner best --changes` prints it")
 
 
+class ProductionOut(BaseModel):
+    status: str
+    cause: str | None = None
+    phase: str | None = Field(None, description="where a failed run was: train or eval")
+    peak_allocated: int | None = Field(None, description="bytes: CUDA max_memory_allocated, or host peak RSS on CPU")
+    peak_reserved: int | None = None
+    capacity: int | None = None
+    memory: str | None = Field(None, description="what peak_allocated measures")
+    samples_per_s: float | None = None
+    probed_peak: int | None = Field(None, description="the highest peak the probes of this config measured")
+    probed_samples_per_s: float | None = None
+    device: str | None = None
+    rank: int | None = None
+    steps: int | None = None
+
+
 class BestConfigOut(BaseModel):
     study: str
     format: Format
@@ -186,6 +202,9 @@ class BestConfigOut(BaseModel):
     versions: dict[str, str] = Field(default_factory=dict, description="torch, deepspeed, transformers versions")
     baseline: BaselineOut | None = None
     changes: ChangesOut | None = None
+    production: list[ProductionOut] = Field(
+        default_factory=list, description="your real training runs of this config (TunerCallback), as recorded"
+    )
     content: str | None = Field(None, description="the config rendered in `format` (null for format=json)")
 
 

@@ -12,6 +12,7 @@ from api.schemas import (
     BestSoFarOut,
     ChangesOut,
     ProbeOut,
+    ProductionOut,
     ProgressOut,
     RankMemoryOut,
     RunOut,
@@ -23,6 +24,7 @@ from api.schemas import (
 from tuner.errors import NoStableConfig, StudyNotFound
 from tuner.interop.export import best_export_args, render_best
 from tuner.interop.export.changes import best_changes
+from tuner.reporting.production import ProductionRun, production_runs
 from tuner.reporting.trials import join_trials
 from tuner.search.liveness import run_is_live
 from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow, ProbeStatus
@@ -209,6 +211,25 @@ def _baseline(rows: list[ProbeRow], best: Candidate) -> BaselineOut | None:
     )
 
 
+def _production(run: ProductionRun) -> ProductionOut:
+    r, result = run.row, run.row.result or {}
+    return ProductionOut(
+        status=r.status.value,
+        cause=r.cause,
+        phase=result.get("phase"),
+        peak_allocated=r.peak_allocated,
+        peak_reserved=r.peak_reserved,
+        capacity=r.capacity,
+        memory=result.get("memory"),
+        samples_per_s=r.samples_per_s,
+        probed_peak=run.probed_peak,
+        probed_samples_per_s=run.probed_samples_per_s,
+        device=result.get("device"),
+        rank=result.get("rank"),
+        steps=result.get("steps"),
+    )
+
+
 def best_config(store: Store, name: str, fmt: str) -> BestConfigOut:
     """The best stable config of ``name`` with its provenance; ``content`` is its export in ``fmt``
     (tuner.interop.export.render_best, as `tuner export` writes it)."""
@@ -231,6 +252,7 @@ def best_config(store: Store, name: str, fmt: str) -> BestConfigOut:
     base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
     found = best_changes(best, definition, base)
     changes = ChangesOut(**found.to_dict(), lines=found.lines())
+    production = [_production(run) for run in production_runs(rows, best.config_key)]
     return BestConfigOut(
         study=name,
         format=fmt,
@@ -254,5 +276,6 @@ def best_config(store: Store, name: str, fmt: str) -> BestConfigOut:
         versions={str(k): str(v) for k, v in (result.get("versions") or {}).items()},
         baseline=_baseline(rows, best),
         changes=changes,
+        production=production,
         content=content,
     )

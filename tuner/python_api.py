@@ -177,6 +177,9 @@ class BestConfig:
 
     study: str
     knobs: dict[str, Any]
+    config_key: str
+    world_size: int
+    gradient_accumulation_steps: int
     format: str
     content: str  # the export, as `tuner best --format FORMAT` prints it
     changes: list[str]  # as `tuner best --changes` prints it
@@ -283,17 +286,29 @@ def tune(
 
 
 def _best(store: Store, name: str, definition: Mapping[str, Any], found: Candidate, fmt: str) -> BestConfig:
-    from tuner.interop.export import render_best
+    from tuner.interop.export import best_export_args, render_best
     from tuner.interop.export.changes import best_changes
+    from tuner.search.selection import failed_in_production
 
     rows = store.probes(name)
     base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
+    args = best_export_args(found, definition)
+    changes = best_changes(found, definition, base).lines()
+    failed = failed_in_production(rows)
+    if failed:
+        changes.append(
+            f"no longer served: {len(failed)} config{'s' if len(failed) > 1 else ''} whose real training run failed "
+            "(see `tuner trials`)"
+        )
     return BestConfig(
         study=name,
         knobs=dict(found.knobs),
+        config_key=found.config_key,
+        world_size=args.world_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
         format=fmt,
         content=render_best(fmt, found, definition),
-        changes=best_changes(found, definition, base).lines(),
+        changes=changes,
         samples_per_s=found.samples_per_s,
         objective=found.objective,
         confirmed=found.confirmed,
@@ -314,16 +329,19 @@ def best_config(study: str | None = None, storage: str | None = None, format: st
     """The best stable config of ``study`` (the most recent one when None) exported in ``format``
     (json, deepspeed, hf, accelerate, env), as `tuner best` and ``GET /best-config`` hand it out."""
     from tuner.interop.export import FORMATS
-    from tuner.search.selection import best_stable
+    from tuner.search.selection import best_stable, failed_in_production
 
     if format not in FORMATS:
         raise ConfigError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     store = Store(load_settings(storage=storage).storage)
     name, definition = pick_study(store, study)
-    found = best_stable(store.probes(name))
+    rows = store.probes(name)
+    found = best_stable(rows)
     if found is None:
+        failed = failed_in_production(rows)
+        why = f" ({len(failed)} whose real training run failed are no longer served)" if failed else ""
         raise NoStableConfig(
-            f"study {name!r} has no stable config yet; run `tuner search --study {name}` longer or with more "
+            f"study {name!r} has no stable config yet{why}; run `tuner search --study {name}` longer or with more "
             "device memory"
         )
     return _best(store, name, definition, found, format)

@@ -191,6 +191,10 @@ def trials(
     console.print(table)
     if not shown:
         console.print(f"study {name!r} has no trials yet")
+    from tuner.reporting.production import production_runs
+
+    for run in production_runs(store.probes(name)):
+        console.print(run.line(), markup=False)
 
 
 @app.command("studies")

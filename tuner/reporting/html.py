@@ -32,6 +32,7 @@ class ReportData:
     best: Candidate | None
     exports: dict[str, str] = field(default_factory=dict)  # format -> text (tuner.interop.export.render)
     changes: list[str] = field(default_factory=list)  # what the export changes in the user's files (`best --changes`)
+    production: list[str] = field(default_factory=list)  # the user's real runs beside the probes (production rows)
 
     @property
     def headroom(self) -> float:
@@ -88,7 +89,10 @@ def load(url: str, study: str) -> ReportData:
 
         base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
         changes = best_changes(best, definition or {}, base).lines()
-    return ReportData(study, definition or {}, rows, optuna_study, best, exports, changes)
+    from tuner.reporting.production import production_runs
+
+    production = [run.line() for run in production_runs(rows)]
+    return ReportData(study, definition or {}, rows, optuna_study, best, exports, changes, production)
 
 
 # -- HTML ----------------------------------------------------------------------------------------------------------
@@ -182,6 +186,8 @@ def _best_section(data: ReportData) -> str:
         for i, (fmt, text) in enumerate(data.exports.items())
     )
     changes = "<h3>Changes to your files</h3><pre>" + _e("\n".join(data.changes)) + "</pre>" if data.changes else ""
+    if data.production:
+        changes += "<h3>Your training runs</h3><pre>" + _e("\n".join(data.production)) + "</pre>"
     return _table(["", ""], facts) + _table(["knob", "value"], knobs) + changes + "<h3>Export</h3>" + exports
 
 

@@ -35,19 +35,24 @@ class ProbeStatus(str, Enum):
 
 
 class Fidelity(str, Enum):
-    """How long a probe ran: the user's baseline, a short explore probe, a longer confirm probe; or inferred (none)."""
+    """How long a probe ran: the user's baseline, a short explore probe, a longer confirm probe; or inferred (none);
+    or the user's own training run of a config, recorded back (production)."""
 
     BASELINE = "baseline"
     SHORT = "short"
     CONFIRM = "confirm"
     INFERRED = "inferred"
+    PRODUCTION = (
+        "production"  # the user's real training run of a config (tuner.integrations.transformers.TunerCallback)
+    )
 
     def __str__(self) -> str:
         return self.value
 
     @property
     def measured(self) -> bool:
-        return self is not Fidelity.INFERRED
+        """A probe that ran (a production run is not a probe: the search's evidence and time model leave it out)."""
+        return self in (Fidelity.BASELINE, Fidelity.SHORT, Fidelity.CONFIRM)
 
 
 MEASURED = frozenset({Fidelity.BASELINE, Fidelity.SHORT, Fidelity.CONFIRM})

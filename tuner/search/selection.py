@@ -48,12 +48,19 @@ class Candidate:
         return [dict(r.result.get("fingerprint") or {}) for r in self.rows if r.result]
 
 
+def failed_in_production(rows: Iterable[ProbeRow]) -> set[str]:
+    """Config keys whose real training run (a production row) ran out of memory or failed: never served again."""
+    return {r.config_key for r in rows if r.fidelity == Fidelity.PRODUCTION and r.status != ProbeStatus.OK}
+
+
 def candidates(rows: Iterable[ProbeRow]) -> list[Candidate]:
     """Stable configs, one per config key, best first: confirmed (re-probed longer) first, then by ``score``. A config
-    with any unstable measurement is excluded."""
+    with any unstable measurement, or whose production run failed, is excluded."""
+    rows = list(rows)
+    failed = failed_in_production(rows)
     by_key: dict[str, list[ProbeRow]] = {}
     for row in rows:
-        if row.measured:
+        if row.measured and row.config_key not in failed:
             by_key.setdefault(row.config_key, []).append(row)
     measured = {
         key: [

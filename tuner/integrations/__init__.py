@@ -1,0 +1,1 @@
+"""Integrations with training libraries: tuner.integrations.transformers (apply_best, TunerCallback)."""
