@@ -22,8 +22,9 @@ Engine = Literal["torch", "deepspeed"]
 Phase = Literal["setup", "train", "eval", "generate"]
 
 BUILTIN_PREFIX = "builtin:"
-# Built-in model presets (random init from a T5Config, no download); trials/models.py holds their shapes.
-BUILTIN_PRESETS: tuple[str, ...] = ("tiny-t5", "t5-small", "flan-t5-large")
+# Built-in model presets (random init from a config, no download); trials/models.py holds their shapes: T5 (seq2seq)
+# and Llama-shaped causal LMs, each a CPU-sized one and GPU-sized ones.
+BUILTIN_PRESETS: tuple[str, ...] = ("tiny-t5", "t5-small", "flan-t5-large", "tiny-llama", "llama-1b")
 
 # Exit codes of one probe rank (`python -m trials`); the result file holds the detail.
 EXIT_OK = 0

@@ -1,4 +1,5 @@
-"""Model sources: built-in T5 presets (random init from a T5Config, no download), HF hub ids, local directories."""
+"""Model sources: built-in T5 and Llama-shaped presets (random init from a config, no download), HF hub ids, local
+directories."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
+    LlamaConfig,
     PretrainedConfig,
     PreTrainedModel,
     T5Config,
@@ -55,7 +57,33 @@ PRESETS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False,
     ),
 }
-assert tuple(PRESETS) == BUILTIN_PRESETS, "trials.contract.BUILTIN_PRESETS must list the presets"
+# Llama-shaped causal LMs (LlamaConfig): most fine-tuning today is of Llama/Qwen-shaped decoders
+LLAMA_PRESETS: dict[str, dict[str, Any]] = {
+    # a 1-rank CPU probe of this takes seconds
+    "tiny-llama": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=172,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    ),
+    # the shape of TinyLlama-1.1B / Llama-3.2-1B-class models (for GPUs)
+    "llama-1b": dict(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    ),
+}
+assert (*PRESETS, *LLAMA_PRESETS) == BUILTIN_PRESETS, "trials.contract.BUILTIN_PRESETS must list the presets"
+_LLAMA_COMMON = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, use_cache=False)
 
 _COMMON = dict(dropout_rate=0.1, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, use_cache=False)
 
@@ -65,14 +93,23 @@ def load_config(spec: ModelSpec) -> PretrainedConfig:
     source = spec.source
     if source.startswith(BUILTIN_PREFIX):
         name = source[len(BUILTIN_PREFIX) :]
-        if name not in PRESETS:
+        if name in LLAMA_PRESETS:
+            config: PretrainedConfig = LlamaConfig(**{**_LLAMA_COMMON, **LLAMA_PRESETS[name]})
+        elif name in PRESETS:
+            config = T5Config(**{**_COMMON, **PRESETS[name]})
+        else:
             raise ValueError(
                 f"unknown built-in model {source!r}; choose one of "
                 + ", ".join(BUILTIN_PREFIX + p for p in BUILTIN_PRESETS)
             )
-        config: PretrainedConfig = T5Config(**{**_COMMON, **PRESETS[name]})
     else:
         config = AutoConfig.from_pretrained(source)
+    return _override(config, spec)
+
+
+def _override(config: PretrainedConfig, spec: ModelSpec) -> PretrainedConfig:
+    """``spec.overrides`` applied to the config; training settings (no KV cache)."""
+    source = spec.source
     for key, value in spec.overrides.items():
         if not hasattr(config, key):
             raise ValueError(f"model config of {source!r} has no field {key!r} to override")

@@ -11,6 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from servers import free_port
 
 TUNER = str(Path(sys.executable).with_name("tuner"))
 SPACE = "micro_batch_size: [2, 32]\nzero_stage: [0]\ngradient_checkpointing: [false]\n"
@@ -354,3 +355,91 @@ def test_a_causal_lm_from_a_local_directory_runs_the_same_path(tmp_path):
     hf = json.loads(tuner("best", "--storage", url, "--study", "llama", "--format", "hf").stdout)
     assert hf["max_seq_length"] == 24 and hf["bf16"] is True and hf["per_device_eval_batch_size"] == 4
     assert hf["deepspeed"]["bf16"] == {"enabled": "auto"}
+
+
+CAUSAL_TRAIN = r"""
+import json, sys, tempfile
+import torch
+from transformers import HfArgumentParser, Trainer, TrainingArguments
+from trials.contract import ModelSpec
+from trials.models import build_model
+
+export, length = json.loads(open(sys.argv[1]).read()), int(sys.argv[2])
+host = {"output_dir": tempfile.mkdtemp(), "report_to": [], "use_cpu": True, "max_steps": 3, "save_strategy": "no"}
+if isinstance(export.get("deepspeed"), dict) and "optimizer" in export["deepspeed"]:
+    export["deepspeed"]["optimizer"].setdefault("params", {})["torch_adam"] = True  # the probe's CPU stand-in
+(args,) = HfArgumentParser(TrainingArguments).parse_dict({**export, **host}, allow_extra_keys=True)
+model = build_model(ModelSpec(source="builtin:tiny-llama"))
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 32
+    def __getitem__(self, i):
+        ids = torch.randint(3, 512, (length,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "attention_mask": torch.ones(length, dtype=torch.long), "labels": ids.clone()}
+
+trainer = Trainer(model=model, args=args, train_dataset=Data(), eval_dataset=Data())
+out = trainer.train()
+print("RESULT " + json.dumps({"steps": trainer.state.global_step, "loss": out.training_loss,
+                              "eval_loss": trainer.evaluate()["eval_loss"], "deepspeed": trainer.is_deepspeed_enabled}))
+"""
+
+
+@pytest.mark.slow
+def test_the_built_in_causal_preset_runs_probe_estimate_export_and_a_trainer(tmp_path):
+    """builtin:tiny-llama (a Llama-shaped decoder) through the memory estimate, real probes, the hf export and a
+    Trainer run from it (DeepSpeed section included)."""
+    space = tmp_path / "space.yaml"
+    space.write_text("micro_batch_size: [2, 64]\nzero_stage: [0, 1]\ngradient_checkpointing: [false]\n")
+    url = f"sqlite:///{tmp_path}/tuner.db"
+    done = tuner(
+        "search",
+        "--model",
+        "builtin:tiny-llama",
+        "--space",
+        str(space),
+        "--budget",
+        "3m",
+        "--n-trials",
+        "3",
+        "--finalists",
+        "0",
+        "--device-memory",
+        "160MiB",
+        "--estimate",
+        "--storage",
+        url,
+        "--study",
+        "llama",
+        "--eval-batch-size",
+        "4",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "memory estimate traced" in done.stdout, done.stdout[-2000:]
+    from tuner.storage import Store
+
+    rows = [r for r in Store(url).probes("llama") if r.measured]
+    assert rows and any(str(r.status) == "ok" for r in rows)
+    export = tuner("best", "--storage", url, "--study", "llama", "--format", "hf")
+    assert export.returncode == 0, export.stderr
+    (tmp_path / "args.json").write_text(export.stdout)
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "OMP_NUM_THREADS": "1",
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", CAUSAL_TRAIN, str(tmp_path / "args.json"), "128"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["steps"] == 3 and 0 < result["loss"] < 100 and 0 < result["eval_loss"] < 100
