@@ -20,6 +20,7 @@ from tuner.job.model_source import resolve_model
 from tuner.job.objective import load_lengths
 from tuner.job.space import load_space, space_file_knobs
 from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
+from tuner.probing import gpus
 from tuner.search.driver import Search
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
 from tuner.search.request import build_request as build_search_request
@@ -231,8 +232,14 @@ def search(
         ),
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    visible, physical, cuda_visible = gpus.host_visible_devices()
+    gpus.check_world_size(request.world_size, visible, physical, cuda_visible)  # before any probe: one line, exit 2
     store = Store(request.storage)
     request, resumed = resolve(request, explicit, store)
+    if resumed:
+        check_same_gpu(store, request, visible, physical)
+    if physical and visible and request.world_size > 1:
+        preflight(request.world_size)
     runner = Search(request, real_probe)
     console.print(
         f"{'resuming' if resumed else 'new'} study [bold]{escape(request.study_name)}[/] on "
@@ -265,6 +272,30 @@ def search(
 
     console.print("best config:")
     typer.echo(render_best("json", summary.best, request.definition()).rstrip())
+
+
+def check_same_gpu(store: Store, request: SearchRequest, visible: list[str], physical: int) -> None:
+    """Refuses (one line, exit 2) a worker whose GPU differs from the study's first probe's, unless the study's
+    device memory is fixed (--device-memory): a frontier learned on one device's limits must not rule another's."""
+    first = next((row for row in store.probes(request.study_name, limit=5) if row.result), None)
+    stored = (first.result or {}).get("fingerprint") if first is not None else None
+    here = gpus.gpu_name(gpus.first_visible_index(visible)) if physical and visible else ""
+    refusal = gpus.fingerprint_refusal(stored, here, request.device_memory is not None)
+    if refusal:
+        raise ConfigError(refusal)
+
+
+def preflight(world_size: int) -> None:
+    """The NCCL preflight (all ranks, one all_reduce and a barrier, 90 s) before the first probe; one line if not."""
+    import tempfile
+
+    from tuner.probing.preflight import run_preflight
+    from tuner.probing.runner import probe_env
+
+    with console.status(f"NCCL preflight: {world_size} ranks, one all_reduce ..."), tempfile.TemporaryDirectory() as d:
+        problem = run_preflight(world_size, probe_env(world_size), Path(d))
+    if problem:
+        raise ConfigError(problem)
 
 
 def _precision(value: str | None) -> Precision | None:
