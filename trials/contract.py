@@ -15,7 +15,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Status = Literal["ok", "oom", "timeout", "error"]
+# How a probe (or a rank) ended. "oom": the device ran out of memory (torch's OOM, a cuBLAS/NCCL allocation failure);
+# "host-oom": host memory did (the kernel's OOM killer, a failed pinned allocation): no verdict on device memory;
+# "device-busy": the rank found its GPU in use by another process; "killed": a rank died of SIGKILL without the
+# kernel's OOM killer showing in its cgroup (an outside kill: no verdict, retried once).
+Status = Literal["ok", "oom", "timeout", "error", "host-oom", "device-busy", "killed"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Engine = Literal["torch", "deepspeed"]
 # Where a probe rank is: building the engine, training steps, the eval forward, the eval generate.
@@ -31,6 +35,8 @@ EXIT_OK = 0
 EXIT_OOM = 3
 EXIT_ERROR = 4
 EXIT_TIMEOUT = 5
+EXIT_HOST_OOM = 6
+EXIT_BUSY = 7
 
 # The runner sets this to the wall-clock time.time() at which it launched the probe (the probe's setup_s starts there).
 LAUNCH_ENV = "TUNER_PROBE_LAUNCH_T"
@@ -84,6 +90,45 @@ def allocator_env(alloc_conf: str | None) -> dict[str, str]:
 def alloc_conf_in_force(env: Mapping[str, str]) -> str | None:
     """The allocator settings an environment puts in force (the older variable first, as torch reads them)."""
     return next((env[name] for name in ALLOC_CONF_ENV if env.get(name)), None)
+
+
+# A rank that finds more than this many bytes of its GPU in use right after creating its own CUDA context (which
+# costs ~0.5 GiB on Hopper) is on a GPU another process uses: status "device-busy", no probe run.
+DEVICE_BUSY_BYTES = 2 << 30
+
+
+def memory_need(peak_reserved: int, overhead: int, device_used_peak: int | None) -> int:
+    """What a rank needs of its device: the caching allocator's peak reserve plus what lives outside it (the CUDA
+    context, NCCL's communicator buffers, cuBLAS/cuDNN handles), or the device-level use sampled in the memory window
+    when that is more (fragmentation, an allocation the allocator did not see). The stability rule and the memory
+    estimate's calibration both read this. On the emulated CPU device: overhead 0, no device sampling, = peak."""
+    return max(peak_reserved + max(0, overhead), device_used_peak or 0)
+
+
+def device_busy(used_at_start: int, threshold: int = DEVICE_BUSY_BYTES) -> bool:
+    """True when a rank's GPU is in use by someone else: more than ``threshold`` bytes used (cudaMemGetInfo's total -
+    free) right after the rank created its context and before it allocated anything."""
+    return used_at_start > threshold
+
+
+# What a rank's stderr says when it died without writing its result (an abort in the NCCL watchdog, a CUDA error
+# raised on a side thread): lower-case substrings -> the status they prove.
+STDERR_CAUSES: tuple[tuple[str, Status], ...] = (
+    ("watchdog caught collective operation timeout", "timeout"),
+    ("cublas_status_alloc_failed", "oom"),
+    ("cuda out of memory", "oom"),
+    ("cuda error: out of memory", "oom"),
+    ("failed to cuda calloc", "oom"),
+    ("cuda failure 'out of memory'", "oom"),
+)
+# A rank forked from a server whose process had initialised CUDA cannot use it: the fork server is then unusable.
+FORKED_CUDA_BROKEN = ("cannot re-initialize cuda in forked subprocess", "cuda error: initialization error")
+
+
+def stderr_status(text: str) -> Status | None:
+    """The status a dead rank's stderr proves (``STDERR_CAUSES``), or None."""
+    low = text.lower()
+    return next((status for needle, status in STDERR_CAUSES if needle in low), None)
 
 
 def rank_out_path(out: Path, rank: int, world_size: int) -> Path:
@@ -174,6 +219,7 @@ class ProbeConfig(_Strict):
     measure_steps: int = Field(4, ge=1, description="measured micro-steps; the window holds an optimizer step")
     device_memory: int | None = Field(None, ge=1, description="bytes of device memory per rank; None = the device's")
     timeout_s: float = Field(300.0, gt=0)
+    busy_bytes: int = Field(DEVICE_BUSY_BYTES, ge=0, description="device used at rank start above this: device-busy")
     seed: int = 0
     learning_rate: float = 1e-4
 
@@ -190,6 +236,17 @@ class RankMemory(_Strict):
     capacity: int | None = None  # bytes the rank could use (device_memory or the device's total)
     alloc_retries: int = 0  # CUDA num_alloc_retries (cudaMalloc retries after freeing the cache)
     oom_need: int | None = None  # emulated device, after an OOM: live bytes + the refused allocation (at least needed)
+    # CUDA only (0 / None on the emulated device): bytes of the device outside this rank's caching allocator (device
+    # used - reserved, the most seen in the memory window: context, NCCL, handles), the device-level use sampled
+    # over the window (torch.cuda.mem_get_info), and the device-level use at rank start (before any allocation)
+    overhead: int = 0
+    device_used_peak: int | None = None
+    device_used_start: int | None = None
+
+    @property
+    def need(self) -> int:
+        """What this rank needs of its device (:func:`memory_need`)."""
+        return memory_need(self.peak_reserved, self.overhead, self.device_used_peak)
 
 
 class StepStats(_Strict):
@@ -230,6 +287,20 @@ class ProbeResult(_Strict):
     wall_s: float = 0.0  # the probe's wall clock, launch to last rank exit
     setup_s: float | None = None  # the fixed cost: launch to first step
     setup_phases: dict[str, float] = Field(default_factory=dict)  # of the slowest rank (RankResult.setup_phases)
+    attempts: int = 1  # launches it took: a transient failure (an outside kill, a launch failure) is retried once
+
+    @property
+    def memory_need(self) -> int | None:
+        """The most any rank needs of its device (RankMemory.need): what the stability rule compares."""
+        return max((r.need for r in self.ranks), default=None)
+
+    @property
+    def device_used_peak(self) -> int | None:
+        return max((r.device_used_peak for r in self.ranks if r.device_used_peak is not None), default=None)
+
+    @property
+    def overhead(self) -> int | None:
+        return max((r.overhead for r in self.ranks), default=None)
 
     @property
     def peak_allocated(self) -> int | None:

@@ -29,6 +29,8 @@ class Engine(Protocol):
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
 
+    def skipped_steps(self) -> int: ...  # optimizer steps skipped so far (fp16 loss-scale overflow)
+
 
 def enable_checkpointing(model: torch.nn.Module) -> None:
     enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
@@ -71,6 +73,7 @@ class TorchEngine:
             raise ValueError("fp16 autocast needs a CUDA device; use precision bf16 or fp32 on CPU")
         self.scaler = torch.amp.GradScaler("cuda") if self.dtype is torch.float16 else None
         self.count = 0
+        self.skipped = 0
 
     def micro_step(self, batch: dict[str, torch.Tensor]) -> bool:
         self.count += 1
@@ -91,8 +94,11 @@ class TorchEngine:
                     self.scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.max_grad_norm)
             if self.scaler is not None:
+                scale = self.scaler.get_scale()
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
+                if self.scaler.get_scale() < scale:  # the scaler found inf/nan grads: it skipped the step
+                    self.skipped += 1
             else:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -100,6 +106,9 @@ class TorchEngine:
 
     def host_optimizer(self) -> Any | None:
         return None
+
+    def skipped_steps(self) -> int:
+        return self.skipped
 
     def host_tensors(self) -> Iterator[torch.Tensor]:
         return iter(())
@@ -234,6 +243,10 @@ class DeepSpeedEngine:
         self.engine.step()
         return boundary
 
+    def skipped_steps(self) -> int:
+        """DeepSpeed's count of optimizer steps skipped on fp16 overflow (DeepSpeedEngine.skipped_steps)."""
+        return int(getattr(self.engine, "skipped_steps", 0) or 0)
+
     def host_optimizer(self) -> Any | None:
         """The inner (DeepSpeedCPUAdam) optimizer whose params and state live in host memory under offload."""
         if not self.offload:
@@ -253,12 +266,16 @@ class DeepSpeedEngine:
 
 def hidden_size(model: torch.nn.Module) -> int:
     """The model's hidden size as the Trainer reads it for model-sized "auto" values (d_model for T5)."""
-    config = getattr(model, "config", None)
-    for name in ("hidden_size", "d_model"):
-        value = getattr(config, name, None)
+    return hidden_size_of_config(getattr(model, "config", None), type(model).__name__)
+
+
+def hidden_size_of_config(config: Any, name: str = "the model") -> int:
+    """The hidden size of a model config (``hidden_size``, or ``d_model`` for T5)."""
+    for name_ in ("hidden_size", "d_model"):
+        value = getattr(config, name_, None)
         if isinstance(value, int):
             return value
-    raise ValueError(f"{type(model).__name__} has no hidden_size or d_model in its config")
+    raise ValueError(f"{name} has no hidden_size or d_model in its config")
 
 
 def build_engine(

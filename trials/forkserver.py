@@ -12,7 +12,8 @@ Protocol (one Unix stream connection per rank, one JSON line each way): the clie
 ``{"config", "out", "env", "cwd", "stdout", "stderr"}``; the server answers ``{"pid": P}`` at once and
 ``{"pid": P, "returncode": RC}`` when the child ends (RC as ``subprocess``: negative = killed by that signal).
 The server never runs a torch op itself (a fork after OpenMP or CUDA started is unsafe) and exits, killing its
-children's groups, when its stdin closes (the runner that started it is gone).
+children's groups, when its stdin closes (the runner that started it is gone). On a GPU host it is a zygote: started
+with PYTORCH_NVML_BASED_CUDA_CHECK=1, it refuses to serve when its imports initialised CUDA (``cuda_initialised``).
 """
 
 from __future__ import annotations
@@ -102,8 +103,18 @@ def _read_request(conn: socket.socket) -> dict[str, Any]:
     return json.loads(data)
 
 
+def cuda_initialised() -> bool:
+    """Whether the preload initialised CUDA in this process (then no child may be forked from it)."""
+    import torch
+
+    return bool(torch.cuda.is_initialized())
+
+
 def serve(path: Path) -> int:
     preload()
+    if cuda_initialised():
+        print("trials.forkserver: the imports initialised CUDA; a fork would break it: not serving", flush=True)
+        return EXIT_ERROR
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))

@@ -182,6 +182,12 @@ _OOM_TEXTS = (
     "cublas_status_alloc_failed",
     "cuda error: out of memory",
 )
+# a cuBLAS handle that cannot be created (cublasCreate needs workspace) when the device is full: an OOM
+_CUBLAS_INIT = "cublas_status_not_initialized"
+# what fails for lack of *host* memory on a CUDA host: pinned (page-locked) buffers, the CPU allocator
+_HOST_TEXTS = ("cudahostalloc", "pinned memory", "cachinghostallocator", "can't allocate memory")
+_HOST_FRAMES = ("pin_memory", "_pin_memory", "pin_memory_")
+DEVICE_FULL = 0.9  # a cuBLAS init failure counts as an OOM when the rank held this fraction of its capacity
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -192,6 +198,39 @@ def is_oom(exc: BaseException) -> bool:
         text = exc.args[0].lower()
         return any(t in text for t in _OOM_TEXTS)
     return False
+
+
+def memory_failure(
+    exc: BaseException, *, cuda: bool, device_full: bool = False, frames: tuple[str, ...] = ()
+) -> str | None:
+    """ "oom" (the device), "host-oom" (host memory on a CUDA host) or None (not a memory failure).
+
+    On the emulated CPU device host memory *is* the device, so every memory failure is "oom". On CUDA: a Python
+    MemoryError, the CPU allocator's "can't allocate memory" and a failed pinned allocation (its text, or a
+    ``pin_memory`` frame in ``frames``, the traceback's function names) are host memory; torch's OutOfMemoryError,
+    cuBLAS / cuDNN / NCCL allocation failures are the device; CUBLAS_STATUS_NOT_INITIALIZED is the device when the
+    rank held ``DEVICE_FULL`` of its capacity when it failed (``device_full``), else an ordinary error.
+    """
+    text = str(exc).lower()
+    memoryish = is_oom(exc) or (isinstance(exc, RuntimeError) and "out of memory" in text)
+    if not cuda:
+        return "oom" if memoryish else None
+    if isinstance(exc, MemoryError) or (memoryish and any(t in text for t in _HOST_TEXTS)):
+        return "host-oom"
+    if memoryish and any(f in _HOST_FRAMES for f in frames):
+        return "host-oom"
+    if memoryish:
+        return "oom"
+    if _CUBLAS_INIT in text and device_full:
+        return "oom"
+    return None
+
+
+def traceback_frames(exc: BaseException) -> tuple[str, ...]:
+    """The function names along ``exc``'s traceback (where it was raised from)."""
+    import traceback
+
+    return tuple(frame.name for frame in traceback.extract_tb(exc.__traceback__))
 
 
 # -- host memory ---------------------------------------------------------------------------------------------------

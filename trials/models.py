@@ -3,8 +3,9 @@ directories."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import (
@@ -17,7 +18,23 @@ from transformers import (
     T5Config,
 )
 
-from trials.contract import BUILTIN_PREFIX, BUILTIN_PRESETS, ModelSpec
+from trials.contract import BUILTIN_PREFIX, BUILTIN_PRESETS, Knobs, ModelSpec
+
+# Where a probe builds its model: "zero-init" partitions it across the ranks while it is built (ZeRO-3 under
+# deepspeed.zero.Init, as the HF Trainer does: no rank ever holds the whole model); "device" builds (and random-inits)
+# it directly on the GPU, with no CPU init and no host->device copy; "host" builds it on the CPU (the emulated device,
+# whose tracker counts the module's tensors).
+Placement = Literal["zero-init", "device", "host"]
+
+
+def placement(knobs: Knobs, device_type: str) -> Placement:
+    """Where to build the model for these knobs on this device type (see ``Placement``)."""
+    if device_type != "cuda":
+        return "host"
+    if knobs.engine == "deepspeed" and knobs.zero_stage == 3:
+        return "zero-init"
+    return "device"
+
 
 PRESETS: dict[str, dict[str, Any]] = {
     # a 1-rank CPU probe of this takes seconds
@@ -119,19 +136,38 @@ def _override(config: PretrainedConfig, spec: ModelSpec) -> PretrainedConfig:
     return config
 
 
-def build_model(spec: ModelSpec) -> PreTrainedModel:
-    """A seq2seq LM (or a causal LM for decoder-only configs) in fp32, in train mode.
+def build_model(
+    spec: ModelSpec,
+    *,
+    where: Placement = "host",
+    device: torch.device | None = None,
+    zero_config: dict[str, Any] | None = None,
+) -> PreTrainedModel:
+    """A seq2seq LM (or a causal LM for decoder-only configs) in fp32, in train mode, built ``where`` says.
 
     Built-in presets and hub ids are randomly initialised from their config (weights do not change memory or speed);
-    a local ``save_pretrained`` directory without overrides loads its weights.
+    a local ``save_pretrained`` directory without overrides loads its weights. "zero-init" needs ``zero_config`` (the
+    probe's DeepSpeed JSON) and an initialised process group; "device" needs ``device``.
     """
     config = load_config(spec)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     local = not spec.source.startswith(BUILTIN_PREFIX) and Path(spec.source).is_dir()
-    if local and not spec.overrides:
-        model = auto.from_pretrained(spec.source, config=config, dtype=torch.float32)
-    else:
-        model = auto.from_config(config, dtype=torch.float32)
+    context: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if where == "zero-init":
+        import deepspeed
+
+        if zero_config is None:
+            raise ValueError("building under deepspeed.zero.Init needs the probe's DeepSpeed config")
+        context = deepspeed.zero.Init(config_dict_or_path=zero_config)
+    elif where == "device" and device is not None:
+        context = torch.device(device)
+    with context:
+        if local and not spec.overrides:
+            model = auto.from_pretrained(spec.source, config=config, dtype=torch.float32)
+        else:
+            model = auto.from_config(config, dtype=torch.float32)
+    if where == "device" and device is not None:
+        model = model.to(device)  # type: ignore[arg-type]  # from_pretrained loads on the host: one copy
     model.train()
     return model
 

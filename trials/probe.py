@@ -2,10 +2,18 @@
 
 Phases (the same on CPU and CUDA):
 
+0. on CUDA, at rank start: the GPU must be free (``trials.contract.device_busy`` of the device-level use right after
+   the rank's context exists, waited on a little: a killed predecessor's memory is released asynchronously), else
+   status "device-busy".
 1. memory window: at least two full accumulation cycles, so the window holds an optimizer step *after* AdamW's
-   state exists (the first step creates it), then one eval forward / generate when the knobs ask for it. On CPU this
-   window runs under the live-tensor tracker (the emulated device: exact peak, OOM at the budget).
-2. timed window: whole accumulation cycles, untracked (no dispatch overhead in the figures), synchronised per step.
+   state exists (the first real step creates it), then one eval forward / generate when the knobs ask for it. The peak
+   is reset after the first optimizer step that really ran: under fp16 a loss-scale overflow skips steps, so the
+   window is extended until one real step follows the reset (``MemoryWindow``), else the probe fails. On CPU this
+   window runs under the live-tensor tracker (the emulated device: exact peak, OOM at the budget); on CUDA a sampler
+   thread reads the device-level use (``torch.cuda.mem_get_info``) and each step's end the use outside the allocator.
+2. timed window: whole accumulation cycles, untracked (no dispatch overhead in the figures): a timestamp (a CUDA event
+   on a GPU) after every micro-step and one synchronisation per cycle, so launches are not put in series with the
+   GPU's work (``split_steps``).
 
 The probe engine accumulates over ``min(real accum, 2)`` micro-steps, so it times both plain micro-steps and boundary
 (optimizer) steps; the runner composes the real cycle: ``(accum - 1) * micro + boundary``.
@@ -15,18 +23,25 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import math
 import os
 import statistics
+import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from transformers import PreTrainedModel
 
 from trials import memory
 from trials.contract import (
+    EXIT_BUSY,
     EXIT_ERROR,
+    EXIT_HOST_OOM,
     EXIT_OK,
     EXIT_OOM,
     EXIT_TIMEOUT,
@@ -34,14 +49,16 @@ from trials.contract import (
     ProbeConfig,
     RankMemory,
     RankResult,
+    Status,
     StepStats,
+    device_busy,
     free_port,
     rank_out_path,
 )
 from trials.data import worst_case_batch
-from trials.engine import Engine, build_engine
+from trials.engine import Engine, build_engine, hidden_size_of_config, probe_deepspeed_config
 from trials.fingerprint import fingerprint, versions
-from trials.models import build_model, is_encoder_decoder
+from trials.models import build_model, is_encoder_decoder, load_config, placement
 
 
 def probe_accum(config: ProbeConfig) -> int:
@@ -54,13 +71,158 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:500] if first else type(exc).__name__
 
 
-def classify(exc: BaseException) -> tuple[str, int]:
-    if memory.is_oom(exc):
+class DeviceBusy(RuntimeError):
+    """The rank's GPU is in use by another process (see trials.contract.device_busy)."""
+
+
+def classify(exc: BaseException, *, cuda: bool = False, device_full: bool = False) -> tuple[Status, int]:
+    """The status and exit code of a rank that raised ``exc`` (trials.memory.memory_failure for memory failures)."""
+    if isinstance(exc, DeviceBusy):
+        return "device-busy", EXIT_BUSY
+    kind = memory.memory_failure(exc, cuda=cuda, device_full=device_full, frames=memory.traceback_frames(exc))
+    if kind == "oom":
         return "oom", EXIT_OOM
+    if kind == "host-oom":
+        return "host-oom", EXIT_HOST_OOM
     dist_error = getattr(torch.distributed, "DistError", ())
     if (isinstance(exc, dist_error) and "timed out" in str(exc).lower()) or isinstance(exc, TimeoutError):
         return "timeout", EXIT_TIMEOUT
     return "error", EXIT_ERROR
+
+
+FP16_EXTRA_CYCLES = 16  # loss scale 2^16 halves per overflow: a real step within 16 more cycles, or the probe fails
+
+
+@dataclass
+class MemoryWindow:
+    """Decides, cycle by cycle, when the memory window resets its peak and when it ends (pure).
+
+    The peak is reset after the first optimizer step that really ran (AdamW's state then exists); the window ends once
+    ``min_cycles`` cycles ran and at least one real step followed the reset. A skipped step (fp16 overflow) counts as
+    no step: the window grows by up to ``extra_cycles``; past that, :meth:`record` raises.
+    """
+
+    min_cycles: int
+    extra_cycles: int = FP16_EXTRA_CYCLES
+    cycles: int = 0
+    settled: bool = False
+    real_after_settle: int = 0
+    skipped: int = 0
+
+    def record(self, stepped: bool) -> Literal["settle", "more", "done"]:
+        """After each cycle: ``stepped`` = its optimizer step really ran. "settle": reset the peak now."""
+        self.cycles += 1
+        self.skipped += not stepped
+        action: Literal["settle", "more", "done"] = "more"
+        if stepped and not self.settled:
+            self.settled = True
+            action = "settle"
+        elif stepped:
+            self.real_after_settle += 1
+        if self.settled and self.real_after_settle >= 1 and self.cycles >= self.min_cycles:
+            return "done"
+        if self.cycles >= self.min_cycles + self.extra_cycles:
+            raise RuntimeError(
+                f"fp16: {self.skipped} of {self.cycles} optimizer steps were skipped (loss-scale overflow), so the "
+                "memory window never held a real optimizer step; lower the initial loss scale "
+                "(fp16.initial_scale_power) or use bf16"
+            )
+        return action
+
+
+def split_steps(durations: Sequence[float], boundaries: Sequence[bool]) -> tuple[list[float], list[float]]:
+    """The timed window's per-step seconds split into plain micro-steps and boundary (optimizer) steps."""
+    micro = [d for d, b in zip(durations, boundaries, strict=True) if not b]
+    boundary = [d for d, b in zip(durations, boundaries, strict=True) if b]
+    return micro, boundary
+
+
+def step_stats(micro: Sequence[float], boundary: Sequence[float], accum: int) -> StepStats:
+    """A full accumulation cycle composed from the probe's steps: ``(accum - 1) * micro + boundary``."""
+    mean_boundary = statistics.fmean(boundary)
+    steps = list(micro) or list(boundary)  # accum == 1: every step is a boundary step
+    return StepStats(
+        micro_mean_s=statistics.fmean(steps),
+        micro_p50_s=statistics.median(steps),
+        micro_max_s=max(steps),
+        optimizer_step_s=mean_boundary,
+        cycle_s=(accum - 1) * statistics.fmean(steps) + mean_boundary,
+    )
+
+
+class StepClock:
+    """Timestamps between micro-steps: CUDA events on a GPU (no sync per step), perf_counter on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def durations(self) -> list[float]:
+        """Seconds between consecutive marks (one synchronisation, on the last mark, on a GPU); clears the marks."""
+        marks, self.marks = self.marks, []
+        if self.cuda and marks:
+            marks[-1].synchronize()
+            return [a.elapsed_time(b) / 1000.0 for a, b in itertools.pairwise(marks)]
+        return [b - a for a, b in itertools.pairwise(marks)]
+
+
+# -- CUDA device-level memory (the edge: small functions around torch.cuda) -------------------------------------------
+def device_used(device: torch.device) -> int:
+    """Bytes of the device in use by every process (cudaMemGetInfo: total - free)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return int(total - free)
+
+
+BUSY_WAIT_S = 20.0  # how long a rank waits for its GPU to be released (a killed rank's memory is freed lazily)
+
+
+def wait_for_free_device(device: torch.device, threshold: int, wait_s: float = BUSY_WAIT_S) -> int:
+    """The device-level use once it is at most ``threshold``; raises DeviceBusy after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        used = device_used(device)
+        if not device_busy(used, threshold):
+            return used
+        if time.monotonic() >= deadline:
+            raise DeviceBusy(
+                f"GPU {device.index} holds {used / 2**30:.1f} GiB used by other processes at rank start (more than "
+                f"{threshold / 2**30:.1f} GiB): another job is on it; free it or pick other GPUs (CUDA_VISIBLE_DEVICES)"
+            )
+        time.sleep(0.5)
+
+
+class DeviceSampler:
+    """A thread sampling the device-level use every ``period_s`` (the peak between the main thread's samples)."""
+
+    def __init__(self, device: torch.device, period_s: float = 0.005) -> None:
+        self.device = device
+        self.period_s = period_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tuner-device-sampler", daemon=True)
+
+    def _run(self) -> None:
+        torch.cuda.set_device(self.device)
+        while not self._stop.is_set():
+            with contextlib.suppress(RuntimeError):
+                self.peak = max(self.peak, device_used(self.device))
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> DeviceSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 class Probe:
@@ -82,6 +244,11 @@ class Probe:
         self.phases["start"] = max(0.0, self._mark_t - self.launch_t)
         self.boundary_times: list[float] = []
         self.phase: Phase = "setup"
+        # CUDA device-level use (bytes): at rank start, the most seen in the memory window, and the most seen outside
+        # the caching allocator at a step's end
+        self.used_start: int | None = None
+        self.used_peak: int | None = None
+        self.overhead = 0
 
     def _mark(self, phase: str) -> None:
         now = time.time()
@@ -91,15 +258,16 @@ class Probe:
     # -- setup ------------------------------------------------------------------------------------------------------
     def _setup_memory(self) -> None:
         budget = self.config.device_memory
+        self.baseline_rss = memory.current_rss()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            self.used_start = wait_for_free_device(self.device, self.config.busy_bytes)
             total = torch.cuda.get_device_properties(self.device).total_memory
             if budget:
                 torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.capacity = min(budget, total) if budget else total
         else:
-            self.baseline_rss = memory.current_rss()
             self.tracker = memory.LiveTensorTracker(capacity=budget)
             if budget:
                 memory.set_data_limit(budget)
@@ -117,29 +285,68 @@ class Probe:
             os.environ["MASTER_PORT"] = str(free_port())
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=max(30.0, self.config.timeout_s))
+        kwargs: dict[str, Any] = {}
+        if self.device.type == "cuda":
+            kwargs["device_id"] = self.device  # eager NCCL init: communicators exist (and count) before the window
         torch.distributed.init_process_group(
-            backend=backend, rank=self.rank, world_size=self.world_size, timeout=timeout
+            backend=backend, rank=self.rank, world_size=self.world_size, timeout=timeout, **kwargs
         )
+
+    def _build_model(self) -> PreTrainedModel:
+        cfg = self.config
+        where = placement(cfg.knobs, self.device.type)
+        zero_config = None
+        if where == "zero-init":
+            assert cfg.deepspeed is not None
+            zero_config = probe_deepspeed_config(
+                cfg.deepspeed,
+                micro_batch_size=cfg.knobs.micro_batch_size,
+                accum=probe_accum(cfg),
+                world_size=self.world_size,
+                cuda=self.device.type == "cuda",
+                hidden_size=hidden_size_of_config(load_config(cfg.model)),
+            )
+        return build_model(cfg.model, where=where, device=self.device, zero_config=zero_config)
 
     def _tracking(self) -> contextlib.AbstractContextManager[Any]:
         return self.tracker if self.tracker is not None else contextlib.nullcontext()
 
-    # -- steps ------------------------------------------------------------------------------------------------------
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    def _sampling(self) -> contextlib.AbstractContextManager[Any]:
+        return DeviceSampler(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
-    def _step(self, engine: Engine, batch: dict[str, torch.Tensor], timed: bool) -> bool:
+    # -- steps ------------------------------------------------------------------------------------------------------
+    def _quiet_sample(self) -> None:
+        """At a step's end (no allocation in flight): the device-level use, and what of it is outside the allocator."""
+        if self.device.type != "cuda":
+            return
+        torch.cuda.synchronize(self.device)
+        used = device_used(self.device)
+        self.used_peak = max(self.used_peak or 0, used)
+        self.overhead = max(self.overhead, used - torch.cuda.memory_reserved(self.device))
+
+    def _cycle(self, engine: Engine, batch: dict[str, torch.Tensor], accum: int) -> bool:
+        """One untimed accumulation cycle of the memory window; True when its optimizer step really ran."""
         if self.first_step_t is None:
             self.first_step_t = time.time()
-        if timed:
-            self._sync()
-            t0 = time.perf_counter()
-        boundary = engine.micro_step(batch)
-        if timed:
-            self._sync()
-            (self.boundary_times if boundary else self.micro_times).append(time.perf_counter() - t0)
-        return boundary
+        skipped = engine.skipped_steps()
+        for _ in range(accum):
+            engine.micro_step(batch)
+            self._host_offload(engine)
+            self._quiet_sample()
+        return engine.skipped_steps() == skipped
+
+    def _timed(self, engine: Engine, batch: dict[str, torch.Tensor], cycles: int, accum: int) -> None:
+        """Whole accumulation cycles, a timestamp after each micro-step, one synchronisation per cycle."""
+        clock = StepClock(self.device)
+        for _ in range(cycles):
+            clock.mark()
+            boundaries = []
+            for _ in range(accum):
+                boundaries.append(engine.micro_step(batch))
+                clock.mark()
+            micro, boundary = split_steps(clock.durations(), boundaries)
+            self.micro_times += micro
+            self.boundary_times += boundary
 
     def _host_offload(self, engine: Engine) -> None:
         """Offloaded optimizer state lives in host memory: take it off the emulated device, pause its step."""
@@ -160,7 +367,7 @@ class Probe:
             host._tuner_paused = True
 
     def _settle(self) -> None:
-        """After the first accumulation cycle every lazily built buffer exists (AdamW state, ZeRO's offload buffers
+        """After the first real optimizer step every lazily built buffer exists (AdamW state, ZeRO's offload buffers
         now taken off the device): the peak is taken from here on, over steady-state cycles with state resident."""
         if self.tracker is not None:
             self.tracker.reset_peak()
@@ -203,6 +410,7 @@ class Probe:
                     )
         finally:
             model.train()
+        self._quiet_sample()
 
     # -- the run ----------------------------------------------------------------------------------------------------
     def run(self) -> RankResult:
@@ -215,7 +423,7 @@ class Probe:
         self._setup_dist()
         self._mark("dist")
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model)
+        model = self._build_model()
         self._mark("model")
         vocab = int(model.config.vocab_size)
         encdec = is_encoder_decoder(model)
@@ -235,19 +443,20 @@ class Probe:
             engine = build_engine(model, cfg, accum, self.device, self.world_size)
             self._host_offload(engine)
             self._mark("engine")
-            memory_steps = max(cfg.warmup_steps, 2 * accum)
-            memory_steps = math.ceil(memory_steps / accum) * accum
+            window = MemoryWindow(min_cycles=math.ceil(max(cfg.warmup_steps, 2 * accum) / accum))
             self.phase = "train"
-            for i in range(memory_steps):
-                self._step(engine, batch, timed=False)
-                self._host_offload(engine)
-                if i == accum - 1:
-                    self._settle()
-            self._eval(engine, vocab, encdec)
-        timed_steps = math.ceil(max(cfg.measure_steps, accum) / accum) * accum
+            with self._sampling() as sampler:
+                action = "more"
+                while action != "done":
+                    action = window.record(self._cycle(engine, batch, accum))
+                    if action == "settle":
+                        self._settle()
+                self._eval(engine, vocab, encdec)
+            if sampler is not None:
+                self.used_peak = max(self.used_peak or 0, sampler.peak)
+        timed_cycles = math.ceil(max(cfg.measure_steps, accum) / accum)
         self.phase = "train"
-        for _ in range(timed_steps):
-            self._step(engine, batch, timed=True)
+        self._timed(engine, batch, timed_cycles, accum)
         return RankResult(
             rank=self.rank,
             status="ok",
@@ -263,14 +472,19 @@ class Probe:
         return None if self.first_step_t is None else max(0.0, self.first_step_t - self.launch_t)
 
     def _memory(self) -> RankMemory:
+        rss = max(0, memory.peak_rss() - self.baseline_rss)
         if self.device.type == "cuda":
             stats = torch.cuda.memory_stats(self.device)
             return RankMemory(
                 rank=self.rank,
                 peak_allocated=torch.cuda.max_memory_allocated(self.device),
                 peak_reserved=torch.cuda.max_memory_reserved(self.device),
+                peak_rss=rss,
                 capacity=self.capacity,
                 alloc_retries=int(stats.get("num_alloc_retries", 0)),
+                overhead=self.overhead,
+                device_used_peak=self.used_peak,
+                device_used_start=self.used_start,
             )
         peak = self.tracker.peak if self.tracker is not None else 0
         return RankMemory(
@@ -278,24 +492,24 @@ class Probe:
             peak_allocated=peak,
             peak_reserved=peak,
             capacity=self.capacity,
-            peak_rss=max(0, memory.peak_rss() - self.baseline_rss),
+            peak_rss=rss,
             oom_need=self.tracker.oom_need if self.tracker is not None else None,
         )
 
     def _stats(self) -> StepStats:
-        accum = self.config.gradient_accumulation_steps
-        boundary = statistics.fmean(self.boundary_times)
-        micro = self.micro_times or self.boundary_times  # accum == 1: every step is a boundary step
-        return StepStats(
-            micro_mean_s=statistics.fmean(micro),
-            micro_p50_s=statistics.median(micro),
-            micro_max_s=max(micro),
-            optimizer_step_s=boundary,
-            cycle_s=(accum - 1) * statistics.fmean(micro) + boundary,
-        )
+        return step_stats(self.micro_times, self.boundary_times, self.config.gradient_accumulation_steps)
+
+    def _device_full(self) -> bool:
+        """At a failure on CUDA: the rank held ``memory.DEVICE_FULL`` of its capacity (an allocation just failed)."""
+        if self.device.type != "cuda" or not self.capacity:
+            return False
+        with contextlib.suppress(RuntimeError):
+            held = torch.cuda.memory_reserved(self.device) + self.overhead
+            return held >= memory.DEVICE_FULL * self.capacity
+        return False
 
     def failure(self, exc: BaseException) -> tuple[RankResult, int]:
-        status, code = classify(exc)
+        status, code = classify(exc, cuda=self.device.type == "cuda", device_full=self._device_full())
         mem = None
         with contextlib.suppress(Exception):
             mem = self._memory()

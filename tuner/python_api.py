@@ -165,6 +165,43 @@ def resolve(request: SearchRequest, explicit: set[str], store: Store) -> tuple[S
     return request_from_definition(request, stored), True
 
 
+def check_world_size(request: SearchRequest) -> None:
+    """World size above the GPUs this process may use (CUDA_VISIBLE_DEVICES, MIG): a ConfigError before anything
+    is written or probed."""
+    from tuner.probing import gpus
+
+    visible, physical, cuda_visible = gpus.host_visible_devices()
+    gpus.check_world_size(request.world_size, visible, physical, cuda_visible)
+
+
+def check_host(request: SearchRequest, store: Store, resumed: bool) -> None:
+    """Before the first probe on a GPU host: a resumed study's GPU type must be this host's (unless its device
+    memory is fixed: a frontier learned on one device's limits must not rule another's), and a multi-rank search
+    passes the NCCL preflight (all ranks, one all_reduce and a barrier, 90 s). ConfigError with one line if not."""
+    import tempfile
+
+    from tuner.probing import gpus
+
+    visible, physical, _ = gpus.host_visible_devices()
+    if not (physical and visible):
+        return
+    if resumed:
+        first = next((row for row in store.probes(request.study_name, limit=5) if row.result), None)
+        stored = (first.result or {}).get("fingerprint") if first is not None else None
+        here = gpus.gpu_name(gpus.first_visible_index(visible))
+        refusal = gpus.fingerprint_refusal(stored, here, request.device_memory is not None)
+        if refusal:
+            raise ConfigError(refusal)
+    if request.world_size > 1:
+        from tuner.probing.preflight import run_preflight
+        from tuner.probing.runner import probe_env
+
+        with tempfile.TemporaryDirectory() as d:
+            problem = run_preflight(request.world_size, probe_env(request.world_size), Path(d))
+        if problem:
+            raise ConfigError(problem)
+
+
 def real_probe(config: ProbeConfig) -> ProbeResult:
     from tuner.probing.runner import run_probe
 
@@ -263,8 +300,12 @@ def tune(
         job_flags=JobFlags(**job),
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if probe is None:
+        check_world_size(request)
     store = Store(request.storage)
-    request, _ = resolve(request, explicit, store)
+    request, resumed = resolve(request, explicit, store)
+    if probe is None:
+        check_host(request, store, resumed)
     runner = Search(request, probe or real_probe)
     if estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S:
         estimator, _note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))

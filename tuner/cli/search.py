@@ -16,7 +16,15 @@ from tuner.cli.progress import LiveProgress, summary_table
 from tuner.errors import ConfigError
 from tuner.job.definition import JobFlags
 from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
-from tuner.python_api import DEFAULT_MODEL, cli_option, prepare_request, real_probe, resolve
+from tuner.python_api import (
+    DEFAULT_MODEL,
+    check_host,
+    check_world_size,
+    cli_option,
+    prepare_request,
+    real_probe,
+    resolve,
+)
 from tuner.search.driver import Search
 from tuner.search.request import SearchRequest
 from tuner.search.rows import DEFAULT_HEADROOM
@@ -162,8 +170,11 @@ def search(
         ),
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_world_size(request)  # before the study is written or any probe runs: one line, exit 2
     store = Store(request.storage)
     request, resumed = resolve(request, explicit, store)
+    with console.status("checking the devices (GPU type, NCCL preflight) ..."):
+        check_host(request, store, resumed)
     runner = Search(request, real_probe)
     console.print(
         f"{'resuming' if resumed else 'new'} study [bold]{escape(request.study_name)}[/] on "

@@ -72,6 +72,20 @@ DEFAULT_ORDER: dict[str, Direction] = {
 }
 
 
+# The probe statuses that measure device memory: "ok" (fits when stable, else over the headroom) and "oom". A host OOM,
+# a busy GPU or an outside kill says nothing about whether a config fits the device: never a frontier observation
+# (a host OOM of an offloading config must not rule out the configs that offload nothing).
+DEVICE_VERDICT_STATUSES = frozenset({"ok", "oom"})
+
+
+def device_fits(status: str, stable: bool) -> bool | None:
+    """What a measured probe tells the frontier: True (fits: stable), False (an OOM, or a peak over the headroom), or
+    None (nothing about device memory: a timeout, an error, host-oom, device-busy, killed)."""
+    if str(status) not in DEVICE_VERDICT_STATUSES:
+        return None
+    return str(status) == "ok" and stable
+
+
 def normalize(knobs: Mapping[str, Any] | Knobs) -> dict[str, Any]:
     """Full knob dict with defaults filled in (validated by :class:`Knobs`)."""
     if isinstance(knobs, Knobs):

@@ -2,8 +2,10 @@
 
 ``ForkServer.spawn`` returns a handle with Popen's ``pid`` / ``poll()`` / ``wait()`` / ``returncode``, so the runner
 supervises forked ranks exactly like spawned ones (its own process group, SIGKILL of the group at timeout).
-The server is used on hosts without an NVIDIA device only: a process that touched CUDA cannot fork safely, and on a
-GPU host the probe's CUDA context costs more than the imports this saves.
+On a GPU host the server is a zygote that never initialises CUDA: it runs with PYTORCH_NVML_BASED_CUDA_CHECK=1 (torch's
+availability checks then ask NVML, not the driver), forks before any CUDA call, and refuses to serve when its imports
+initialised CUDA anyway (trials.forkserver); each forked rank creates its own context. A rank that still finds CUDA
+unusable after the fork turns the server off for the rest of the process (``disable``: fresh interpreters).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from trials.contract import EXIT_ERROR, FORKSERVER_READY
+
+# the zygote's environment: CUDA availability from NVML, so no import or check initialises the driver before a fork
+ZYGOTE_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 START_TIMEOUT_S = 180.0
 READY = FORKSERVER_READY.encode()
@@ -95,7 +100,7 @@ class ForkServer:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env=env,
+            env={**env, **ZYGOTE_ENV},
             start_new_session=True,
         )
         assert self.proc.stdout is not None
@@ -152,11 +157,20 @@ class ForkServer:
 
 _lock = threading.Lock()
 _server: ForkServer | None = None
+_disabled = False
 
 
 def usable() -> bool:
-    """Fork only where no CUDA device exists (see the module doc)."""
-    return not any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd"))
+    """True unless a forked rank showed the server cannot give its children CUDA (``disable``); ROCm hosts
+    (/dev/kfd) spawn: the zygote's NVML check does not cover them."""
+    return not _disabled and not Path("/dev/kfd").exists()
+
+
+def disable() -> None:
+    """No more forked ranks in this process (their parent had initialised CUDA): the server is closed."""
+    global _disabled
+    _disabled = True
+    shutdown()
 
 
 def get_server(env: dict[str, str]) -> ForkServer:

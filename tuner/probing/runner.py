@@ -3,13 +3,18 @@
 Every rank is launched directly by this runner with the torch.distributed env (RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT) — what torchrun does on one node — each in its own session (process group), so that:
 
-* the runner sees every rank's own exit status: a rank killed by SIGKILL (the host OOM killer) is told apart from a
-  rank that failed or was stopped by us, without parsing any launcher's output;
+* the runner sees every rank's own exit status: a rank killed by SIGKILL is told apart from a rank that failed or was
+  stopped by us, without parsing any launcher's output; it is a host OOM ("host-oom") only when the memory cgroup's
+  oom_kill counter rose during the probe (tuner.probing.cgroup), else "killed" (an outside kill: no verdict);
 * at the timeout, or a few seconds after any rank fails (its peers may be blocked in a collective), every group is
   killed with SIGKILL: no hung survivors, children (op compiles) included.
 
-Status comes from exit codes and the rank result files only; stderr's last lines are kept as context for errors.
-``run_probe`` never raises for a probe's failure.
+Status comes from exit codes, the rank result files and the cgroup's OOM-kill counter; a rank dead without a result
+is classified from its stderr too (an NCCL watchdog abort, a CUDA OOM on a side thread: ``trials.contract.
+stderr_status``). A transient failure (a "killed" or "device-busy" rank, a launch or environment failure) is retried
+once. On a GPU host each probe holds a lock per GPU it uses (one probe per GPU across this host's workers), and model
+ids on the hub are resolved once per runner process: ranks read them offline. ``run_probe`` never raises for a probe's
+failure.
 """
 
 from __future__ import annotations
@@ -28,10 +33,15 @@ from pathlib import Path
 from typing import Protocol
 
 from trials.contract import (
+    BUILTIN_PREFIX,
+    EXIT_BUSY,
+    EXIT_HOST_OOM,
     EXIT_OK,
     EXIT_OOM,
     EXIT_TIMEOUT,
+    FORKED_CUDA_BROKEN,
     LAUNCH_ENV,
+    ModelSpec,
     ProbeConfig,
     ProbeResult,
     RankResult,
@@ -39,9 +49,12 @@ from trials.contract import (
     allocator_env,
     free_port,
     rank_out_path,
+    stderr_status,
 )
 from tuner.errors import ConfigError
 from tuner.probing import forkserver as launch_forkserver
+from tuner.probing import gpus
+from tuner.probing.cgroup import oom_kills_between, read_oom_kills
 from tuner.probing.ops import ensure_ops
 from tuner.settings import load_settings
 
@@ -49,7 +62,11 @@ FAILURE_GRACE_S = 5.0  # after a rank fails, how long its peers get to write the
 POLL_S = 0.05
 LAUNCHERS = ("auto", "spawn", "forkserver")
 STDERR_TAIL_LINES = 8
-_RANK = {"ok": 0, "timeout": 1, "error": 2, "oom": 3}  # which rank's status names the probe's: oom is the root cause
+# which rank's status names the probe's: a memory failure is the root cause, then an outside kill (its peers then fail
+# in a collective), a busy GPU, an error; a timeout names the probe only when nothing else does
+_RANK: dict[str, int] = {"ok": 0, "timeout": 1, "error": 2, "device-busy": 3, "killed": 4, "host-oom": 5, "oom": 6}
+TRANSIENT: frozenset[str] = frozenset({"killed", "device-busy"})  # no verdict on the config: retried once
+MAX_ATTEMPTS = 2
 
 
 def probe_env(world_size: int, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -66,7 +83,38 @@ def probe_env(world_size: int, base: dict[str, str] | None = None) -> dict[str, 
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    env.setdefault("NCCL_DEBUG", "WARN")  # a rank's stderr tail then carries NCCL's reason for a failure or hang
     return env
+
+
+def hub_id(spec: ModelSpec) -> str | None:
+    """The HF hub id a probe's ranks would look up on the network: None for a built-in preset or a local directory."""
+    if spec.source.startswith(BUILTIN_PREFIX) or Path(spec.source).expanduser().is_dir():
+        return None
+    return spec.source
+
+
+_RESOLVED: set[str] = set()
+
+
+def resolve_hub_model(spec: ModelSpec) -> dict[str, str]:
+    """Resolves a hub id once per runner process (its config into the HF cache); the environment that makes the ranks
+    read it offline (HF_HUB_OFFLINE=1). Empty for built-in and local models. Raises OSError when it cannot resolve."""
+    repo = hub_id(spec)
+    if repo is None:
+        return {}
+    if repo not in _RESOLVED:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+        try:
+            hf_hub_download(repo, "config.json")
+        except (HfHubHTTPError, LocalEntryNotFoundError, ValueError) as exc:
+            raise OSError(f"could not resolve model {repo!r} on the hub: {type(exc).__name__}: {exc}") from exc
+        with contextlib.suppress(HfHubHTTPError, LocalEntryNotFoundError, ValueError):
+            hf_hub_download(repo, "generation_config.json")  # optional
+        _RESOLVED.add(repo)
+    return {"HF_HUB_OFFLINE": "1"}
 
 
 class _Proc(Protocol):
@@ -129,6 +177,7 @@ def _launch(
     work: Path,
     launch_t: float,
     server: launch_forkserver.ForkServer | None,
+    extra_env: dict[str, str] | None = None,
 ) -> list[_Rank]:
     cfg_path = work / "probe.json"
     cfg_path.write_text(config.model_dump_json(indent=1))
@@ -140,6 +189,7 @@ def _launch(
     )
     env[LAUNCH_ENV] = repr(launch_t)
     env.update(allocator_env(config.knobs.alloc_conf))  # before any CUDA call of the rank
+    env.update(extra_env or {})
     ranks: list[_Rank] = []
     try:
         for r in range(world):
@@ -220,10 +270,35 @@ def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
     return " | ".join(line.strip() for line in text[-lines:] if line.strip())
 
 
-def _rank_status(r: _Rank, timed_out: bool) -> tuple[Status | None, str | None]:
+def exit_status(rank: int, code: int | None, stderr_tail: str, oom_kills: int | None) -> tuple[Status, str]:
+    """(status, cause) of a rank that ended without a result file and was not stopped by us (pure).
+
+    SIGKILL is a host OOM only with the kernel's word for it (``oom_kills``: the cgroup's OOM kills during the probe);
+    otherwise "killed". Other deaths are read from the exit code, then the stderr tail (trials.contract.stderr_status:
+    an NCCL watchdog abort, a CUDA OOM on a side thread)."""
+    tail = f" [stderr: {stderr_tail}]" if stderr_tail else ""
+    if code == -signal.SIGKILL:
+        if oom_kills:
+            return "host-oom", (
+                f"rank {rank} was killed by the kernel's OOM killer (host out of memory: the memory cgroup counted "
+                f"{oom_kills} OOM kill(s) during the probe)"
+            )
+        seen = "no OOM kill in the memory cgroup" if oom_kills == 0 else "no cgroup OOM counter to tell an OOM kill"
+        return "killed", f"rank {rank} was killed by SIGKILL from outside ({seen}): no verdict on its memory"
+    expected: dict[int | None, Status] = {
+        EXIT_OOM: "oom",
+        EXIT_TIMEOUT: "timeout",
+        EXIT_HOST_OOM: "host-oom",
+        EXIT_BUSY: "device-busy",
+    }
+    status: Status = expected.get(code) or stderr_status(stderr_tail) or "error"
+    detail = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    return status, f"rank {rank} ended with {detail} and no result file{tail}"
+
+
+def _rank_status(r: _Rank, timed_out: bool, oom_kills: int | None) -> tuple[Status | None, str | None]:
     """(status, cause) of one rank; (None, None) for a rank we stopped because a peer failed first."""
     res = r.read()
-    code = r.proc.returncode
     if res is not None:
         cause = res.cause
         if res.status == "error":
@@ -232,17 +307,13 @@ def _rank_status(r: _Rank, timed_out: bool) -> tuple[Status | None, str | None]:
         return res.status, cause
     if r.killed_by_us:
         return ("timeout", None) if timed_out else (None, None)
-    if code == -signal.SIGKILL:
-        return "oom", f"rank {r.rank} was killed by SIGKILL (host out of memory: the kernel's OOM killer)"
-    expected: dict[int | None, Status] = {EXIT_OOM: "oom", EXIT_TIMEOUT: "timeout"}
-    status: Status = expected.get(code, "error")
-    detail = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-    tail = _tail(r.err)
-    return status, f"rank {r.rank} ended with {detail} and no result file" + (f" [stderr: {tail}]" if tail else "")
+    return exit_status(r.rank, r.proc.returncode, _tail(r.err), oom_kills)
 
 
-def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: float) -> ProbeResult:
-    statuses = [(r, *_rank_status(r, timed_out)) for r in ranks]
+def merge(
+    config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: float, oom_kills: int | None = None
+) -> ProbeResult:
+    statuses = [(r, *_rank_status(r, timed_out, oom_kills)) for r in ranks]
     results = [r.read() for r in ranks]
     memories = [res.memory for res in results if res is not None and res.memory is not None]
     first = next((res for res in results if res is not None), None)
@@ -258,7 +329,7 @@ def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: 
         setup_s=slowest.setup_s if slowest else None,
         setup_phases=slowest.setup_phases if slowest else {},
     )
-    if timed_out and not any(s in ("oom", "error") for _, s, _ in failures):
+    if timed_out and not any(s not in (None, "timeout") for _, s, _ in failures):
         return ProbeResult(
             status="timeout", cause=f"probe passed its {config.timeout_s:g} s timeout; all ranks were killed", **common
         )
@@ -280,35 +351,65 @@ def merge(config: ProbeConfig, ranks: Sequence[_Rank], timed_out: bool, wall_s: 
     )
 
 
+def is_transient(result: ProbeResult, launch_failed: bool) -> bool:
+    """A failure that says nothing about the config (retried once): an outside kill, a busy GPU, a launch or
+    environment failure (the fork server, the hub lookup, a forked rank that could not use CUDA)."""
+    broken_fork = any(text in (result.cause or "").lower() for text in FORKED_CUDA_BROKEN)
+    return launch_failed or result.status in TRANSIENT or broken_fork
+
+
 def run_probe(config: ProbeConfig, workdir: Path | None = None, *, launcher: str | None = None) -> ProbeResult:
     """Runs one probe in its own process group(s) and returns its merged result; never raises for probe failures.
 
     ``workdir`` keeps the config, per-rank results, pids and stdout/stderr (a temporary directory, removed, when None).
     ``launcher``: "spawn" (a fresh ``python -m trials`` per rank), "forkserver" (ranks forked from a preloaded server)
     or "auto" (default: the TUNER_PROBE_LAUNCHER setting). DeepSpeed ops the config needs are compiled before the
-    probe's clock starts.
+    probe's clock starts. A transient failure (``is_transient``) is run once more; ``attempts`` says how many ran.
     """
     how = choose_launcher(launcher)
+    explicit = (launcher or load_settings().probe_launcher) == "forkserver"
     ensure_ops(config, probe_env(config.world_size))
-    try:  # started (once per runner process) before the probe's clock
-        server = _server(how, explicit=(launcher or load_settings().probe_launcher) == "forkserver")
-    except OSError as exc:
-        return ProbeResult(status="error", cause=f"could not start the probe fork server: {exc}")
     own = workdir is None
     work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="tuner-probe-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        launch_t = time.time()
-        start = time.monotonic()
-        try:
-            ranks = _launch(config, work, launch_t, server)
-        except OSError as exc:
-            return ProbeResult(status="error", cause=f"could not launch the probe: {exc}")
-        timed_out = _supervise(ranks, start + config.timeout_s)
-        return merge(config, ranks, timed_out, time.monotonic() - start)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            result, launch_failed = _attempt(config, work, how, explicit)
+            result = result.model_copy(update={"attempts": attempt})
+            if not is_transient(result, launch_failed) or attempt == MAX_ATTEMPTS:
+                return result
+            if how == "forkserver" and any(t in (result.cause or "").lower() for t in FORKED_CUDA_BROKEN):
+                how = "spawn"  # the server's process had touched CUDA: fresh interpreters from here on
+                launch_forkserver.disable()
+        return result
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["choose_launcher", "probe_env", "run_probe"]
+def _attempt(config: ProbeConfig, work: Path, how: str, explicit: bool) -> tuple[ProbeResult, bool]:
+    """One launch of the probe: (its result, whether it failed before any rank ran)."""
+    try:  # started (once per runner process) before the probe's clock
+        server = _server(how, explicit=explicit)
+        hub_env = resolve_hub_model(config.model)
+    except OSError as exc:
+        return ProbeResult(status="error", cause=f"could not prepare the probe: {exc}"), True
+    visible, physical, _ = gpus.host_visible_devices()
+    names = gpus.lock_names(config.world_size, visible) if physical else []
+    with gpus.gpu_locks(names, timeout_s=config.timeout_s) as free:
+        if not free:
+            cause = f"GPUs {', '.join(names)} stayed held by another probe on this host for {config.timeout_s:g} s"
+            return ProbeResult(status="device-busy", cause=cause), False
+        launch_t = time.time()
+        start = time.monotonic()
+        kills_before = read_oom_kills()
+        try:
+            ranks = _launch(config, work, launch_t, server, hub_env)
+        except OSError as exc:
+            return ProbeResult(status="error", cause=f"could not launch the probe: {exc}"), True
+        timed_out = _supervise(ranks, start + config.timeout_s)
+        kills = oom_kills_between(kills_before, read_oom_kills())
+        return merge(config, ranks, timed_out, time.monotonic() - start, kills), False
+
+
+__all__ = ["choose_launcher", "exit_status", "hub_id", "is_transient", "probe_env", "run_probe"]

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from trials.contract import Knobs
 from tuner.errors import TunerError
-from tuner.memory.frontier import Frontier
+from tuner.memory.frontier import Frontier, device_fits
 from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus
 from tuner.search.selection import Candidate, best_stable
 
@@ -27,9 +27,7 @@ class EstimatorLike(Protocol):
 
 def fits(row: ProbeRow) -> bool | None:
     """What a measured row tells the frontier: fits (stable), does not fit (OOM or above the headroom), or nothing."""
-    if row.status == ProbeStatus.OOM or (row.status == ProbeStatus.OK and not row.stable):
-        return False
-    return True if row.status == ProbeStatus.OK else None
+    return device_fits(row.status.value, row.stable)
 
 
 @dataclass(frozen=True)
@@ -73,8 +71,9 @@ class Evidence:
             return  # timeouts and errors say nothing about memory
         self.frontier.add(row.knobs, fits=verdict)
         self._in_frontier.add(key)
-        if row.status == ProbeStatus.OK and row.peak_allocated and self.estimator is not None:
-            self.estimator.observe(Knobs.model_validate(row.knobs), int(row.peak_allocated))
+        need = row.memory_need  # what the stability rule compares: the estimate calibrates on the same quantity
+        if row.status == ProbeStatus.OK and need and self.estimator is not None:
+            self.estimator.observe(Knobs.model_validate(row.knobs), int(need))
 
     def use_frontier(self, frontier: Frontier) -> None:
         """Swaps in another frontier (e.g. one ordering ZeRO stages) and feeds it every measurement so far."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from trials.contract import ProbeConfig, ProbeResult
+from trials.contract import ProbeConfig, ProbeResult, memory_need
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
 
@@ -24,14 +24,27 @@ class ProbeStatus(str, Enum):
     TIMEOUT = "timeout"
     ERROR = "error"
     INFERRED_OOM = "inferred-oom"  # the frontier or the memory estimate says it must run out of memory: never run
+    HOST_OOM = "host-oom"  # host memory ran out (the kernel's OOM killer, a failed pinned allocation)
+    DEVICE_BUSY = "device-busy"  # the GPU was in use by another process at rank start: nothing measured
+    KILLED = "killed"  # a rank was SIGKILLed from outside, with no OOM kill in its cgroup: nothing measured
 
     def __str__(self) -> str:
         return self.value
 
     @property
     def out_of_memory(self) -> bool:
-        """Measured or inferred: the config does not fit."""
+        """Measured or inferred: the config does not fit in *device* memory (a host OOM says nothing about that)."""
         return self in (ProbeStatus.OOM, ProbeStatus.INFERRED_OOM)
+
+    @property
+    def device_verdict(self) -> bool:
+        """A measurement of device memory (fits or not): what the frontier and the memory estimate learn from."""
+        return self in (ProbeStatus.OK, ProbeStatus.OOM)
+
+    @property
+    def transient(self) -> bool:
+        """Nothing about the config was learned (the runner already retried it once): it may be probed again."""
+        return self in (ProbeStatus.DEVICE_BUSY, ProbeStatus.KILLED)
 
 
 class Fidelity(str, Enum):
@@ -42,9 +55,7 @@ class Fidelity(str, Enum):
     SHORT = "short"
     CONFIRM = "confirm"
     INFERRED = "inferred"
-    PRODUCTION = (
-        "production"  # the user's real training run of a config (tuner.integrations.transformers.TunerCallback)
-    )
+    PRODUCTION = "production"  # the user's real training run (tuner.integrations.transformers.TunerCallback)
 
     def __str__(self) -> str:
         return self.value
@@ -89,6 +100,20 @@ class ProbeRow:
     def measured(self) -> bool:
         return self.fidelity.measured
 
+    @property
+    def memory_need(self) -> int | None:
+        """What the probe needed of the device (trials.contract.memory_need, the max over ranks, from the stored
+        result): the quantity the stability rule and the memory estimate's calibration use. Rows without per-rank
+        parts (older ones) fall back to the reserved, then the allocated peak."""
+        ranks = (self.result or {}).get("ranks") or []
+        needs = [
+            memory_need(int(r.get("peak_reserved") or 0), int(r.get("overhead") or 0), r.get("device_used_peak"))
+            for r in ranks
+        ]
+        if needs and max(needs) > 0:
+            return max(needs)
+        return self.peak_reserved or self.peak_allocated
+
     def to_record(self) -> dict[str, Any]:
         """The columns to store (enums as their values; the storage's own id and timestamp left to it)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _STORAGE_SET}
@@ -111,14 +136,18 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(ProbeRow))
 _STORAGE_SET = ("id", "created_at")
 
 
-DEFAULT_HEADROOM = 0.9  # stable = peak at most this fraction of the device's memory (`--headroom`)
+DEFAULT_HEADROOM = 0.9  # stable = memory need at most this fraction of the device's memory (`--headroom`)
 
 
-def is_stable(status: str, peak: int | None, capacity: int | None, headroom: float, alloc_retries: int | None) -> bool:
-    """Finished, peak at most ``headroom`` x capacity, and no allocator retries (a sign of fragmentation)."""
-    if status != ProbeStatus.OK or peak is None:
+def is_stable(status: str, need: int | None, capacity: int | None, headroom: float, alloc_retries: int | None) -> bool:
+    """Finished, memory need at most ``headroom`` x capacity, and no allocator retries (a sign of fragmentation).
+
+    ``need`` is trials.contract.memory_need: max(peak reserved + the memory outside the caching allocator (CUDA
+    context, NCCL buffers, other processes), the device-level use sampled in the window); on the emulated CPU device
+    it is the peak of live tensors."""
+    if status != ProbeStatus.OK or need is None:
         return False
-    if capacity is not None and peak > headroom * capacity:
+    if capacity is not None and need > headroom * capacity:
         return False
     return not alloc_retries
 
@@ -153,7 +182,7 @@ def probe_row(
         peak_reserved=result.peak_reserved,
         capacity=capacity,
         alloc_retries=result.alloc_retries,
-        stable=is_stable(result.status, result.peak_allocated, capacity, headroom, result.alloc_retries),
+        stable=is_stable(result.status, result.memory_need, capacity, headroom, result.alloc_retries),
         estimate_bytes=estimate_bytes,
         probe_seconds=result.wall_s,
         setup_s=result.setup_s,

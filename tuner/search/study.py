@@ -12,10 +12,10 @@ OOM_CONSTRAINT = 1.0  # the "memory" constraint of an OOM (> 0 is infeasible for
 
 
 def memory_constraint(row: ProbeRow, headroom: float) -> float:
-    """> 0: infeasible. An OOM is OOM_CONSTRAINT; a finished probe is its peak over the headroom line, minus 1."""
+    """> 0: infeasible. An OOM is OOM_CONSTRAINT; a finished probe is its memory need over the headroom, minus 1."""
     if row.status.out_of_memory:
         return OOM_CONSTRAINT
-    peak, capacity = row.peak_allocated, row.capacity
+    peak, capacity = row.memory_need, row.capacity
     if peak is None or not capacity:
         return 0.0
     return min(peak / (headroom * capacity) - 1.0, OOM_CONSTRAINT)

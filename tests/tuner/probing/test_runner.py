@@ -178,7 +178,8 @@ def test_timeout_kills_every_process_of_the_probe(tmp_path: Path, launcher: str)
     _assert_no_survivors(tmp_path)
 
 
-def test_rank_killed_by_sigkill_is_oom(tmp_path: Path, launcher: str) -> None:
+def test_an_outside_sigkill_is_killed_not_oom_and_is_retried_once(tmp_path: Path, launcher: str) -> None:
+    """A SIGKILL with no OOM kill in the memory cgroup proves nothing about memory: "killed", run once more."""
     cfg = probe_config(
         model=TINY, knobs=Knobs(micro_batch_size=1, max_length=8, engine="torch"), measure_steps=10**7, timeout_s=120
     )
@@ -186,15 +187,20 @@ def test_rank_killed_by_sigkill_is_oom(tmp_path: Path, launcher: str) -> None:
     worker = threading.Thread(target=lambda: box.setdefault("r", run_probe(cfg, tmp_path, launcher=launcher)))
     worker.start()
     pid_file = tmp_path / "rank0.pid"
-    deadline = time.monotonic() + 120
-    while not pid_file.exists() and time.monotonic() < deadline:
+    killed: set[int] = set()
+    deadline = time.monotonic() + 240
+    while len(killed) < 2 and time.monotonic() < deadline and worker.is_alive():
+        pid = int(pid_file.read_text()) if pid_file.exists() else None
+        if pid is not None and pid not in killed:
+            time.sleep(0.5)
+            os.kill(pid, signal.SIGKILL)  # what an operator's kill -9 (or a preempting scheduler) does
+            killed.add(pid)
         time.sleep(0.05)
-    assert pid_file.exists(), "the probe process never started"
-    time.sleep(0.5)
-    os.kill(int(pid_file.read_text()), signal.SIGKILL)  # what the kernel's OOM killer does
     worker.join(120)
-    assert box["r"].status == "oom"
-    assert "SIGKILL" in (box["r"].cause or "")
+    assert len(killed) == 2, "the killed probe was not launched a second time"
+    result = box["r"]
+    assert result.status == "killed" and result.attempts == 2
+    assert "SIGKILL" in (result.cause or "") and "no verdict" in (result.cause or "")
     _assert_no_survivors(tmp_path)
 
 

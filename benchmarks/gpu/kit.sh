@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the wheel kit for benchmarks/gpu_check.sh on a bare GPU machine, into .whl/ (ignored by git).
+#
+#   benchmarks/gpu/kit.sh            # here, with network (PyPI); one command
+#
+# The device machine has python3 3.12 with torch, transformers, accelerate, peft, typer, rich, pyyaml, httpx,
+# psutil (and their dependencies: numpy, packaging, tqdm, typing-extensions, jinja2/MarkupSafe, anyio, idna ...) and
+# no network. The kit holds exactly what it lacks, at the versions this project's venv runs (so the check runs what
+# the tests ran): cp312 manylinux x86_64 wheels from PyPI, and DeepSpeed built here from its sdist (no wheel on PyPI)
+# with no op prebuilt (DS_BUILD_OPS=0: ops are JIT-compiled on the device, as `tuner prepare` does).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-.venv/bin/python}
+OUT=${KIT_DIR:-.whl}
+LIMIT_MIB=${KIT_LIMIT_MIB:-40}
+# what the device lacks: the tuner's own dependencies (DeepSpeed, Optuna, SQLAlchemy, alembic, pydantic,
+# pydantic-settings, FastAPI) and theirs, minus what the device has
+PACKAGES=(
+  optuna alembic colorlog sqlalchemy mako
+  pydantic pydantic-core annotated-types typing-inspection pydantic-settings python-dotenv
+  fastapi starlette annotated-doc opentelemetry-api importlib-metadata zipp
+  hjson py-cpuinfo msgpack einops ninja
+)
+DEEPSPEED=deepspeed==$("$PY" -c "from importlib.metadata import version; print(version('deepspeed'))")
+
+pins=()
+for name in "${PACKAGES[@]}"; do
+  v=$("$PY" -c "import sys; from importlib.metadata import version; print(version(sys.argv[1]))" "$name" 2>/dev/null || true)
+  pins+=("$name${v:+==$v}")
+done
+
+rm -rf "$OUT" && mkdir -p "$OUT"
+echo "== kit: ${#pins[@]} wheels for cp312 manylinux x86_64 + $DEEPSPEED from its sdist -> $OUT/"
+"$PY" -m pip download --quiet --no-deps --only-binary=:all: --dest "$OUT" \
+  --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+  "${pins[@]}"
+
+build=$(mktemp -d /tmp/kit-build.XXXXXX)
+trap 'rm -rf "$build"' EXIT
+"$PY" -m pip download --quiet --no-deps --no-binary=:all: --no-build-isolation --dest "$build" "$DEEPSPEED"
+# the sdist's setup.py imports torch: build with this venv's (no isolation); no op is compiled
+DS_BUILD_OPS=0 "$PY" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$OUT" "$build"/deepspeed-*.tar.gz
+
+ls -1 "$OUT"
+size=$(du -sb "$OUT" | cut -f1)
+echo "kit: $(ls "$OUT" | wc -l) wheels, $((size / 1024)) KiB in $OUT/"
+if [ "$size" -gt $((LIMIT_MIB * 1024 * 1024)) ]; then
+  echo "kit: over the ${LIMIT_MIB} MiB limit" >&2
+  exit 1
+fi

@@ -1,0 +1,122 @@
+"""The GPU host's decisions (visible devices, world size, locks, GPU type, transient failures, exit statuses) on given
+strings and numbers; the per-GPU lock, the cgroup counter and the collective preflight for real on this CPU host."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from trials.contract import EXIT_BUSY, EXIT_HOST_OOM, EXIT_OOM, ModelSpec, ProbeResult
+from tuner.errors import ConfigError
+from tuner.probing import gpus
+from tuner.probing.cgroup import cgroup_paths, oom_kills_between, parse_oom_kills, read_oom_kills
+from tuner.probing.preflight import failure_message, run_preflight
+from tuner.probing.runner import exit_status, hub_id, is_transient, probe_env
+
+
+def test_visible_devices_as_cuda_reads_cuda_visible_devices() -> None:
+    assert gpus.visible_devices(None, 8) == [str(i) for i in range(8)]
+    assert gpus.visible_devices("", 8) == []
+    assert gpus.visible_devices("2,3", 8) == ["2", "3"]
+    assert gpus.visible_devices("0,9,1", 4) == ["0"]  # stops at the first invalid index
+    assert gpus.visible_devices("1,1,2", 4) == ["1"]  # a repeat ends the list
+    assert gpus.visible_devices("-1", 4) == []
+    assert gpus.visible_devices("MIG-5c9d1f2e-aaaa", 1) == ["MIG-5c9d1f2e-aaaa"]
+    assert gpus.visible_devices("GPU-a,GPU-b", 2) == ["GPU-a", "GPU-b"]
+
+
+def test_world_size_above_the_visible_gpus_is_one_line_before_any_probe() -> None:
+    with pytest.raises(
+        ConfigError, match=r"--world-size 4 needs 4 GPUs but 2 are visible \(CUDA_VISIBLE_DEVICES '0,1'"
+    ):
+        gpus.check_world_size(4, gpus.visible_devices("0,1", 8), 8, "0,1")
+    gpus.check_world_size(2, ["0", "1"], 8, "0,1")
+    gpus.check_world_size(4, [], 0, None)  # a CPU host: ranks run on the emulated device
+
+
+def test_each_probe_locks_the_gpus_its_ranks_use() -> None:
+    assert gpus.lock_names(2, ["3", "1", "0"]) == ["gpu-1", "gpu-3"]
+    assert gpus.lock_names(1, ["MIG-x/y"]) == ["gpu-MIG-x_y"]
+
+
+def test_a_second_holder_waits_for_the_gpu_lock_and_gives_up(tmp_path: Path) -> None:
+    with gpus.gpu_locks(["gpu-0"], timeout_s=1, lock_dir=tmp_path) as first:
+        assert first
+        with gpus.gpu_locks(["gpu-1", "gpu-0"], timeout_s=0.3, lock_dir=tmp_path) as second:
+            assert not second
+        with gpus.gpu_locks(["gpu-1"], timeout_s=0.3, lock_dir=tmp_path) as other:
+            assert other  # another GPU is free
+    with gpus.gpu_locks(["gpu-0"], timeout_s=0.3, lock_dir=tmp_path) as again:
+        assert again  # released with its holder
+
+
+def test_a_worker_on_another_gpu_type_is_refused_unless_the_budget_is_given() -> None:
+    stored = {"gpu_name": "NVIDIA H200", "gpu_capacity": 150_000_000_000}
+    assert gpus.fingerprint_refusal(stored, "NVIDIA H200", False) is None
+    line = gpus.fingerprint_refusal(stored, "NVIDIA A100-SXM4-40GB", False)
+    assert line is not None and "NVIDIA A100-SXM4-40GB" in line and "NVIDIA H200" in line and "--device-memory" in line
+    assert gpus.fingerprint_refusal(stored, "NVIDIA A100-SXM4-40GB", True) is None
+    assert gpus.fingerprint_refusal({"gpu_name": ""}, "", False) is None  # CPU hosts
+    assert gpus.fingerprint_refusal(None, "NVIDIA H200", False) is None  # nothing probed yet
+
+
+def test_the_cgroup_oom_kill_counter(tmp_path: Path) -> None:
+    assert parse_oom_kills("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n") == 2
+    assert parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n") == 7  # cgroup v1 memory.oom_control
+    assert parse_oom_kills("oom_kill_disable 0\nunder_oom 0\n") is None  # an old v1 kernel: no counter
+    paths = cgroup_paths("0::/user.slice/job\n", root=tmp_path)
+    assert paths[0] == tmp_path / "user.slice/job/memory.events"
+    v1 = cgroup_paths("4:memory:/docker/abc\n0::/\n", root=tmp_path)
+    assert tmp_path / "memory/docker/abc/memory.oom_control" in v1
+    assert oom_kills_between(3, 5) == 2 and oom_kills_between(None, 5) is None
+    count = read_oom_kills()  # this host's own cgroup: a count, or None where none is readable
+    assert count is None or count >= 0
+
+
+def test_a_sigkill_is_a_host_oom_only_with_the_kernels_word() -> None:
+    status, cause = exit_status(1, -signal.SIGKILL, "", oom_kills=1)
+    assert status == "host-oom" and "OOM killer" in cause
+    assert exit_status(1, -signal.SIGKILL, "", oom_kills=0)[0] == "killed"
+    assert exit_status(1, -signal.SIGKILL, "", oom_kills=None)[0] == "killed"  # no counter: no evidence
+    assert exit_status(0, EXIT_OOM, "", None)[0] == "oom"
+    assert exit_status(0, EXIT_HOST_OOM, "", None)[0] == "host-oom"
+    assert exit_status(0, EXIT_BUSY, "", None)[0] == "device-busy"
+    watchdog = "[E] ProcessGroupNCCL: Watchdog caught collective operation timeout: WorkNCCL(OpType=ALLREDUCE)"
+    assert exit_status(0, -signal.SIGABRT, watchdog, None)[0] == "timeout"
+    assert exit_status(0, -signal.SIGABRT, "CUDA out of memory. Tried to allocate 1 GiB", None)[0] == "oom"
+    assert exit_status(0, 1, "Traceback ... KeyError", None)[0] == "error"
+
+
+def test_transient_failures_are_retried_and_verdicts_are_not() -> None:
+    assert is_transient(ProbeResult(status="killed"), False)
+    assert is_transient(ProbeResult(status="device-busy"), False)
+    assert is_transient(ProbeResult(status="error", cause="could not launch the probe: ..."), True)
+    forked = ProbeResult(status="error", cause="RuntimeError: CUDA error: initialization error")
+    assert is_transient(forked, False)
+    for verdict in ("oom", "host-oom", "ok", "timeout"):
+        assert not is_transient(ProbeResult(status=verdict), False)
+    assert not is_transient(ProbeResult(status="error", cause="ValueError: bad"), False)
+
+
+def test_only_hub_ids_are_looked_up_and_ranks_read_them_offline(tmp_path: Path) -> None:
+    assert hub_id(ModelSpec(source="builtin:tiny-t5")) is None
+    assert hub_id(ModelSpec(source=str(tmp_path))) is None
+    assert hub_id(ModelSpec(source="google/flan-t5-large")) == "google/flan-t5-large"
+    assert probe_env(1, base={})["NCCL_DEBUG"] == "WARN"
+    assert probe_env(1, base={"NCCL_DEBUG": "INFO"})["NCCL_DEBUG"] == "INFO"
+
+
+def test_the_preflight_failure_names_the_nccl_fixes() -> None:
+    assert failure_message(2, False, [0, 0], ["", ""], 64 << 20) is None
+    line = failure_message(2, True, [-9, -9], ["", "NCCL WARN Cuda failure"], 64 << 20)
+    assert line is not None and "hung past 90 s" in line
+    for fix in ("NCCL_P2P_DISABLE=1", "NCCL_NVLS_ENABLE=0", "/dev/shm (now 64 MiB"):
+        assert fix in line
+    assert "NCCL WARN Cuda failure" in line
+
+
+@pytest.mark.slow
+def test_the_preflight_runs_its_collective_on_every_rank(tmp_path: Path) -> None:
+    assert run_preflight(2, probe_env(2), tmp_path, timeout_s=120) is None  # gloo here, NCCL on a GPU host

@@ -1,0 +1,156 @@
+"""The GPUs of this host as the search sees them, without initialising CUDA in the tuner's own process.
+
+Pure decisions (tested on CPU): how many GPUs CUDA_VISIBLE_DEVICES leaves visible, whether ``--world-size`` fits in
+them, which per-GPU lock a probe's ranks take, whether this worker's GPU matches the study's. At the edge: the
+device files (/dev/nvidia<N>) and NVML through ctypes (libnvidia-ml, present wherever the driver is): the GPU names.
+Neither creates a CUDA context, so the fork server's parent stays fork-safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import ConfigError
+
+_DEV = re.compile(r"^nvidia(\d+)$")
+
+
+# -- pure ----------------------------------------------------------------------------------------------------------
+def visible_devices(cuda_visible: str | None, physical: int) -> list[str]:
+    """The devices CUDA exposes, as CUDA reads CUDA_VISIBLE_DEVICES: unset = every physical one; otherwise the comma
+    list up to its first invalid entry (a negative or out-of-range index, a repeat); GPU-/MIG- UUIDs are taken as
+    listed (only the driver can check them)."""
+    if cuda_visible is None:
+        return [str(i) for i in range(physical)]
+    out: list[str] = []
+    for raw in cuda_visible.split(","):
+        token = raw.strip()
+        if not token:
+            break
+        if token.lstrip("-").isdigit():
+            index = int(token)
+            if index < 0 or index >= physical:
+                break
+            token = str(index)
+        elif not token.startswith(("GPU-", "MIG-")):
+            break
+        if token in out:
+            break
+        out.append(token)
+    return out
+
+
+def check_world_size(world_size: int, visible: Sequence[str], physical: int, cuda_visible: str | None) -> None:
+    """On a GPU host, one rank per visible GPU: a ConfigError (one line, exit 2) when ``world_size`` exceeds them.
+    A host without GPUs (or with none visible) runs the ranks on the CPU's emulated device: nothing to check."""
+    if physical == 0 or not visible or world_size <= len(visible):
+        return
+    shown = "unset" if cuda_visible is None else repr(cuda_visible)
+    raise ConfigError(
+        f"--world-size {world_size} needs {world_size} GPUs but {len(visible)} are visible "
+        f"(CUDA_VISIBLE_DEVICES {shown}, {physical} on the host); lower --world-size or make more GPUs visible"
+    )
+
+
+def lock_names(world_size: int, visible: Sequence[str]) -> list[str]:
+    """The per-GPU locks a probe of ``world_size`` ranks takes (rank r uses visible device r), sorted (no deadlock
+    between workers taking several)."""
+    return sorted(f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', dev)}" for dev in visible[:world_size])
+
+
+def fingerprint_refusal(stored: Mapping[str, Any] | None, here: str, device_memory_given: bool) -> str | None:
+    """Why this worker must not join the study (its GPU differs from the one the study's first probe ran on), or
+    None. ``stored`` is that probe's fingerprint (trials.fingerprint), ``here`` this host's GPU name ("" without a
+    GPU). An explicit --device-memory makes the budget the same on every worker: allowed."""
+    if stored is None or device_memory_given:
+        return None
+    theirs = str(stored.get("gpu_name") or "")
+    if theirs == here:
+        return None
+    return (
+        f"this worker's GPU ({here or 'none'}) differs from the one this study was measured on ({theirs or 'none'}): "
+        "its frontier would mix two devices' limits; use a new --study, or give --device-memory to search one budget"
+    )
+
+
+# -- the edge: device files, NVML, lock files ------------------------------------------------------------------------
+def physical_gpus(dev: Path = Path("/dev")) -> int:
+    """NVIDIA GPUs whose device files this host (container) has."""
+    try:
+        return sum(1 for name in os.listdir(dev) if _DEV.match(name))
+    except OSError:
+        return 0
+
+
+def host_visible_devices(env: Mapping[str, str] | None = None) -> tuple[list[str], int, str | None]:
+    """(visible devices, physical count, the CUDA_VISIBLE_DEVICES value) of this host and environment."""
+    env = os.environ if env is None else env
+    physical = physical_gpus()
+    cuda_visible = env.get("CUDA_VISIBLE_DEVICES")
+    return visible_devices(cuda_visible, physical), physical, cuda_visible
+
+
+def gpu_name(index: int = 0) -> str:
+    """The name of physical GPU ``index`` from NVML (as torch's get_device_properties reports it), "" without one."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return ""
+    if nvml.nvmlInit_v2() != 0:
+        return ""
+    try:
+        handle = ctypes.c_void_p()
+        if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0:
+            return ""
+        buf = ctypes.create_string_buffer(96)
+        if nvml.nvmlDeviceGetName(handle, buf, ctypes.c_uint(96)) != 0:
+            return ""
+        return buf.value.decode(errors="replace")
+    finally:
+        nvml.nvmlShutdown()
+
+
+def first_visible_index(visible: Sequence[str]) -> int:
+    """The physical index of the first visible device (0 for a UUID: NVML would be needed to map it)."""
+    return int(visible[0]) if visible and visible[0].isdigit() else 0
+
+
+LOCK_DIR = Path(tempfile.gettempdir()) / "tuner-gpu-locks"
+
+
+@contextlib.contextmanager
+def gpu_locks(names: Sequence[str], timeout_s: float, lock_dir: Path = LOCK_DIR) -> Iterator[bool]:
+    """Holds an exclusive flock on each named GPU (one probe per GPU across the workers of this host); yields False
+    when they were not all free within ``timeout_s`` (nothing is held then). The kernel drops a dead holder's lock."""
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    held: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        for name in names:
+            fd = os.open(lock_dir / name, os.O_RDWR | os.O_CREAT, 0o666)
+            held.append(fd)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
+                        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                            raise
+                        yield False
+                        return
+                    time.sleep(0.2)
+        yield True
+    finally:
+        for fd in held:
+            os.close(fd)  # closing drops the flock
