@@ -199,7 +199,7 @@ class TunerCallback(TrainerCallback):
             peak_allocated=mem.peak_allocated,
             peak_reserved=mem.peak_reserved,
             capacity=mem.capacity,
-            stable=is_stable(status.value, mem.peak_allocated, mem.capacity, headroom, 0),
+            stable=is_stable(status.value, mem.peak_reserved, mem.capacity, headroom, 0),  # reserved: the need
             result={
                 "rank": int(os.environ.get("RANK", "0")),
                 "device": mem.device,

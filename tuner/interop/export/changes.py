@@ -125,6 +125,11 @@ def changes_of(
     )
 
 
+def _searched(choices: Any) -> bool:
+    """A knob the space let the search choose: more than one value (or a range); unknown: assume so."""
+    return not isinstance(choices, list) or len(choices) > 1
+
+
 def best_changes(best: BestLike, definition: Mapping[str, Any], baseline: Any | None) -> Changes:
     """The changes of a study's best config (``best``: a selection Candidate) to the user's files, as ``tuner best
     --changes``, ``GET /best-config`` and the report show them; ``baseline``: the study's baseline probe row."""
@@ -160,7 +165,13 @@ def best_changes(best: BestLike, definition: Mapping[str, Any], baseline: Any | 
         searched = list(definition.get("job_changes") or ())
         if searched:
             fixed += f" (searched on purpose, as the space file lists: {', '.join(searched)})"
-    tuned = [Change("knobs", name, None, value, added=True) for name, value in knobs.items() if value is not None]
+    stored = definition.get("space")
+    space: Mapping[str, Any] = stored if isinstance(stored, Mapping) else {}
+    tuned = [  # without a baseline to compare with: the knobs the search chose (those the space gave a choice)
+        Change("knobs", name, None, value, added=True)
+        for name, value in knobs.items()
+        if value is not None and _searched(space.get(name))
+    ]
     return changes_of(
         args.files,
         exported,
