@@ -12,7 +12,7 @@ import pytest
 
 from trials.contract import free_port
 
-__all__ = ["TUNER_BIN", "clean_env", "free_port", "start_server", "stop", "wait_http"]
+__all__ = ["TUNER_BIN", "clean_env", "free_port", "one_rank_env", "start_server", "stop", "wait_http"]
 
 TUNER_BIN = os.path.join(os.path.dirname(sys.executable), "tuner")
 
@@ -20,6 +20,13 @@ TUNER_BIN = os.path.join(os.path.dirname(sys.executable), "tuner")
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment without TUNER_* settings, plus ``extra``."""
     return {k: v for k, v in os.environ.items() if not k.startswith("TUNER_")} | (extra or {})
+
+
+def one_rank_env(**extra: str) -> dict[str, str]:
+    """This environment plus a one-rank process group (RANK ... MASTER_PORT on a free port): what the HF Trainer's
+    DeepSpeed integration needs to run in a plain `python` process, no launcher."""
+    group = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    return {**os.environ, **group, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", **extra}
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:

@@ -32,7 +32,7 @@ from tuner.units import parse_duration, parse_size
 if TYPE_CHECKING:
     from tuner.interop.baseline import Baseline
     from tuner.memory.estimator import Estimate
-    from tuner.search.driver import Listener, SearchSummary
+    from tuner.search.driver import Listener, Search, SearchSummary
     from tuner.search.selection import Candidate
 
 DEFAULT_MODEL = "builtin:tiny-t5"
@@ -202,6 +202,18 @@ def check_host(request: SearchRequest, store: Store, resumed: bool) -> None:
             raise ConfigError(problem)
 
 
+def attach_estimate(runner: Search, request: SearchRequest, estimate: bool | None) -> str | None:
+    """Traces the model for the memory estimate when asked (``estimate``; None: for budgets of 10 minutes or more)
+    and gives it to the search; returns the note to show (how long it took, or why it is unavailable)."""
+    from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
+
+    if not (estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S):
+        return None
+    estimator, note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))
+    runner.attach_estimator(estimator)
+    return note
+
+
 def real_probe(config: ProbeConfig) -> ProbeResult:
     from tuner.probing.runner import run_probe
 
@@ -275,7 +287,6 @@ def tune(
     trial, and why the search stopped. ``probe`` replaces the real probe runner (benchmarks replay recorded tables)."""
     import optuna
 
-    from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
     from tuner.search.driver import Search
 
     unknown = sorted(set(job) - set(JobFlags.__dataclass_fields__))
@@ -307,9 +318,7 @@ def tune(
     if probe is None:
         check_host(request, store, resumed)
     runner = Search(request, probe or real_probe)
-    if estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S:
-        estimator, _note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))
-        runner.attach_estimator(estimator)
+    attach_estimate(runner, request, estimate)
     if listener is not None:
         runner.listener = listener
     summary = runner.run()

@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
-from servers import free_port
+from servers import one_rank_env
 
 TUNER = str(Path(sys.executable).with_name("tuner"))
 SPACE = "micro_batch_size: [2, 32]\nzero_stage: [0]\ngradient_checkpointing: [false]\n"
@@ -423,15 +423,7 @@ def test_the_built_in_causal_preset_runs_probe_estimate_export_and_a_trainer(tmp
     export = tuner("best", "--storage", url, "--study", "llama", "--format", "hf")
     assert export.returncode == 0, export.stderr
     (tmp_path / "args.json").write_text(export.stdout)
-    env = {
-        **os.environ,
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "OMP_NUM_THREADS": "1",
-    }
+    env = one_rank_env()
     run = subprocess.run(
         [sys.executable, "-c", CAUSAL_TRAIN, str(tmp_path / "args.json"), "128"],
         capture_output=True,

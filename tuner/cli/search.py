@@ -15,9 +15,9 @@ from tuner.cli.app import app
 from tuner.cli.progress import LiveProgress, summary_table
 from tuner.errors import ConfigError
 from tuner.job.definition import JobFlags
-from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
 from tuner.python_api import (
     DEFAULT_MODEL,
+    attach_estimate,
     check_host,
     check_world_size,
     cli_option,
@@ -189,12 +189,10 @@ def search(
             f"[yellow]the space file searches job settings on purpose: {escape(', '.join(request.job_changes))}; "
             "the pick may change your job's results[/]"
         )
-    use_estimate = estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S
-    if use_estimate:
-        with console.status("tracing one training step for the memory estimate ..."):
-            estimator, note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))
-        runner.attach_estimator(estimator)
-        console.print(note, style="dim")
+    with console.status("tracing one training step for the memory estimate ..."):
+        note = attach_estimate(runner, request, estimate)
+    if note:
+        console.print(note, style="dim", markup=False)
     progress = LiveProgress(console, runner.deadline, request.objective, request.study_name)
     runner.listener = progress
     with progress:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import free_port
+from servers import one_rank_env
 
 import tuner
 from tuner.errors import ConfigError, NoStableConfig
@@ -60,16 +60,7 @@ trainer.train()
 
 
 def run_training(study: str, url: str, length: int, limit: int = 0) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
-    }
+    env = one_rank_env(PYTHONPATH=str(Path(__file__).resolve().parents[3]))
     cmd = [sys.executable, "-c", SCRIPT, study, url, str(length), str(limit)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 

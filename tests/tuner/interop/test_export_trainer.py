@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from servers import one_rank_env
 
 from tuner.settings import load_settings
 
@@ -56,19 +56,7 @@ with open(sys.argv[3], "w") as f:
 
 def trainer_env() -> dict[str, str]:
     """A one-rank process group for the Trainer's DeepSpeed integration, and the probes' op cache."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {
-        **os.environ,
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    env = one_rank_env(TOKENIZERS_PARALLELISM="false")
     # the probes' op cache and the venv's ninja first (another ninja invalidates the cache: a rebuild of minutes)
     env["TORCH_EXTENSIONS_DIR"] = str(load_settings().torch_extensions_dir)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
