@@ -97,12 +97,13 @@ def alloc_conf_in_force(env: Mapping[str, str]) -> str | None:
 DEVICE_BUSY_BYTES = 2 << 30
 
 
-def memory_need(peak_reserved: int, overhead: int, device_used_peak: int | None) -> int:
+def memory_need(peak_reserved: int, overhead: int, device_used_peak: int | None, peak_allocated: int = 0) -> int:
     """What a rank needs of its device: the caching allocator's peak reserve plus what lives outside it (the CUDA
     context, NCCL's communicator buffers, cuBLAS/cuDNN handles), or the device-level use sampled in the memory window
     when that is more (fragmentation, an allocation the allocator did not see). The stability rule and the memory
-    estimate's calibration both read this. On the emulated CPU device: overhead 0, no device sampling, = peak."""
-    return max(peak_reserved + max(0, overhead), device_used_peak or 0)
+    estimate's calibration both read this. On the emulated CPU device: overhead 0, no device sampling, = peak. The
+    reserve is never below what was allocated (a result that records only the allocated peak counts that)."""
+    return max(max(peak_reserved, peak_allocated) + max(0, overhead), device_used_peak or 0)
 
 
 def device_busy(used_at_start: int, threshold: int = DEVICE_BUSY_BYTES) -> bool:
@@ -246,7 +247,7 @@ class RankMemory(_Strict):
     @property
     def need(self) -> int:
         """What this rank needs of its device (:func:`memory_need`)."""
-        return memory_need(self.peak_reserved, self.overhead, self.device_used_peak)
+        return memory_need(self.peak_reserved, self.overhead, self.device_used_peak, self.peak_allocated)
 
 
 class StepStats(_Strict):

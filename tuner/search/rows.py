@@ -107,7 +107,12 @@ class ProbeRow:
         parts (older ones) fall back to the reserved, then the allocated peak."""
         ranks = (self.result or {}).get("ranks") or []
         needs = [
-            memory_need(int(r.get("peak_reserved") or 0), int(r.get("overhead") or 0), r.get("device_used_peak"))
+            memory_need(
+                int(r.get("peak_reserved") or 0),
+                int(r.get("overhead") or 0),
+                r.get("device_used_peak"),
+                int(r.get("peak_allocated") or 0),
+            )
             for r in ranks
         ]
         if needs and max(needs) > 0:
