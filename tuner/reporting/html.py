@@ -151,10 +151,19 @@ def _optuna_figures(study: Any) -> list[go.Figure]:
 
 
 def _summary(data: ReportData) -> str:
+    """Probes counted as probes: the ones that ran (by status), apart from the configs ruled out without running
+    and the user's production runs."""
+    ran = [row for row in data.rows if row.measured]
     counts: dict[str, int] = {}
-    for row in data.rows:
+    for row in ran:
         counts[str(row.status)] = counts.get(str(row.status), 0) + 1
-    items = [["probes", len(data.rows)], *[[k, v] for k, v in sorted(counts.items())]]
+    items: list[list[Any]] = [["probes run", len(ran)], *[[f"probes {k}", v] for k, v in sorted(counts.items())]]
+    inferred = sum(1 for row in data.rows if row.fidelity == Fidelity.INFERRED)
+    if inferred:
+        items.append(["ruled out without running (inferred-oom)", inferred])
+    production = sum(1 for row in data.rows if row.fidelity == Fidelity.PRODUCTION)
+    if production:
+        items.append(["your training runs recorded", production])
     if data.optuna_study is not None:
         items.append(["optuna trials", len(data.optuna_study.get_trials(deepcopy=False))])
     if data.capacity:
@@ -216,8 +225,9 @@ def render_html(data: ReportData) -> str:
         figures.div(figs.throughput_over_time(rows), "no measured probes yet"),
         figures.div(figs.throughput_vs_micro_batch(rows), "no measured probes yet"),
         figures.div(figs.memory_vs_micro_batch(rows, data.capacity, data.headroom), "no peak memory recorded yet"),
-        figures.div(figs.oom_frontier(rows), "no configs tried yet"),
     ]
+    if len({r.knobs.get("max_length") for r in rows if r.knobs}) > 1:  # a frontier over lengths needs two of them
+        plots.append(figures.div(figs.oom_frontier(rows), "no configs tried yet"))
     optuna_plots = [figures.div(f) for f in _optuna_figures(data.optuna_study)] if data.optuna_study else []
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     definition = json.dumps(data.definition, indent=2, sort_keys=True, default=str)

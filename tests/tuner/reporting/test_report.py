@@ -59,6 +59,11 @@ def test_report_shows_plots_best_config_and_flags(url: str, tmp_path: Path) -> N
         assert title in page, title
     assert len(re.findall(r'<div id="plot-\d+" class="plotly-graph-div"', page)) >= 7
     assert "capacity" in page and "headroom 90%" in page
+    # probes counted as probes: the ones that ran, apart from configs ruled out without running
+    ran = sum(1 for r in data.rows if r.measured)
+    inferred = sum(1 for r in data.rows if str(r.fidelity) == "inferred")
+    assert f"<td>probes run</td><td>{ran}</td>" in page
+    assert inferred == 0 or f"<td>ruled out without running (inferred-oom)</td><td>{inferred}</td>" in page
     # chosen config and its export
     assert "Chosen config" in page and "No stable config yet" not in page
     assert f"{best_value:,.2f}" in page
