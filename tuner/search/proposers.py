@@ -88,9 +88,11 @@ def opening(ctx: Context, ev: Evidence) -> Proposed:
     unknown = [k for k in settings[setting] if ctx.key(k) not in known and ev.frontier.infer(k) is None]
     if not unknown:
         return Proposed(done=True)
-    if first and unknown[0] is settings[setting][0]:
-        return Proposed(unknown[0])  # a relief move: first see whether it fits at all
-    return Proposed(unknown[len(unknown) // 2])
+    if not first:
+        return Proposed(unknown[len(unknown) // 2])
+    # a relief move: first see whether it fits at all, then bisect upwards from there, on the low side (memory is
+    # tight: the plainest setting did not fit at all)
+    return Proposed(unknown[0] if unknown[0] is settings[setting][0] else unknown[(len(unknown) - 1) // 2])
 
 
 def _estimated_opening(ctx: Context, ev: Evidence) -> Proposed:
