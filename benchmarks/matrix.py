@@ -32,16 +32,47 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def pivot(merged: dict[str, Any]) -> str:
+    """One line per table x variant, one column per strategy: probe-seconds to 1% of the best as % of the grid's
+    (seeds of ``results`` / held-out seeds), then every strategy's unstable picks and no-pick runs over all seeds."""
+    strategies: list[str] = []
+    for data in merged.values():
+        strategies += [s for s in data["results"] if s not in strategies]
+    head = "| table | variant | device / rank | " + " | ".join(strategies) + " | unstable picks (all) |"
+    lines = [head, "|---|---|---:|" + "---:|" * len(strategies) + "---:|"]
+
+    def pct(r: dict[str, Any] | None) -> str:
+        if r is None:
+            return "-"
+        return "never" if r["to_1pct_frac"] is None else f"{100 * r['to_1pct_frac']:.0f}%"
+
+    for data in merged.values():
+        info = data["table"]
+        name, _, var = info["name"].partition("@")
+        cells, unstable = [], 0
+        for strat in strategies:
+            r, h = data["results"].get(strat), data.get("heldout", {}).get(strat)
+            cells.append(pct(r) + (f" / {pct(h)}" if h is not None else ""))
+            unstable += sum(x["unstable_picks"] for x in (r, h) if x is not None)
+        lines.append(
+            f"| {name} | {var or 'full'} | {info['device_memory'] / 2**20:.1f} MiB | "
+            + " | ".join(cells)
+            + f" | {unstable} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.matrix", description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="JSON files written by benchmarks.replay --json")
+    ap.add_argument("--pivot", action="store_true", help="one line per table x variant, one column per strategy")
     args = ap.parse_args(argv)
     try:
         merged = merge([json.loads(p.read_text()) for p in args.runs])
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: cannot merge the replay files: {exc}", file=sys.stderr)
         return 2
-    print(matrix(merged, all("heldout" in d for d in merged.values())))
+    print(pivot(merged) if args.pivot else matrix(merged, all("heldout" in d for d in merged.values())))
     return 0
 
 

@@ -76,4 +76,6 @@ def test_the_tight_variants_replay_side_by_side(table: Table, tmp_path: Path) ->
     lines = out.read_text().splitlines()
     assert len(lines) == 2 + 3 and all(line.count("|") == lines[0].count("|") for line in lines)
     assert matrix_main([str(ours), str(peers)]) == 0
+    assert matrix_main(["--pivot", str(ours), str(peers)]) == 0
+    assert matrix_main([str(tmp_path / "missing.json")]) == 2
     assert main([str(TABLE), "--variants", "q50"]) == 2  # an unknown variant: one line, exit 2
