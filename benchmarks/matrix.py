@@ -1,5 +1,6 @@
 """The table x variant x strategy summary of one or more replay JSON files (``benchmarks.replay --json``), merged: the
-same tables replayed with the same seeds by disjoint ``--strategies`` subsets read as one run.
+same tables replayed by disjoint ``--strategies`` subsets read as one run (a strategy replayed on fewer seeds is named
+with its seed counts).
 
     .venv/bin/python -m benchmarks.matrix ours.json peers.json > matrix.md
 """
@@ -16,7 +17,7 @@ from benchmarks.replay import matrix
 
 
 def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per table: the results (and held-out results) of every run; the runs must agree on seeds and table."""
+    """Per table: the results (and held-out results) of every run; the runs must have replayed the same table."""
     out: dict[str, Any] = {}
     for run in runs:
         for name, data in run.items():
@@ -24,21 +25,33 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
             if into["table"]["grid_seconds"] != data["table"]["grid_seconds"]:
                 raise ValueError(f"{name}: the runs replayed different tables")
             for part in ("results", "heldout"):
-                if part in data:
-                    seeds = {r["runs"] for r in [*into.get(part, {}).values(), *data[part].values()]}
-                    if len(seeds) > 1:
-                        raise ValueError(f"{name}: the runs replayed different numbers of seeds ({sorted(seeds)})")
+                if part in data:  # each strategy's results carry their own number of runs (pivot names it)
                     into.setdefault(part, {}).update(data[part])
     return out
 
 
 def pivot(merged: dict[str, Any]) -> str:
     """One line per table x variant, one column per strategy: probe-seconds to 1% of the best as % of the grid's
-    (seeds of ``results`` / held-out seeds), then every strategy's unstable picks and no-pick runs over all seeds."""
+    (seeds of ``results`` / held-out seeds), then the strategies whose final pick was unstable in some run, and in how
+    many."""
     strategies: list[str] = []
     for data in merged.values():
         strategies += [s for s in data["results"] if s not in strategies]
-    head = "| table | variant | device / rank | " + " | ".join(strategies) + " | unstable picks (all) |"
+    first: dict[str, Any] = next(iter(merged.values()), {"results": {}})
+    usual = max((r["runs"] for r in first["results"].values()), default=0)
+
+    def title(strat: str) -> str:
+        runs = {d["results"][strat]["runs"] for d in merged.values() if strat in d["results"]}
+        held = {d["heldout"][strat]["runs"] for d in merged.values() if strat in d.get("heldout", {})}
+        if runs == {usual}:
+            return strat
+        return (
+            f"{strat} ({'/'.join(map(str, sorted(runs)))}"
+            + (f" + {'/'.join(map(str, sorted(held)))}" if held else "")
+            + " seeds)"
+        )
+
+    head = "| table | variant | device / rank | " + " | ".join(map(title, strategies)) + " | unstable picks (runs) |"
     lines = [head, "|---|---|---:|" + "---:|" * len(strategies) + "---:|"]
 
     def pct(r: dict[str, Any] | None) -> str:
@@ -49,15 +62,18 @@ def pivot(merged: dict[str, Any]) -> str:
     for data in merged.values():
         info = data["table"]
         name, _, var = info["name"].partition("@")
-        cells, unstable = [], 0
+        cells, unstable = [], []
         for strat in strategies:
             r, h = data["results"].get(strat), data.get("heldout", {}).get(strat)
             cells.append(pct(r) + (f" / {pct(h)}" if h is not None else ""))
-            unstable += sum(x["unstable_picks"] for x in (r, h) if x is not None)
+            n = sum(x["unstable_picks"] for x in (r, h) if x is not None)
+            runs = sum(x["runs"] for x in (r, h) if x is not None)
+            if n:
+                unstable.append(f"{strat} {n}/{runs}")
         lines.append(
             f"| {name} | {var or 'full'} | {info['device_memory'] / 2**20:.1f} MiB | "
             + " | ".join(cells)
-            + f" | {unstable} |"
+            + f" | {', '.join(unstable) or 'none'} |"
         )
     return "\n".join(lines)
 
