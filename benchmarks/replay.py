@@ -220,8 +220,10 @@ def matrix(everything: dict[str, Any], heldout: bool) -> str:
                 f"{r['reached_1pct_runs']}/{r['runs']} | {r['final']:.2f} | {r['unstable_picks']}/{r['runs']} | "
                 f"{r['seconds']:.0f} |"
             )
-            if heldout:
-                h = data["heldout"][strat]
+            h = data.get("heldout", {}).get(strat)
+            if heldout and h is None:
+                line += " - | - | - | - |"
+            elif heldout and h is not None:
                 line += (
                     f" {pct(h)} | {h['reached_1pct_runs']}/{h['runs']} | {h['final']:.2f} | "
                     f"{h['unstable_picks']}/{h['runs']} |"
