@@ -196,8 +196,45 @@ def markdown(name: str, info: dict[str, Any], results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def matrix(everything: dict[str, Any], heldout: bool) -> str:
+    """One line per table x variant x strategy: the headline numbers of every replayed table side by side."""
+    head = (
+        "| table | variant | device / rank | strategy | to 1% (% of grid) | reached | final | unstable picks "
+        "| probe-s |"
+    )
+    cols = "|---|---|---:|---|---:|---:|---:|---:|---:|"
+    if heldout:
+        head += " held-out to 1% | held-out reached | held-out final | held-out unstable |"
+        cols += "---:|---:|---:|---:|"
+    lines = [head, cols]
+
+    def pct(r: dict[str, Any]) -> str:
+        return "never" if r["to_1pct_frac"] is None else f"{100 * r['to_1pct_frac']:.0f}%"
+
+    for data in everything.values():
+        info = data["table"]
+        name, _, var = info["name"].partition("@")
+        for strat, r in data["results"].items():
+            line = (
+                f"| {name} | {var or 'full'} | {info['device_memory'] / 2**20:.1f} MiB | {strat} | {pct(r)} | "
+                f"{r['reached_1pct_runs']}/{r['runs']} | {r['final']:.2f} | {r['unstable_picks']}/{r['runs']} | "
+                f"{r['seconds']:.0f} |"
+            )
+            h = data.get("heldout", {}).get(strat)
+            if heldout and h is None:
+                line += " - | - | - | - |"
+            elif heldout and h is not None:
+                line += (
+                    f" {pct(h)} | {h['reached_1pct_runs']}/{h['runs']} | {h['final']:.2f} | "
+                    f"{h['unstable_picks']}/{h['runs']} |"
+                )
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.strategies import EXTRA, STRATEGIES
+    from benchmarks.tight import VARIANTS, variant
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.splitlines()[0])
     ap.add_argument("tables", nargs="+", type=Path)
@@ -205,8 +242,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1 (held-out checks)"
     )
+    ap.add_argument(
+        "--heldout",
+        metavar="FIRST:COUNT",
+        help="also replay the seeds FIRST .. FIRST + COUNT - 1, reported beside the others (e.g. 100:20)",
+    )
+    ap.add_argument(
+        "--variants",
+        default="full",
+        help=f"comma-separated table variants (benchmarks/tight.py): {', '.join(VARIANTS)}; "
+        "q60/q35: the device lowered to that quantile of the table's peaks",
+    )
     ap.add_argument("--strategies", default=",".join([*STRATEGIES, *EXTRA]), help="comma-separated subset")
     ap.add_argument("--json", type=Path, help="write all numbers here")
+    ap.add_argument("--matrix", type=Path, help="write the table x variant x strategy summary (markdown) here")
     ap.add_argument(
         "--truth",
         choices=("median", "max", "min"),
@@ -215,23 +264,44 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     known = {**STRATEGIES, **EXTRA}
-    chosen = {n: known[n] for n in args.strategies.split(",")}
+    try:
+        chosen = {n: known[n] for n in args.strategies.split(",")}
+        variants = args.variants.split(",")
+        unknown = [v for v in variants if v not in VARIANTS]
+        if unknown:
+            raise KeyError(unknown[0])
+        heldout = None
+        if args.heldout:
+            first, _, count = args.heldout.partition(":")
+            heldout = list(range(int(first), int(first) + int(count)))
+    except (KeyError, ValueError) as exc:
+        print(f"error: unknown strategy or variant, or --heldout not FIRST:COUNT ({exc})", file=sys.stderr)
+        return 2
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     everything: dict[str, Any] = {}
     for path in args.tables:
-        table = Table.load(path, truth=args.truth)
-        info = {**describe_table(table), "truth": args.truth}
-        results = replay(table, chosen, list(range(args.first_seed, args.first_seed + args.seeds)))
-        everything[table.name] = {
-            "table": info,
-            "results": results,
-            "estimator": estimator_error(table),
-            "frontier": frontier_soundness(table),
-        }
-        print(markdown(table.name, info, results))
-        print(f"\nestimator (uncalibrated) vs measured peaks: {everything[table.name]['estimator']}")
-        print(f"frontier soundness on the table: {everything[table.name]['frontier']}\n", flush=True)
+        recorded = Table.load(path, truth=args.truth)
+        for var in variants:
+            table = variant(recorded, var, truth=args.truth)
+            info = {**describe_table(table), "truth": args.truth, "name": table.name, "variant": var}
+            results = replay(table, chosen, seeds)
+            everything[table.name] = {
+                "table": info,
+                "results": results,
+                "estimator": estimator_error(table),
+                "frontier": frontier_soundness(table),
+            }
+            if heldout:
+                everything[table.name]["heldout"] = replay(table, chosen, heldout)
+            print(markdown(table.name, info, results))
+            print(f"\nestimator (uncalibrated) vs measured peaks: {everything[table.name]['estimator']}")
+            print(f"frontier soundness on the table: {everything[table.name]['frontier']}\n", flush=True)
     if args.json:
         args.json.write_text(json.dumps(everything, indent=1, default=str))
+    if args.matrix:
+        args.matrix.write_text(matrix(everything, heldout is not None) + "\n")
+    if len(variants) > 1 or heldout:
+        print(matrix(everything, heldout is not None))
     return 0
 
 

@@ -50,9 +50,13 @@ class Table:
     def load(cls, path: str | Path, truth: str = "median") -> Table:
         """``truth``: how a config's repeats become its true objective: "median", "max" (the uncontended speed: on a
         shared machine load only slows a probe down, the reasoning behind timeit's "use the min time") or "min"."""
+        return cls.from_raw(json.loads(Path(path).read_text()), Path(path).stem, truth)
+
+    @classmethod
+    def from_raw(cls, raw: dict[str, Any], name: str, truth: str = "median") -> Table:
+        """A table from its recorded JSON (``load``), or from one derived from it (benchmarks.tight)."""
         picks: dict[str, Callable[[list[float]], float]] = {"median": statistics.median, "max": max, "min": min}
         pick = picks[truth]
-        raw = json.loads(Path(path).read_text())
         space = _recorded_space(raw)
         objective = Objective(kind="retained_tokens_per_s" if len(space.max_length) > 1 else "samples_per_s")
         entries: dict[str, Entry] = {}
@@ -82,7 +86,7 @@ class Table:
                 statistics.fmean(float(r["probe_seconds"]) for r in reps),
             )
             order.append(key)
-        return cls(Path(path).stem, raw, space, objective, entries, order)
+        return cls(name, raw, space, objective, entries, order)
 
     @property
     def model(self) -> ModelSpec:
