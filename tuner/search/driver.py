@@ -43,7 +43,7 @@ from tuner.search.rows import Fidelity, ProbeRow
 from tuner.search.sampling import make_sampler
 from tuner.search.selection import Candidate, best_stable
 from tuner.search.strategy import Outcome, Proposal, SearchSetup, Strategy
-from tuner.search.study import retell
+from tuner.search.study import retell, tell_skipped
 from tuner.settings import load_settings
 from tuner.storage import Store, optuna_storage
 from tuner.storage.faults import StorageStopped, first_line, is_connection_loss
@@ -428,10 +428,14 @@ class Search:
         if done:
             self.strategy.observe_row(proposal, done[-1])
             return
-        self.strategy.abandon(proposal, "being probed by another worker")
-        if proposal.fidelity == Fidelity.BASELINE:  # explore meanwhile; its row arrives with the next sync
+        cause = "being probed by another worker"
+        if proposal.fidelity == Fidelity.BASELINE and proposal.trial is not None:
+            # explore meanwhile (its short probe too: only the baseline fidelity is taken); the row arrives by sync
+            tell_skipped(self.study, proposal.trial, cause)
             self.strategy.baseline_deferred = True
             self._deferred_baseline = proposal.config_key
+        else:
+            self.strategy.abandon(proposal, cause)
         self._lost_in_a_row += 1
         if self._lost_in_a_row > 1:
             delay = min(LOST_CLAIM_BACKOFF_S * 2 ** (self._lost_in_a_row - 2), LOST_CLAIM_MAX_S, self.deadline.left)
