@@ -404,3 +404,56 @@ def test_the_real_executable_agrees(argv: list[str], world: dict[str, Any], tmp_
     )
     assert done.returncode == 2
     _one_error_line(done.stderr)
+
+
+# -- resuming a study with options that contradict it (issue 13, point 11) -------------------------------------------
+RESUME_CASES = [
+    ("headroom", ["--headroom", "0.5"], r"different headroom \(0\.9\).*--study"),
+    ("baseline", ["--baseline", "{tmp}/resume-baseline.json"], r"different baseline \(None\).*--study"),
+    ("world-size", ["--world-size", "2"], r"different world_size \(1\).*--study"),
+]
+
+
+@pytest.mark.parametrize("option,argv,expect", RESUME_CASES, ids=[c[0] for c in RESUME_CASES])
+def test_resume_with_a_contradicting_option_names_the_field(
+    option: str,
+    argv: list[str],
+    expect: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tuner.cli.search import build_request, resolve
+    from tuner.storage.store import Store
+
+    db = tmp_path / "resume.db"
+    url = f"sqlite:///{db}"
+    (tmp_path / "resume-baseline.json").write_text(
+        json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}})
+    )
+    common = {"model": "builtin:tiny-t5", "space_file": None, "storage": url, "study": "kept", "world_size": None}
+    request, explicit = build_request(
+        budget="1m",
+        **common,
+        device_memory=None,
+        headroom=0.9,
+        global_batch=None,
+        n_trials=None,
+        baseline=None,
+        lengths=None,
+        finalists=0,
+        seed=None,
+    )
+    assert resolve(request, explicit, Store(url))[1] is False  # created
+    before = _snapshot(db)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "400")
+    filled = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    monkeypatch.setattr(
+        sys, "argv", ["tuner", "search", "--budget", "1m", "--study", "kept", "--storage", url, *filled]
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        tuner_main()
+    line = _one_error_line(capsys.readouterr().err)
+    assert exit_info.value.code == 2 and re.search(expect, line), line
+    assert _snapshot(db) == before

@@ -148,6 +148,8 @@ def prepare_request(
             "device_memory": device_memory is not None,
             "objective": lengths is not None,
             "job": baseline is not None or (job_flags is not None and job_flags != JobFlags()),
+            "headroom": headroom != DEFAULT_HEADROOM,
+            "baseline": baseline is not None,
         }.items()
         if given
     }
@@ -157,9 +159,8 @@ def prepare_request(
 def resolve(request: SearchRequest, explicit: set[str], store: Store) -> tuple[SearchRequest, bool]:
     """Creates the study definition, or resumes an existing one with its stored definition."""
     wanted = request.definition()
-    stored = store.study_definition(request.study_name)
-    if stored is None:
-        store.ensure_study(request.study_name, wanted)
+    stored, created = store.create_study(request.study_name, wanted)
+    if created:
         return request, False
     check_resume(request.study_name, stored, wanted, explicit)
     return request_from_definition(request, stored), True

@@ -14,6 +14,7 @@ Probes use a small space (torch engine, short sequences) so each takes seconds o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import select
@@ -458,3 +459,141 @@ def test_sqlite_search_writes_while_api_reads(tmp_path: Path) -> None:
     assert statuses.get(200, 0) > 10, statuses
     final = client.get("/studies/live/trials?limit=50").json()
     assert final["total"] >= 1
+
+
+# -- writes that fail while reads work (issue 13, points 1 and 2) ----------------------------------------------------
+def journal_entries(db: Path) -> list[dict[str, Any]]:
+    """The unstored rows in the search's journal (tuner.storage.journal), beside the SQLite file."""
+    folder = db.with_name(db.name + ".journal.d")
+    if not folder.is_dir():
+        return []
+    out = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return out
+
+
+def one_error_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: "), err[-3000:]
+    return lines[0]
+
+
+def measured_trials_without_rows(db: Path) -> list[int]:
+    """Finished Optuna trials that ran a probe (not reused, not inferred, not skipped) but have no probe row."""
+    told = rows(
+        db,
+        "SELECT t.number FROM trials t WHERE t.state IN ('COMPLETE','PRUNED') AND NOT EXISTS (SELECT 1 FROM "
+        "trial_user_attributes ua WHERE ua.trial_id = t.trial_id AND ua.key = 'reused_from') AND NOT EXISTS (SELECT 1 "
+        "FROM trial_user_attributes ua WHERE ua.trial_id = t.trial_id AND ua.key = 'status' AND ua.value_json LIKE "
+        "'%inferred%')",
+    )
+    stored = {n for (n,) in rows(db, "SELECT trial_number FROM tuner_probes WHERE trial_number IS NOT NULL")}
+    return [n for (n,) in told if n not in stored]
+
+
+def test_probe_rows_refused_mid_search_stop_it_and_the_journal_keeps_them(tmp_path: Path) -> None:
+    """A trigger refuses every probe-row INSERT once a probe is stored (as a full disk or a read-only standby would,
+    while reads still work): the search stops on one line with a non-zero exit instead of probing on and reporting
+    success; the refused measurement is in the journal, and the re-run stores it: 0 measurements lost."""
+    db = tmp_path / "refused.db"
+    url = f"sqlite:///{db}"
+    marker = f"refuse-{os.getpid()}-{time.monotonic_ns()}"
+    proc = start_search(tmp_path, url, "r", marker, "--budget", "20m", "--n-trials", "4")
+    try:
+        wait_for("a stored probe", lambda: finished_probes(db) >= 1)
+        with sqlite3.connect(db, timeout=60) as conn:
+            conn.execute(
+                "CREATE TRIGGER refuse_probes BEFORE INSERT ON tuner_probes "
+                "BEGIN SELECT RAISE(ABORT, 'database or disk is full (injected)'); END"
+            )
+        stored_before = rows(db, "SELECT id, trial_number, status, objective FROM tuner_probes ORDER BY id")
+        code = proc.wait(timeout=LONG_WAIT_S)
+    finally:
+        stop_group(proc)
+    line = one_error_line((tmp_path / "search.err").read_text())
+    assert code == 2, code
+    assert "disk is full (injected)" in line and "re-run" in line, line
+    pending = journal_entries(db)
+    assert len(pending) == 1, pending  # the search stopped at the first refused row instead of probing on
+    assert rows(db, "SELECT status FROM tuner_search_runs") == [("failed",)]
+    assert not probe_ranks(marker)
+
+    with sqlite3.connect(db, timeout=60) as conn:
+        conn.execute("DROP TRIGGER refuse_probes")
+    again = start_search(tmp_path, url, "r", marker, "--budget", "20m", "--n-trials", "4", log="resume")
+    try:
+        assert again.wait(timeout=LONG_WAIT_S) == 0, (tmp_path / "resume.err").read_text()[-3000:]
+    finally:
+        stop_group(again)
+    after = rows(db, "SELECT id, trial_number, status, objective FROM tuner_probes ORDER BY id")
+    assert after[: len(stored_before)] == stored_before
+    uid = pending[0]["uid"]
+    replayed = rows(db, f"SELECT trial_number, status FROM tuner_probes WHERE record_uid = '{uid}'")
+    assert replayed == [(pending[0]["record"]["trial_number"], pending[0]["record"]["status"])]
+    number = pending[0]["record"]["trial_number"]
+    assert dict(rows(db, "SELECT number, state FROM trials"))[number] in ("COMPLETE", "PRUNED")  # told from the row
+    assert journal_entries(db) == []
+    assert measured_trials_without_rows(db) == []
+
+
+def test_a_missing_table_stops_the_search_instead_of_retrying_past_the_budget(tmp_path: Path) -> None:
+    """A storage error no wait cures (here our claims table gone, every claim INSERT failing while SELECT 1 works):
+    one line and exit 2, not an outage loop that never ends."""
+    db = tmp_path / "dropped.db"
+    url = f"sqlite:///{db}"
+    marker = f"drop-{os.getpid()}-{time.monotonic_ns()}"
+    proc = start_search(tmp_path, url, "d", marker, "--budget", "20m", "--n-trials", "4")
+    try:
+        wait_for("a stored probe", lambda: finished_probes(db) >= 1)
+        with sqlite3.connect(db, timeout=60) as conn:
+            conn.execute("DROP TABLE tuner_claims")
+        code = proc.wait(timeout=LONG_WAIT_S / 2)
+    finally:
+        stop_group(proc)
+    line = one_error_line((tmp_path / "search.err").read_text())
+    assert code == 2 and "no such table" in line, (code, line)
+    assert measured_trials_without_rows(db) == [] and journal_entries(db) == []
+
+
+def test_kill_9_while_a_finished_probe_waits_for_the_database_loses_nothing(tmp_path: Path) -> None:
+    """The database takes no writes (another process holds SQLite's write lock) when a probe finishes: its row waits
+    in the journal; kill -9 of the search at that instant, and the re-run stores the row and tells its trial."""
+    db = tmp_path / "blip.db"
+    url = f"sqlite:///{db}"
+    marker = f"blip-{os.getpid()}-{time.monotonic_ns()}"
+    proc = start_search(tmp_path, url, "b", marker, "--budget", "20m", "--n-trials", "3")
+    lock = sqlite3.connect(db, timeout=60, isolation_level=None)
+    pending: list[dict[str, Any]] = []
+    try:
+        wait_for("a stored probe", lambda: finished_probes(db) >= 1)
+        for _attempt in range(3):  # the lock must be taken while a probe runs, not while the worker asks for one
+            wait_for("a running probe rank", lambda: probe_ranks(marker), every=0.02)
+            lock.execute("BEGIN EXCLUSIVE")  # no writer gets in until we let go (readers do: WAL)
+            stored_before = rows(db, "SELECT id, trial_number, status, objective FROM tuner_probes ORDER BY id")
+            with contextlib.suppress(AssertionError):
+                pending = wait_for("a finished probe waiting in the journal", lambda: journal_entries(db), 150)
+            if pending:
+                break
+            lock.execute("ROLLBACK")
+        assert pending, "no finished probe ever waited in the journal"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if lock.in_transaction:
+            lock.execute("ROLLBACK")
+        lock.close()
+        stop_group(proc)
+    assert rows(db, "SELECT id, trial_number, status, objective FROM tuner_probes ORDER BY id") == stored_before
+    again = start_search(tmp_path, url, "b", marker, "--budget", "20m", "--n-trials", "3", log="resume")
+    try:
+        assert again.wait(timeout=LONG_WAIT_S) == 0, (tmp_path / "resume.err").read_text()[-3000:]
+    finally:
+        stop_group(again)
+    number = pending[0]["record"]["trial_number"]
+    assert rows(db, f"SELECT trial_number FROM tuner_probes WHERE record_uid = '{pending[0]['uid']}'") == [(number,)]
+    assert dict(rows(db, "SELECT number, state FROM trials"))[number] in ("COMPLETE", "PRUNED")
+    assert journal_entries(db) == [] and measured_trials_without_rows(db) == []
+    assert not probe_ranks(marker)

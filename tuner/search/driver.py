@@ -1,17 +1,25 @@
 """The search driver: runs the strategy's proposals as real probes inside a wall-clock budget, on the database.
 
 Everything with a side effect lives here: the Optuna RDB study, the project's tables (study definition, search run,
-claims, probe rows), the probe runner and the trial heartbeat. The decisions are tuner.search.strategy's.
+claims, probe rows), the local journal of unstored rows, the probe runner and the trial heartbeat. The decisions are
+tuner.search.strategy's.
+
+A finished probe's row goes to the journal (tuner.storage.journal), then to the database, and only then is Optuna
+told: a kill -9 or an outage at any instant loses no finished measurement (the next run on this host replays the
+journal, and a trial left RUNNING with its row stored is told from the row). Storage errors: a lost connection is
+waited for (STORAGE_PATIENCE_S, or the budget left, on one clock per outage), anything else stops the search on one
+line (tuner.storage.faults).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
+import json
 import os
 import socket
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,17 +43,35 @@ from tuner.search.rows import Fidelity, ProbeRow
 from tuner.search.sampling import make_sampler
 from tuner.search.selection import Candidate, best_stable
 from tuner.search.strategy import Outcome, Proposal, SearchSetup, Strategy
+from tuner.search.study import retell, tell_skipped
+from tuner.settings import load_settings
 from tuner.storage import Store, optuna_storage
+from tuner.storage.faults import StorageStopped, first_line, is_connection_loss
+from tuner.storage.journal import Entry, Journal, journal_dir, journals, read_entries, safe_part, write_entries
 from tuner.units import Deadline
 
-__all__ = ["Listener", "Search", "SearchSummary", "open_study", "reap_dead_local_workers", "worker_name"]
+__all__ = [
+    "Listener",
+    "Search",
+    "SearchSummary",
+    "open_study",
+    "reap_dead_local_workers",
+    "replay_journals",
+    "worker_name",
+]
 
 Probe = Callable[[ProbeConfig], ProbeResult]
 HEARTBEAT_S = 10.0
 # we keep trials alive with our own heartbeat thread (ask/tell has none): optuna's reminder does not apply
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-# the database went away (restart, network): retried with backoff this long before the search stops on one line
+# the database went away (restart, network): retried with backoff this long (or the budget left, if shorter) before
+# the search stops on one line
 STORAGE_PATIENCE_S = 600.0
+MAX_BACKOFF_S = 30.0
+# another worker holds the claim of what this one proposed: the next proposal waits this long, doubling per claim lost
+# in a row (up to LOST_CLAIM_MAX_S), so workers racing for one config (the baseline) do not spin creating trials
+LOST_CLAIM_BACKOFF_S = 0.5
+LOST_CLAIM_MAX_S = 10.0
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (
     OperationalError,
     DBAPIError,
@@ -82,6 +108,11 @@ class SearchSummary:
     trials: int
 
 
+def _json_record(row: ProbeRow) -> dict[str, Any]:
+    """The row's columns as the journal keeps them (ProbeRow.from_record reads them back)."""
+    return json.loads(json.dumps(row.to_record(), default=str))
+
+
 class _Heartbeat:
     """Keeps the running Optuna trial and our search run alive in the database while a probe runs."""
 
@@ -112,21 +143,65 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def open_study(name: str, url: str, seed: int | None) -> optuna.Study:
+def open_study(name: str, url: str, seed: int | None, *, fail_stale: bool = True) -> optuna.Study:
     with warnings.catch_warnings():  # heartbeats and fail_stale_trials are "experimental" in optuna 5
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = optuna_storage(url)
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", sampler=make_sampler(seed), load_if_exists=True
         )
-        optuna.storages.fail_stale_trials(study)  # RUNNING trials of a killed worker become FAIL
+        if fail_stale:
+            fail_stale_trials(study)
     return study
 
 
-def reap_dead_local_workers(store: Store, study: optuna.Study, me: str) -> list[str]:
+def fail_stale_trials(study: optuna.Study) -> None:
+    """RUNNING trials whose heartbeat stopped (a killed worker's) become FAIL."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def _tell_from_row(study: optuna.Study, number: int, row: ProbeRow, headroom: float) -> bool:
+    """Tells the RUNNING trial ``number`` what its stored row measured (its worker died between storing the row and
+    telling Optuna). False when the trial is not running (already told, or failed as stale)."""
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    match = [t for t in running if t.number == number]
+    if not match:
+        return False
+    retell(study, optuna.trial.Trial(study, match[0]._trial_id), row, headroom)
+    return True
+
+
+def _stored_rows_by_trial(store: Store, name: str) -> dict[int, ProbeRow]:
+    return {r.trial_number: r for r in store.probes(name) if r.trial_number is not None and r.measured}
+
+
+def replay_journals(store: Store, study: optuna.Study, folder: Any, me: str, headroom: float) -> int:
+    """Stores the rows the journals of this host's gone workers (and this worker's) still hold for the study, and
+    tells their trials still RUNNING; returns the rows stored now. Idempotent: a row already stored is skipped."""
+    host = safe_part(socket.gethostname())
+    name = study.study_name
+    stored = 0
+    for path, w_host, pid in journals(folder, name):
+        if w_host != host or (pid is not None and pid != os.getpid() and pid_alive(pid)):
+            continue  # another host's journal, or a live worker's: it stores its own rows
+        entries = read_entries(path)
+        for entry in entries:
+            row = ProbeRow.from_record(entry.record)
+            before = store.probe_id(entry.uid)
+            store.record_probe(row, entry.uid)
+            stored += before is None
+            if row.trial_number is not None and row.measured:
+                _tell_from_row(study, row.trial_number, row, headroom)
+        write_entries(path, [])
+    return stored
+
+
+def reap_dead_local_workers(store: Store, study: optuna.Study, me: str, headroom: float = 1.0) -> list[str]:
     """Closes the runs of workers on this host whose process is gone (kill -9, the OOM killer) now, instead of after
-    the heartbeat grace period: each RUNNING trial they claimed fails with the cause, their claims are released.
-    Returns the causes recorded."""
+    the heartbeat grace period: each RUNNING trial they claimed is told from its stored row where the worker died
+    after storing it, else fails with the cause; their claims are released. Returns the causes recorded."""
     host = socket.gethostname()
     name = study.study_name
     causes: list[str] = []
@@ -142,14 +217,18 @@ def reap_dead_local_workers(store: Store, study: optuna.Study, me: str) -> list[
         mine = {c["trial_number"] for c in claimed} | {
             n for n, t in running.items() if t.user_attrs.get("worker") == worker
         }
+        rows = _stored_rows_by_trial(store, name)
         for number in sorted(n for n in mine if n in running):
             trial = running[number]
+            if number in rows:  # it died after storing the row, before telling Optuna: the measurement stands
+                _tell_from_row(study, number, rows[number], headroom)
+                continue
             study._storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
             study._storage.set_trial_user_attr(trial._trial_id, "cause", cause)
             study.tell(trial.number, state=TrialState.FAIL)
             causes.append(f"trial {trial.number}: {cause}")
         for claim in claimed:
-            store.release_claim(name, claim["config_key"], claim["fidelity"])
+            store.release_claim(name, claim["config_key"], claim["fidelity"], worker)
         store.finish_run(int(run["id"]), "interrupted", cause)
     return causes
 
@@ -163,18 +242,29 @@ class Search:
         listener: Listener | None = None,
         estimator: EstimatorLike | None = None,
         clock: Callable[[], float] = time.monotonic,
+        journal_folder: Any = None,
     ) -> None:
         self.request = request
         self.probe = probe
         self.listener = listener
         self.deadline = Deadline(request.budget_s, clock=clock)
         self.store = Store(request.storage)
-        self.study = open_study(request.study_name, request.storage, request.seed)
+        self.study = open_study(request.study_name, request.storage, request.seed, fail_stale=False)
         self.worker = worker_name()
-        self.reaped = reap_dead_local_workers(self.store, self.study, self.worker)
+        folder = journal_folder or journal_dir(request.storage, load_settings().cache_dir)
+        self.journal = Journal(folder, request.study_name, self.worker)
+        # the order matters: a gone worker's journaled rows are stored and told first, then its other trials fail
+        self.replayed = replay_journals(self.store, self.study, folder, self.worker, request.headroom)
+        self.reaped = reap_dead_local_workers(self.store, self.study, self.worker, request.headroom)
+        fail_stale_trials(self.study)
         self.strategy = Strategy(self.study, SearchSetup.of(request), estimator=estimator, worker=self.worker)
         self.probes_run = 0
         self.probe_seconds = 0.0
+        self._outage_since: float | None = None  # when the current storage outage began (monotonic)
+        self._delay = 1.0
+        self._lost_in_a_row = 0
+        self._deferred_baseline: str | None = None  # the baseline's config key while another worker probes it
+        self._untold: tuple[optuna.trial.Trial, ProbeRow] | None = None  # stored, Optuna not told yet
 
     def attach_estimator(self, estimator: Estimator | None) -> None:
         """Adds the memory estimate, and with it the ZeRO stage order the frontier may use."""
@@ -185,12 +275,40 @@ class Search:
 
     def _sync(self) -> None:
         self.strategy.load_rows(self._rows())
+        if self._deferred_baseline is not None and self.strategy.baseline_deferred:
+            owner = self.store.claim_owner(self.request.study_name, self._deferred_baseline, Fidelity.BASELINE.value)
+            if owner is None or self._stale(owner):  # its worker died before storing it: propose it again
+                self.strategy.baseline_deferred = False
+                self._deferred_baseline = None
 
     def _rows(self) -> list[ProbeRow]:
         return self.store.probes(self.request.study_name)
 
-    def _record(self, row: ProbeRow, run_id: int) -> None:
-        self.store.record_probe(dataclasses.replace(row, study_name=self.request.study_name, run_id=run_id))
+    def _record(self, row: ProbeRow, run_id: int) -> ProbeRow:
+        """Keeps ``row``: journaled (durable on this host), then stored, waiting out a lost connection; a storage
+        that refuses it stops the search (the journal keeps the row for the next run)."""
+        full = dataclasses.replace(row, study_name=self.request.study_name, run_id=run_id)
+        entry = Entry(uid=str(uuid.uuid4()), record=_json_record(full))
+        try:
+            self.journal.add(entry)
+            journaled = True
+        except OSError as err:  # the database may still take it: better stored without a local copy than not at all
+            journaled = False
+            if self.listener:
+                self.listener.note(f"cannot write the journal {self.journal.path} ({err.strerror}); storing directly")
+        self._durably(lambda: self.store.record_probe(full, entry.uid))
+        if journaled:
+            self.journal.done(entry.uid)
+        self._outage_since = None
+        return full
+
+    def _durably(self, write: Callable[[], object]) -> None:
+        while True:
+            try:
+                write()
+                return
+            except STORAGE_ERRORS as err:
+                self._outage(err)
 
     def run(self) -> SearchSummary:
         name = self.request.study_name
@@ -212,36 +330,46 @@ class Search:
         return self.summary(run_id, reason)
 
     def _loop_through_outages(self, run_id: int) -> str:
-        """Runs the loop; when the database goes away, waits for it with backoff (finished probes are committed, the
-        loop re-reads them) and goes on, or stops with one clear line after STORAGE_PATIENCE_S."""
+        """Runs the loop; when the connection to the database is lost, waits for a write (the run's heartbeat) to
+        succeed again and goes on (finished probes are stored or journaled, the loop re-reads them), or stops with
+        one clear line once the outage outlasts STORAGE_PATIENCE_S or the budget. Any other storage error stops the
+        search at once (tuner.storage.faults)."""
         while True:
             try:
+                if self._untold is not None:  # an outage hit between storing a row and telling Optuna
+                    trial, row = self._untold
+                    retell(self.study, trial, row, self.request.headroom)
+                    self._untold = None
                 return self._loop(run_id)
+            except StorageStopped:
+                raise
             except STORAGE_ERRORS as err:
-                self._wait_for_storage(err)
+                self._outage(err)
+                self._durably(lambda: self.store.heartbeat(run_id))
 
-    def _wait_for_storage(self, err: BaseException) -> None:
-        root: BaseException = err
-        while (inner := getattr(root, "orig", None) or root.__cause__) is not None:  # optuna wraps the driver's error
-            root = inner
-        first = (str(root).strip().splitlines() or [type(root).__name__])[0]
-        if self.listener:
-            self.listener.note(f"storage unreachable ({first[:120]}); retrying with backoff")
-        start, delay = time.monotonic(), 1.0
-        while True:
-            time.sleep(delay)
-            try:
-                with self.store.engine.connect() as conn:
-                    conn.exec_driver_sql("SELECT 1")
-                return
-            except STORAGE_ERRORS:
-                pass
-            if time.monotonic() - start > min(STORAGE_PATIENCE_S, max(self.deadline.left, 0.0)):
-                raise StorageError(
-                    f"storage unreachable for {time.monotonic() - start:.0f} s ({first[:160]}); every finished probe "
-                    "is stored: re-run the same command to resume"
-                ) from None
-            delay = min(delay * 2, 30.0)
+    def _outage(self, err: BaseException) -> None:
+        """Decides on a storage error: raises StorageError (one line) unless it is a lost connection within patience,
+        in which case it waits one backoff step."""
+        what = first_line(err)[:160]
+        kept = f"finished probes are stored or kept in {self.journal.path.parent}"
+        if not is_connection_loss(err):
+            raise StorageStopped(
+                f"storage refused the search's read or write ({what}); {kept}: fix the database (space, permissions, "
+                "a writable primary) and re-run the same command to resume"
+            ) from None
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since, self._delay = now, 1.0
+            if self.listener:
+                self.listener.note(f"storage unreachable ({what[:120]}); retrying with backoff")
+        waited = now - self._outage_since
+        patience = min(STORAGE_PATIENCE_S, max(self.deadline.left, 0.0))
+        if waited >= patience:
+            raise StorageStopped(
+                f"storage unreachable for {waited:.0f} s ({what}); {kept}: re-run the same command to resume"
+            ) from None
+        time.sleep(min(self._delay, patience - waited))
+        self._delay = min(self._delay * 2, MAX_BACKOFF_S)
 
     def _loop(self, run_id: int) -> str:
         while True:
@@ -257,28 +385,33 @@ class Search:
             if not self._claim(proposal):
                 self._lost_claim(proposal)
                 continue
+            self._lost_in_a_row = 0
             self._run_one(proposal, run_id)
+            self._outage_since = None
 
     def _claim(self, proposal: Proposal) -> bool:
         name = self.request.study_name
-        args = (name, proposal.config_key, proposal.fidelity, proposal.trial_number, self.worker)
-        if self.store.claim(*args):
-            return True
-        owner = self.store.claim_owner(name, proposal.config_key, proposal.fidelity)
-        if owner is None or not self._stale(owner):
+        key, fidelity = proposal.config_key, proposal.fidelity.value
+        if self.store.claim(name, key, fidelity, proposal.trial_number, self.worker):
+            return True  # new, or already this worker's own
+        owner = self.store.claim_owner(name, key, fidelity)
+        if owner is None:  # released between the two reads
+            return self.store.claim(name, key, fidelity, proposal.trial_number, self.worker)
+        if not self._stale(owner):
             return False
         # the owner is gone; it stores a probe's row before its run ends or its heartbeat stops, so the storage read
         # after the liveness check tells a finished probe (reuse it) from one it died in (take the claim over)
-        stored = self.store.probes(name, fidelity=proposal.fidelity.value)
-        if any(r.config_key == proposal.config_key for r in stored):
+        stored = self.store.probes(name, fidelity=fidelity)
+        if any(r.config_key == key for r in stored):
             return False
-        self.store.release_claim(name, proposal.config_key, proposal.fidelity)
-        return self.store.claim(*args)
+        # compare-and-swap: of the workers taking over at once, only the one whose UPDATE still found the gone owner
+        return self.store.take_over_claim(name, key, fidelity, owner, self.worker, proposal.trial_number)
 
     def _stale(self, owner: str) -> bool:
-        """The claim's worker is gone (tuner.search.liveness: not running, or no heartbeat for STALE_AFTER_S)."""
+        """The claim's worker is gone (tuner.search.liveness: not running, or no heartbeat for STALE_AFTER_S), on
+        the database's clock: the hosts' wall clocks need not agree."""
         runs = [r for r in self.store.runs(self.request.study_name) if r["worker"] == owner]
-        return not runs or not run_is_live(runs[-1], dt.datetime.now(dt.timezone.utc))
+        return not runs or not run_is_live(runs[-1], self.store.db_now())
 
     def _why_stopped(self) -> str:
         s = self.strategy
@@ -294,8 +427,19 @@ class Search:
         done = [r for r in self._rows() if r.config_key == proposal.config_key and r.fidelity == proposal.fidelity]
         if done:
             self.strategy.observe_row(proposal, done[-1])
+            return
+        cause = "being probed by another worker"
+        if proposal.fidelity == Fidelity.BASELINE and proposal.trial is not None:
+            # explore meanwhile (its short probe too: only the baseline fidelity is taken); the row arrives by sync
+            tell_skipped(self.study, proposal.trial, cause)
+            self.strategy.baseline_deferred = True
+            self._deferred_baseline = proposal.config_key
         else:
-            self.strategy.abandon(proposal, "being probed by another worker")
+            self.strategy.abandon(proposal, cause)
+        self._lost_in_a_row += 1
+        if self._lost_in_a_row > 1:
+            delay = min(LOST_CLAIM_BACKOFF_S * 2 ** (self._lost_in_a_row - 2), LOST_CLAIM_MAX_S, self.deadline.left)
+            time.sleep(max(delay, 0.0))
 
     def _run_one(self, proposal: Proposal, run_id: int) -> None:
         if self.listener:
@@ -309,12 +453,18 @@ class Search:
             if proposal.trial is not None:
                 proposal.trial.set_user_attr("status", "interrupted")
                 self.study.tell(proposal.trial, state=TrialState.FAIL)
-            self.store.release_claim(self.request.study_name, proposal.config_key, proposal.fidelity)
+            self.store.release_claim(self.request.study_name, proposal.config_key, proposal.fidelity, self.worker)
             raise
         self.probes_run += 1
         self.probe_seconds += result.wall_s
-        outcome = self.strategy.observe(proposal, result)
-        self._record(outcome.row, run_id)
+
+        def record(row: ProbeRow) -> None:  # before Optuna is told (strategy.observe)
+            stored = self._record(row, run_id)
+            if proposal.trial is not None:
+                self._untold = (proposal.trial, stored)
+
+        outcome = self.strategy.observe(proposal, result, record=record)
+        self._untold = None
         self.store.heartbeat(run_id)
         if self.listener:
             self.listener.finished(proposal, outcome)

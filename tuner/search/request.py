@@ -157,16 +157,21 @@ def build_request(
 
 #: definition keys a resumed study must agree on: they decide which configs exist and what they measure
 ESSENTIAL = ("model", "job", "space", "world_size", "global_batch", "device_memory", "objective")
+#: an option that sets several stored fields: each must agree
+FIELDS_OF = {"baseline": ("baseline", "baseline_source", "baseline_files")}
 
 
 def check_resume(name: str, stored: dict[str, Any], wanted: dict[str, Any], explicit: set[str]) -> None:
-    """A re-run of an existing study keeps its definition; an option the user set that contradicts it is an error."""
-    for key in ESSENTIAL:
-        if key in explicit and stored.get(key) != wanted.get(key):
-            raise ConfigError(
-                f"study {name!r} was created with a different {key} ({_short(stored.get(key))}); drop the option to "
-                f"resume it, or pick a new --study name"
-            )
+    """A re-run of an existing study keeps its definition; an option the user set (``explicit``: any definition
+    field, e.g. headroom or baseline, not only the ESSENTIAL ones) that contradicts the stored field is an error
+    naming the field. Also for a worker that lost the race to create the study: it compares with the winner's."""
+    for option in sorted(explicit):
+        for key in FIELDS_OF.get(option, (option,)):
+            if key in wanted and stored.get(key) != wanted.get(key):
+                raise ConfigError(
+                    f"study {name!r} was created with a different {key} ({_short(stored.get(key))}); drop the "
+                    f"option to resume it, or pick a new --study name"
+                )
 
 
 def _short(value: Any) -> str:

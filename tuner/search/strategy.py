@@ -18,12 +18,12 @@ lookup and a simulated clock. The phases:
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import TrialState, create_trial
 
 from trials.contract import JobSettings, Knobs, ModelSpec, ProbeConfig, ProbeResult
 from tuner.job.batching import accumulation_steps
@@ -142,6 +142,7 @@ class Strategy:
         self.exhausted = False  # nothing left to explore (space exhausted, or converged)
         self.converged = False  # the guide expects no unprobed config to beat the best (Schedule.min_expected_gain)
         self._opened = False  # the opening proposer is done
+        self.baseline_deferred = False  # another live worker is probing the baseline (tuner.search.driver)
         self._claimed_confirm: set[str] = set()
 
     # -- state -------------------------------------------------------------------------------------------------------
@@ -221,7 +222,11 @@ class Strategy:
         )
 
     def _baseline_pending(self) -> bool:
-        return self.setup.baseline is not None and not self.evidence.has_fidelity(Fidelity.BASELINE)
+        return (
+            self.setup.baseline is not None
+            and not self.baseline_deferred
+            and not self.evidence.has_fidelity(Fidelity.BASELINE)
+        )
 
     def _explore_done(self, seconds_left: float | None) -> bool:
         if self.exhausted or (self.setup.n_trials is not None and self.explored >= self.setup.n_trials):
@@ -235,11 +240,23 @@ class Strategy:
         reserve = min(waiting, int(seconds_left // confirm_s)) * confirm_s if confirm_s > 0 else 0.0
         return seconds_left - reserve < budgeted_seconds(self.rows, self.schedule, Fidelity.SHORT, seconds_left)
 
-    def _ask(self) -> optuna.trial.Trial:
-        trial = self.study.ask()
-        if self.worker is not None:
-            trial.set_user_attr("worker", self.worker)
-        return trial
+    def _ask(self, fixed: dict[str, Any] | None = None) -> optuna.trial.Trial:
+        """A new RUNNING trial of this worker; with ``fixed`` params, created with them in one INSERT. Not through
+        Optuna's enqueue + ask: its WAITING queue is shared by every worker of the study, so another worker's ask
+        could pop the config this one chose (and this one get the other's)."""
+        if fixed is None:
+            trial = self.study.ask()
+            if self.worker is not None:
+                trial.set_user_attr("worker", self.worker)
+            return trial
+        template = create_trial(
+            state=TrialState.RUNNING,
+            system_attrs={"fixed_params": fixed},
+            user_attrs={"worker": self.worker} if self.worker is not None else {},
+        )
+        trial_id = self.study._storage.create_new_trial(self.study._study_id, template_trial=template)
+        self.study._thread_local.cached_all_trials = None  # as Study.ask: the next read sees the new trial
+        return optuna.trial.Trial(self.study, trial_id)
 
     def _ask_baseline(self, seconds_left: float | None) -> Proposal:
         baseline = self.setup.baseline
@@ -282,11 +299,9 @@ class Strategy:
             knobs = self._propose_knobs(stuck)
             if self.exhausted:
                 return None
-            if knobs is not None:
-                self.study.enqueue_trial(fixed_params(knobs), skip_if_exists=False)
-                if stuck >= self.schedule.stuck_asks:
-                    stuck = 0
-            trial, knobs, key = self._ask_short()
+            if knobs is not None and stuck >= self.schedule.stuck_asks:
+                stuck = 0
+            trial, knobs, key = self._ask_short(fixed_params(knobs) if knobs is not None else None)
             earlier = self.evidence.measured(key)
             if earlier is not None:
                 self._tell_reused(trial, earlier)
@@ -306,9 +321,9 @@ class Strategy:
                 config, Fidelity.SHORT, key, trial, self.expected_seconds(Fidelity.SHORT), inference.estimate
             )
 
-    def _ask_short(self) -> tuple[optuna.trial.Trial, Knobs, str]:
-        """A short-fidelity trial: the next enqueued params, else TPE's; tagged with its knobs and config key."""
-        trial = self._ask()
+    def _ask_short(self, fixed: dict[str, Any] | None = None) -> tuple[optuna.trial.Trial, Knobs, str]:
+        """A short-fidelity trial: the ``fixed`` params, else TPE's; tagged with its knobs and config key."""
+        trial = self._ask(fixed)
         knobs = self.setup.space.sample(trial)
         key = self.context.key(knobs)
         trial.set_user_attr("fidelity", Fidelity.SHORT.value)
@@ -317,8 +332,7 @@ class Strategy:
         return trial, knobs, key
 
     def _record_inferred(self, knobs: Knobs) -> None:
-        self.study.enqueue_trial(fixed_params(knobs), skip_if_exists=False)
-        trial, knobs, key = self._ask_short()
+        trial, knobs, key = self._ask_short(fixed_params(knobs))
         config = self._probe_config(knobs, Fidelity.SHORT, None)
         inference = self.evidence.infer(knobs)
         if inference.verdict == "oom":
@@ -351,9 +365,14 @@ class Strategy:
             headroom=s.headroom,
         )
 
-    def observe(self, proposal: Proposal, result: ProbeResult) -> Outcome:
-        """Records a probe's result: the trial is told COMPLETE, PRUNED (OOM) or FAIL (error/timeout)."""
+    def observe(
+        self, proposal: Proposal, result: ProbeResult, record: Callable[[ProbeRow], None] | None = None
+    ) -> Outcome:
+        """Records a probe's result: the trial is told COMPLETE, PRUNED (OOM) or FAIL (error/timeout). ``record``
+        (the driver's store) gets the row first: a measurement is kept before Optuna hears of it."""
         row = self.row_for(proposal, result)
+        if record is not None:
+            record(row)
         self.evidence.add(row)
         if proposal.fidelity == Fidelity.SHORT:
             self.explored += 1

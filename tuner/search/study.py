@@ -1,5 +1,6 @@
 """What a probe row means to the Optuna study: its state, user attributes and the "memory" constraint TPE reads.
-``tell`` and ``tell_skipped`` are the one place that tells the study about a probe."""
+``tell`` and ``tell_skipped`` are the one place that tells the study about a probe (``retell``: once more, after an
+outage, when the first try may have landed)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,15 @@ def tell(study: optuna.Study, trial: optuna.trial.Trial, row: ProbeRow, headroom
     return TrialState.FAIL
 
 
+def retell(study: optuna.Study, trial: optuna.trial.Trial, row: ProbeRow, headroom: float) -> TrialState:
+    """``tell`` again after the database went away mid-tell: a trial the first try already finished is left as it
+    is (its state returned), a still-running one is told."""
+    state = study._storage.get_trial(trial._trial_id).state
+    if state.is_finished():
+        return state
+    return tell(study, trial, row, headroom)
+
+
 def tell_skipped(study: optuna.Study, trial: optuna.trial.Trial, cause: str) -> None:
     """A trial that will not be probed (another worker has the config): FAIL with its cause."""
     trial.set_user_attr("status", "skipped")
@@ -55,4 +65,4 @@ def tell_skipped(study: optuna.Study, trial: optuna.trial.Trial, cause: str) -> 
     study.tell(trial, state=TrialState.FAIL)
 
 
-__all__ = ["OOM_CONSTRAINT", "memory_constraint", "tell", "tell_skipped"]
+__all__ = ["OOM_CONSTRAINT", "memory_constraint", "retell", "tell", "tell_skipped"]

@@ -15,6 +15,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -94,6 +95,9 @@ probes = Table(
     Column("setup_s", Float, nullable=True),  # the probe's fixed cost: launch to first step
     Column("result", JSON, nullable=True),  # the whole ProbeResult
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # the worker's idempotency key (tuner.storage.journal): a row replayed from a journal is stored once
+    Column("record_uid", String(36), nullable=True),
+    Index("uq_tuner_probes_record_uid", "record_uid", unique=True),
 )
 
 # A worker claims a config before probing it; the unique key makes "no config probed twice" hold across workers.

@@ -6,9 +6,10 @@ import datetime as dt
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import DateTime
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from tuner.errors import StudyNotFound
+from tuner.errors import StorageError, StudyNotFound
 from tuner.search.rows import ProbeRow
 from tuner.storage.db import _unreachable, ensure_schema
 from tuner.storage.schema import claims, probes, search_runs, studies
@@ -24,25 +25,56 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+def db_time(dialect: str) -> sa.ColumnElement[Any]:
+    """The database's own clock, as a SQL expression: what claims, heartbeats and liveness are measured on, so that
+    workers on hosts whose wall clocks disagree still agree on who is stale. SQLite (a file on this host) gives its
+    time in SQLAlchemy's own DateTime text format (microseconds), so stored values compare as the Python ones did."""
+    if dialect == "sqlite":
+        return sa.func.strftime("%Y-%m-%d %H:%M:%f000", "now")
+    return sa.func.now()
+
+
 class Store:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = ensure_schema(url)
 
+    def _now(self) -> sa.ColumnElement[Any]:
+        return db_time(self.engine.dialect.name)
+
+    def db_now(self) -> dt.datetime:
+        """The database's clock now (UTC): the ``now`` to judge claims and heartbeats by (tuner.search.liveness)."""
+        with self._connect() as conn:
+            value = conn.execute(sa.select(sa.type_coerce(self._now(), DateTime(timezone=True)))).scalar_one()
+        return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
+
     # -- studies ---------------------------------------------------------------------------------------------------
     def ensure_study(self, name: str, definition: dict[str, Any], created_by: str = "cli") -> dict[str, Any]:
         """Returns the stored definition of ``name``, creating it from ``definition`` when new."""
+        return self.create_study(name, definition, created_by)[0]
+
+    def create_study(
+        self, name: str, definition: dict[str, Any], created_by: str = "cli"
+    ) -> tuple[dict[str, Any], bool]:
+        """(the stored definition of ``name``, whether this call created it). Two workers creating one study at once:
+        the unique name lets one INSERT win; the other gets the winner's definition and False, and must check it
+        against its own (tuner.search.request.check_resume) instead of assuming its own was stored."""
         existing = self.study_definition(name)
         if existing is not None:
-            return existing
+            return existing, False
         try:
             with self.engine.begin() as conn:
                 conn.execute(
-                    sa.insert(studies).values(name=name, created_at=now(), definition=definition, created_by=created_by)
+                    sa.insert(studies).values(
+                        name=name, created_at=self._now(), definition=definition, created_by=created_by
+                    )
                 )
         except IntegrityError:  # another worker created it first
-            pass
-        return self.study_definition(name) or definition
+            stored = self.study_definition(name)
+            if stored is None:
+                raise
+            return stored, False
+        return definition, True
 
     def study_definition(self, name: str) -> dict[str, Any] | None:
         with self._connect() as conn:
@@ -68,8 +100,8 @@ class Store:
                 sa.insert(search_runs).values(
                     study_name=study_name,
                     worker=worker,
-                    started_at=now(),
-                    heartbeat_at=now(),
+                    started_at=self._now(),
+                    heartbeat_at=self._now(),
                     deadline_at=deadline,
                     budget_s=budget_s,
                     status="running",
@@ -78,15 +110,21 @@ class Store:
             return int(_primary_key(res))
 
     def heartbeat(self, run_id: int) -> None:
+        """A write (the run's beat, on the database's clock): it fails when the database takes no writes, where a
+        read would pass."""
         with self.engine.begin() as conn:
-            conn.execute(sa.update(search_runs).where(search_runs.c.id == run_id).values(heartbeat_at=now()))
+            res = conn.execute(
+                sa.update(search_runs).where(search_runs.c.id == run_id).values(heartbeat_at=self._now())
+            )
+            if res.rowcount != 1:
+                raise StorageError(f"search run {run_id} is gone from the storage; was the database reset?")
 
     def finish_run(self, run_id: int, status: str, message: str | None = None) -> None:
         with self.engine.begin() as conn:
             conn.execute(
                 sa.update(search_runs)
                 .where(search_runs.c.id == run_id)
-                .values(status=status, message=message, finished_at=now())
+                .values(status=status, message=message, finished_at=self._now())
             )
 
     def runs(self, study_name: str) -> list[dict[str, Any]]:
@@ -97,8 +135,14 @@ class Store:
         return [dict(r._mapping) for r in rows]
 
     # -- claims and probes -----------------------------------------------------------------------------------------
+    def _claim_where(self, study_name: str, config_key: str, fidelity: str) -> sa.ColumnElement[bool]:
+        return sa.and_(
+            claims.c.study_name == study_name, claims.c.config_key == config_key, claims.c.fidelity == fidelity
+        )
+
     def claim(self, study_name: str, config_key: str, fidelity: str, trial_number: int | None, worker: str) -> bool:
-        """True when this worker now owns (config_key, fidelity) in the study; False when someone else already does."""
+        """True when ``worker`` now owns (config_key, fidelity) in the study, also when it already did (its own claim,
+        e.g. the INSERT committed but its answer was lost); False when another worker owns it."""
         try:
             with self.engine.begin() as conn:
                 conn.execute(
@@ -108,22 +152,38 @@ class Store:
                         fidelity=fidelity,
                         trial_number=trial_number,
                         worker=worker,
-                        claimed_at=now(),
+                        claimed_at=self._now(),
                     )
                 )
         except IntegrityError:
-            return False
+            with self.engine.begin() as conn:
+                res = conn.execute(
+                    sa.update(claims)
+                    .where(self._claim_where(study_name, config_key, fidelity), claims.c.worker == worker)
+                    .values(trial_number=trial_number)
+                )
+                return res.rowcount == 1
         return True
+
+    def take_over_claim(
+        self, study_name: str, config_key: str, fidelity: str, stale: str, worker: str, trial_number: int | None
+    ) -> bool:
+        """Moves the claim from the gone worker ``stale`` to ``worker``, as a compare-and-swap: True only for the one
+        worker whose UPDATE still found ``stale`` there (rowcount 1); any other taking over at the same time gets
+        False, and the claim it did not win is left alone."""
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                sa.update(claims)
+                .where(self._claim_where(study_name, config_key, fidelity), claims.c.worker == stale)
+                .values(worker=worker, trial_number=trial_number, claimed_at=self._now())
+            )
+            return res.rowcount == 1
 
     def claim_owner(self, study_name: str, config_key: str, fidelity: str) -> str | None:
         """The worker holding the claim on (config_key, fidelity), or None."""
         with self._connect() as conn:
             row = conn.execute(
-                sa.select(claims.c.worker).where(
-                    claims.c.study_name == study_name,
-                    claims.c.config_key == config_key,
-                    claims.c.fidelity == fidelity,
-                )
+                sa.select(claims.c.worker).where(self._claim_where(study_name, config_key, fidelity))
             ).first()
         return str(row[0]) if row else None
 
@@ -135,24 +195,36 @@ class Store:
             ).all()
         return [dict(r._mapping) for r in rows]
 
-    def release_claim(self, study_name: str, config_key: str, fidelity: str) -> None:
+    def release_claim(self, study_name: str, config_key: str, fidelity: str, worker: str) -> bool:
+        """Drops ``worker``'s claim on (config_key, fidelity); a claim another worker holds is left alone. True when
+        one was dropped."""
         with self.engine.begin() as conn:
-            conn.execute(
-                sa.delete(claims).where(
-                    claims.c.study_name == study_name,
-                    claims.c.config_key == config_key,
-                    claims.c.fidelity == fidelity,
-                )
+            res = conn.execute(
+                sa.delete(claims).where(self._claim_where(study_name, config_key, fidelity), claims.c.worker == worker)
             )
+            return res.rowcount == 1
 
-    def record_probe(self, row: ProbeRow) -> int:
-        """Stores one probe row (its ``study_name`` set); returns its id."""
+    def record_probe(self, row: ProbeRow, uid: str | None = None) -> int:
+        """Stores one probe row (its ``study_name`` set); returns its id. With ``uid`` (the journal's key) it is
+        idempotent: a row already stored under ``uid`` is not stored again, and its id is returned."""
         if row.study_name is None:
             raise ValueError("a probe row is stored under its study: set ProbeRow.study_name")
-        values = {"created_at": now(), **row.to_record()}
-        with self.engine.begin() as conn:
-            res = conn.execute(sa.insert(probes).values(**values))
-            return int(_primary_key(res))
+        values = {"created_at": self._now(), **row.to_record(), "record_uid": uid}
+        try:
+            with self.engine.begin() as conn:
+                res = conn.execute(sa.insert(probes).values(**values))
+                return int(_primary_key(res))
+        except IntegrityError:
+            found = self.probe_id(uid) if uid is not None else None
+            if found is None:
+                raise
+            return found
+
+    def probe_id(self, uid: str) -> int | None:
+        """The id of the row stored under the journal key ``uid``, or None."""
+        with self._connect() as conn:
+            found = conn.execute(sa.select(probes.c.id).where(probes.c.record_uid == uid)).scalar()
+        return int(found) if found is not None else None
 
     def probes(
         self,

@@ -81,7 +81,7 @@ def _meta_version(url: str) -> str:
 
 def test_head_is_the_latest_script_and_one_line_of_history() -> None:
     assert migrations.script().get_current_head() == migrations.HEAD
-    assert [r.revision for r in migrations.script().walk_revisions()] == ["0002", "0001"]  # no branches
+    assert [r.revision for r in migrations.script().walk_revisions()] == ["0003", "0002", "0001"]  # no branches
 
 
 def test_head_matches_the_code_metadata(storage_url: str) -> None:
@@ -96,7 +96,10 @@ def test_head_matches_the_code_metadata(storage_url: str) -> None:
 def test_migrations_make_exactly_the_pre_alembic_tables(storage_url: str, new_postgres_url, tmp_path: Path) -> None:
     old_url = f"sqlite:///{tmp_path / 'old.db'}" if storage_url.startswith("sqlite") else new_postgres_url()
     _make_pre_alembic(old_url)
-    upgrade(storage_url)
+    engine = sa.create_engine(storage_url)
+    with engine.begin() as conn:  # up to 0002, the last revision of the pre-alembic tables (0003 adds record_uid)
+        command.upgrade(migrations.config(conn), "0002")
+    engine.dispose()
     assert _shape(storage_url) == _shape(old_url)
     if storage_url.startswith("sqlite"):  # the DDL text itself, too
         ddl = (
@@ -153,6 +156,8 @@ def test_a_pre_alembic_sqlite_file_upgrades_in_place_through_the_cli(tmp_path: P
     assert after.pop(VERSION_TABLE) == [(migrations.head(),)]
     assert after.pop("tuner_meta") == [("schema_version", "2")]  # pre-alembic tuners now refuse it in one line
     before.pop("tuner_meta")
+    assert all(row[-1] is None for row in after["tuner_probes"])  # 0003's record_uid: NULL on the rows from before
+    after["tuner_probes"] = [row[:-1] for row in after["tuner_probes"]]
     assert after == before  # every row of every table (ours and Optuna's) kept as it was
 
     store = Store(url)
@@ -221,6 +226,34 @@ def test_a_pre_alembic_postgres_database_upgrades_in_place_through_the_cli(new_p
     assert not store.claim("pg-old", "k0", "short", None, "h:2")  # the unique constraint still holds
     assert _meta_version(url) == "2" and schema_revision(get_engine(url)) == migrations.head()
     assert len(optuna.load_study(study_name="pg-old", storage=url).trials) == 1
+
+
+def test_0003_adds_the_record_uid_and_keeps_the_rows(storage_url: str) -> None:
+    engine = sa.create_engine(storage_url)
+    with engine.begin() as conn:
+        command.upgrade(migrations.config(conn), "0002")
+    engine.dispose()
+    store_rows = _old_schema()
+    with sa.create_engine(storage_url).begin() as conn:
+        conn.execute(
+            sa.insert(store_rows.probes).values(
+                study_name="s",
+                fidelity="short",
+                config_key="k",
+                knobs={},
+                config={},
+                status="ok",
+                stable=True,
+                created_at=dt.datetime.now(dt.timezone.utc),
+            )
+        )
+    upgrade(storage_url)
+    store = Store(storage_url)
+    assert [p.config_key for p in store.probes("s")] == ["k"]
+    row = store.probes("s")[0]
+    first = store.record_probe(row, "uid-1")
+    assert store.record_probe(row, "uid-1") == first  # idempotent on the journal key
+    assert store.probe_id("uid-1") == first and len(store.probes("s")) == 2
 
 
 def test_a_newer_schema_is_refused_in_one_line(sqlite_url: str) -> None:
