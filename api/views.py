@@ -20,7 +20,7 @@ from api.schemas import (
     TrialOut,
     TrialPageOut,
 )
-from tuner.errors import NoStableConfig, StudyNotFound
+from tuner.errors import NoStableConfig
 from tuner.interop.export import best_export_args, render_best
 from tuner.interop.export.changes import best_changes
 from tuner.reporting.trials import join_trials
@@ -61,13 +61,6 @@ def summary(row: dict[str, Any], runs: list[dict[str, Any]]) -> StudySummaryOut:
     return StudySummaryOut(
         name=row["name"], created_at=_utc(row["created_at"]), created_by=row["created_by"], status=study_status(runs)
     )
-
-
-def default_study(store: Store) -> str:
-    rows = store.study_rows()
-    if not rows:
-        raise StudyNotFound("no studies in this storage yet; start one with `tuner search` or POST /studies")
-    return str(rows[0]["name"])
 
 
 def optuna_trials(optuna_storage: Any, name: str) -> list[Any]:

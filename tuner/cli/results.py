@@ -20,7 +20,7 @@ from tuner.memory.frontier import describe
 from tuner.reporting.trials import join_trials
 from tuner.search.rows import Fidelity
 from tuner.search.selection import best_stable
-from tuner.settings import load_settings
+from tuner.settings import load_settings, redact_url
 from tuner.storage import Store
 from tuner.units import format_size
 
@@ -39,7 +39,7 @@ def pick_study(store: Store, study: str | None) -> tuple[str, dict[str, Any]]:
         return study, store.require_study(study)
     rows = store.study_rows()
     if not rows:
-        raise StudyNotFound(f"no study in storage {store.url}; run `tuner search --budget 30m` first")
+        raise StudyNotFound(f"no study in storage {redact_url(store.url)}; run `tuner search --budget 30m` first")
     return rows[0]["name"], dict(rows[0]["definition"])
 
 
@@ -86,7 +86,7 @@ def best(
         output.write_text(text)
     except OSError as err:
         raise ConfigError(f"cannot write {output}: {err.strerror}; pick a writable path for -o") from None
-    console.print(f"wrote the best config of study {name!r} ({fmt}) to {output}", style="dim")
+    console.print(Text(f"wrote the best config of study {name!r} ({fmt}) to {output}", style="dim"))
 
 
 def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
@@ -165,7 +165,7 @@ def trials(
     store = Store(load_settings(storage=storage).storage)
     name, definition = pick_study(store, study)
     objective = Objective.from_dict(definition.get("objective"))
-    table = Table(title=f"study {name}: objective {objective.unit}")
+    table = Table(title=Text(f"study {name}: objective {objective.unit}"))
     for col in (
         "trial",
         "state",
@@ -184,7 +184,7 @@ def trials(
         if r["reused_from"] is not None and not show_reused:
             continue
         shown += 1
-        table.add_row(
+        cells = (
             "-" if r["trial"] is None else str(r["trial"]),
             r["state"],
             str(r["fidelity"]),
@@ -196,9 +196,10 @@ def trials(
             describe(r["knobs"]) if r["knobs"] else "-",
             "; ".join(x for x in ((r["cause"] or "")[:160], r.get("ranks") or "") if x),
         )
+        table.add_row(*(Text(c) for c in cells))  # stored text (causes quote "[stderr: ...]"): never rich markup
     console.print(table)
     if not shown:
-        console.print(f"study {name!r} has no trials yet")
+        console.print(Text(f"study {name!r} has no trials yet"))
 
 
 @app.command("studies")

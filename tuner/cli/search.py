@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast, get_args
 
@@ -15,17 +16,18 @@ from trials.contract import Precision, ProbeConfig, ProbeResult
 from tuner.cli.app import app
 from tuner.cli.progress import LiveProgress, summary_table
 from tuner.errors import BaselineError, ConfigError
+from tuner.interop.doctor import visible_gpus
 from tuner.job.definition import JobFlags
 from tuner.job.model_source import resolve_model
 from tuner.job.objective import load_lengths
-from tuner.job.space import load_space, space_file_knobs
+from tuner.job.space import check_job_limits, load_space, space_file_knobs
 from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
 from tuner.search.driver import Search
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
 from tuner.search.request import build_request as build_search_request
 from tuner.search.rows import DEFAULT_HEADROOM
 from tuner.search.schedule import Schedule
-from tuner.settings import load_settings
+from tuner.settings import load_settings, redact_url
 from tuner.storage import Store
 from tuner.units import parse_duration, parse_size
 
@@ -101,6 +103,7 @@ def build_request(
         job_flags=job_flags,
         space_listed=space_file_knobs(space_file) if space_file is not None else (),
     )
+    check_job_limits(request.world_size, request.global_batch, cli_option, gpus=visible_gpus(os.environ))
     base_world = loaded[-1].world_size if loaded else None
     explicit = {
         key
@@ -252,7 +255,7 @@ def search(
         with console.status("tracing one training step for the memory estimate ..."):
             estimator, note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))
         runner.attach_estimator(estimator)
-        console.print(note, style="dim")
+        console.print(note, style="dim", markup=False)
     progress = LiveProgress(console, runner.deadline, request.objective, request.study_name)
     runner.listener = progress
     with progress:
@@ -276,6 +279,4 @@ def _precision(value: str | None) -> Precision | None:
 
 
 def _safe(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
+    return redact_url(url)
