@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from api.schemas import BestConfigOut
 from tuner.storage import Store
 from tuner.storage.schema import probes
 
 Version = tuple[int, int | None]
+T = TypeVar("T")
 
 
 def probe_version(store: Store, study: str) -> Version:
@@ -28,10 +29,12 @@ def probe_version(store: Store, study: str) -> Version:
 class BestConfigCache:
     def __init__(self, max_entries: int = 256) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str], tuple[Version, BestConfigOut]] = {}
+        self._entries: dict[tuple[str, str], tuple[Version, Any]] = {}
         self._max = max_entries
 
-    def get(self, store: Store, study: str, fmt: str, compute: Callable[[], BestConfigOut]) -> BestConfigOut:
+    def get(self, store: Store, study: str, fmt: str, compute: Callable[[], T]) -> T:
+        """``compute()`` for (study, fmt), reused while the study's probe rows stay the same (fmt names what is
+        cached: an export format, or "best-so-far" for GET /studies/{name})."""
         version = probe_version(store, study)
         key = (study, fmt)
         with self._lock:

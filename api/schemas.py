@@ -13,6 +13,7 @@ from tuner.search.rows import DEFAULT_HEADROOM
 STUDY_NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 STUDY_NAME_MAX = 128
 Format = Literal["json", "deepspeed", "hf", "accelerate", "env"]
+TrialStateName = Literal["RUNNING", "COMPLETE", "PRUNED", "FAIL", "WAITING"]
 
 
 class ErrorOut(BaseModel):
@@ -130,9 +131,10 @@ class TrialOut(BaseModel):
 
 class TrialPageOut(BaseModel):
     study: str
-    total: int
+    total: int = Field(description="trials of the study (of `state`, when given)")
     offset: int
     limit: int
+    state: str | None = Field(None, description="the Optuna state the page is filtered to; null: every state")
     trials: list[TrialOut]
 
 

@@ -139,7 +139,7 @@ LIMITS = [
             "space": {
                 "micro_batch_size": list(range(1, 65)),
                 "max_length": list(range(1, 65)),
-                "alloc_conf": [f"expandable_segments:True,x{i}" for i in range(64)],
+                "alloc_conf": [f"max_split_size_mb:{i}" for i in range(1, 65)],
                 "reduce_bucket_size": list(range(1, 65)),
             }
         },
