@@ -7,6 +7,7 @@ from fastapi import FastAPI
 import tuner
 from api import errors
 from api.deps import Services
+from api.guard import RequestGuard
 from api.routes import router
 from tuner.settings import Settings, load_settings
 
@@ -24,4 +25,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.services = Services(settings)
     errors.install(app)
     app.include_router(router)
+    app.add_middleware(RequestGuard)  # token, then body size, before a byte of the body is read
     return app

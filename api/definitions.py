@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from api.baseline_policy import check_posted_baseline
 from api.schemas import StudyCreate
 from trials.contract import BUILTIN_PREFIX, ModelSpec
-from tuner.errors import ModelSourceError
+from tuner.errors import ModelSourceError, TunerError
 from tuner.job.model_source import resolve_model
-from tuner.job.space import Space, inline_space
+from tuner.job.space import Space, check_job_limits, inline_space
 from tuner.search.request import BaselineLoader, build_request
 from tuner.units import parse_size
 
@@ -43,6 +44,7 @@ def _baseline(ds_config: dict[str, Any] | None, hf_args: dict[str, Any] | None) 
     """The user's current config, parsed exactly as `tuner search --baseline FILE` parses the file's content."""
     if not ds_config and not hf_args:
         return None
+    check_posted_baseline(ds_config, hf_args)  # no host-acting sections, paths or absurd numbers from a remote definer
 
     def load(world_size: int | None, max_length: int) -> Baseline:
         from tuner.interop.baseline import parse_baseline
@@ -50,6 +52,15 @@ def _baseline(ds_config: dict[str, Any] | None, hf_args: dict[str, Any] | None) 
         return parse_baseline(ds_config, hf_args, world_size=world_size, max_length=max_length)
 
     return load
+
+
+def _device_memory(value: int | str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except TunerError as err:  # the same error, naming the field of the body
+        raise type(err)(f"device_memory: {err}") from None
 
 
 def definition(body: StudyCreate, storage: str) -> dict[str, Any]:
@@ -62,11 +73,12 @@ def definition(body: StudyCreate, storage: str) -> dict[str, Any]:
         budget_s=float(body.budget_s),
         world_size=body.world_size,
         global_batch=body.global_batch,
-        device_memory=parse_size(body.device_memory) if body.device_memory is not None else None,
+        device_memory=_device_memory(body.device_memory),
         headroom=body.headroom,
         baseline=_baseline(body.baseline, body.training_args),
         space_listed=set(body.space or {}),  # an inline space naming max_length / precision says what the job is
         length_hint="give space.max_length (your job's input length, e.g. [512]) or training_args with "
         "max_source_length / max_seq_length",
     )
+    check_job_limits(request.world_size, request.global_batch)
     return request.definition()

@@ -7,11 +7,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.job.space import MAX_GLOBAL_BATCH, MAX_WORLD_SIZE
 from tuner.search.rows import DEFAULT_HEADROOM
 
 STUDY_NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 STUDY_NAME_MAX = 128
 Format = Literal["json", "deepspeed", "hf", "accelerate", "env"]
+TrialStateName = Literal["RUNNING", "COMPLETE", "PRUNED", "FAIL", "WAITING"]
 
 
 class ErrorOut(BaseModel):
@@ -129,9 +131,10 @@ class TrialOut(BaseModel):
 
 class TrialPageOut(BaseModel):
     study: str
-    total: int
+    total: int = Field(description="trials of the study (of `state`, when given)")
     offset: int
     limit: int
+    state: str | None = Field(None, description="the Optuna state the page is filtered to; null: every state")
     trials: list[TrialOut]
 
 
@@ -217,8 +220,8 @@ class StudyCreate(BaseModel):
 
     name: str = Field(min_length=1, max_length=STUDY_NAME_MAX, pattern=STUDY_NAME_PATTERN)
     model: str = Field("builtin:tiny-t5", max_length=512, description="builtin:<preset>, an HF id, or a worker path")
-    world_size: int = Field(1, ge=1, le=4096)
-    global_batch: int | None = Field(None, ge=1, le=1_000_000)
+    world_size: int = Field(1, ge=1, le=MAX_WORLD_SIZE, description="ranks per probe, all on one worker host")
+    global_batch: int | None = Field(None, ge=1, le=MAX_GLOBAL_BATCH)
     device_memory: int | str | None = Field(
         None, description="memory per rank: bytes or a size like 80GiB; null = the device's"
     )

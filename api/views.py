@@ -6,22 +6,21 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, overload
 
+from api import trial_reads
+from api.deps import Services
 from api.schemas import (
     BaselineOut,
     BestConfigOut,
     BestSoFarOut,
     ChangesOut,
-    ProbeOut,
     ProductionOut,
     ProgressOut,
-    RankMemoryOut,
     RunOut,
     StudyOut,
     StudySummaryOut,
-    TrialOut,
     TrialPageOut,
 )
-from tuner.errors import NoStableConfig, StudyNotFound
+from tuner.errors import NoStableConfig
 from tuner.interop.export import best_export_args, render_best
 from tuner.interop.export.changes import best_changes
 from tuner.reporting.production import ProductionRun, production_runs
@@ -65,23 +64,6 @@ def summary(row: dict[str, Any], runs: list[dict[str, Any]]) -> StudySummaryOut:
     )
 
 
-def default_study(store: Store) -> str:
-    rows = store.study_rows()
-    if not rows:
-        raise StudyNotFound("no studies in this storage yet; start one with `tuner search` or POST /studies")
-    return str(rows[0]["name"])
-
-
-def optuna_trials(optuna_storage: Any, name: str) -> list[Any]:
-    """The study's Optuna trials by number; [] when no worker has created the Optuna study yet."""
-    try:
-        study_id = optuna_storage.get_study_id_from_name(name)
-    except KeyError:
-        return []
-    trials = optuna_storage.get_all_trials(study_id, deepcopy=False)
-    return sorted(trials, key=lambda t: t.number)
-
-
 def _progress(runs: list[dict[str, Any]], n_trials: int, n_probes: int, status: str) -> ProgressOut:
     now = _now()
     starts = [_utc(r["started_at"]) for r in runs]
@@ -122,75 +104,84 @@ def _best_so_far(cand: Candidate | None) -> BestSoFarOut | None:
     )
 
 
-def study_detail(store: Store, optuna_storage: Any, row: dict[str, Any]) -> StudyOut:
+def study_detail(store: Store, svc: Services, row: dict[str, Any]) -> StudyOut:
+    """The study with its progress and best so far: counts in SQL, the best so far cached until a probe row is added
+    (api.cache), so the answer costs a few indexed queries whatever the size of the study."""
     name = row["name"]
     definition = dict(row["definition"])
     runs = store.runs(name)
-    trials = optuna_trials(optuna_storage, name)
-    probe_rows = store.probes(name)
+    with store.engine.connect() as conn:
+        sid = svc.optuna_study_id(conn, name)
+        states = trial_reads.state_counts(conn, sid) if sid is not None else {}
+    probe_statuses = svc.best_cache.get(store, name, "probe-statuses", lambda: store.count_probes(name))
     status = study_status(runs)
-    states: dict[str, int] = {}
-    for t in trials:
-        states[t.state.name] = states.get(t.state.name, 0) + 1
     budgets = [float(r["budget_s"]) for r in runs if r.get("budget_s")]
     budget = definition.get("budget_s") or (max(budgets) if budgets else None)
+    best = svc.best_cache.get(store, name, "best-so-far", lambda: _best_so_far(best_stable(store.probes(name))))
     return StudyOut(
         **summary(row, runs).model_dump(),
         definition=definition,
         budget_s=budget,
-        progress=_progress(runs, len(trials), len(probe_rows), status),
-        best=_best_so_far(best_stable(probe_rows)),
+        progress=_progress(runs, sum(states.values()), sum(probe_statuses.values()), status),
+        best=best,
         trial_states=states,
-        probe_statuses=store.count_probes(name),
+        probe_statuses=probe_statuses,
         runs=[RunOut(**{k: _utc(v) if isinstance(v, dt.datetime) else v for k, v in r.items()}) for r in runs],
     )
 
 
-def _ranks(row: ProbeRow) -> list[RankMemoryOut]:
+def _ranks(row: ProbeRow) -> list[dict[str, Any]]:
+    """The per-rank peaks of a probe's result, as RankMemoryOut data (validated once, with the page)."""
     result = row.result or {}
-    return [RankMemoryOut(**r) for r in result.get("ranks") or [] if isinstance(r, dict) and "rank" in r]
+    return [r for r in result.get("ranks") or [] if isinstance(r, dict) and "rank" in r]
 
 
-def _probe(row: ProbeRow) -> ProbeOut:
+def _probe(row: ProbeRow) -> dict[str, Any]:
+    """A probe row as ProbeOut data: a page is validated in one pass (TrialPageOut.model_validate), not one model
+    per nested object, which cost a 50-trial page most of its time."""
     assert row.id is not None and row.created_at is not None, "a stored row has its id and timestamp"
-    return ProbeOut(
-        id=row.id,
-        fidelity=row.fidelity.value,
-        status=row.status.value,
-        cause=row.cause,
-        samples_per_s=row.samples_per_s,
-        tokens_per_s=row.tokens_per_s,
-        objective=row.objective,
-        peak_allocated=row.peak_allocated,
-        peak_reserved=row.peak_reserved,
-        capacity=row.capacity,
-        stable=row.stable,
-        probe_seconds=row.probe_seconds,
-        ranks=_ranks(row),
-        created_at=_utc(row.created_at),
-    )
+    return {
+        "id": row.id,
+        "fidelity": row.fidelity.value,
+        "status": row.status.value,
+        "cause": row.cause,
+        "samples_per_s": row.samples_per_s,
+        "tokens_per_s": row.tokens_per_s,
+        "objective": row.objective,
+        "peak_allocated": row.peak_allocated,
+        "peak_reserved": row.peak_reserved,
+        "capacity": row.capacity,
+        "stable": row.stable,
+        "probe_seconds": row.probe_seconds,
+        "ranks": _ranks(row),
+        "created_at": _utc(row.created_at),
+    }
 
 
-def trial_page(store: Store, optuna_storage: Any, name: str, offset: int, limit: int) -> TrialPageOut:
-    trials = optuna_trials(optuna_storage, name)
-    page = trials[offset : offset + limit]
-    numbers = {t.number for t in page}
-    rows = [r for r in store.probes(name) if r.trial_number in numbers] if numbers else []
+def trial_page(store: Store, svc: Services, name: str, offset: int, limit: int, state: str | None) -> TrialPageOut:
+    """One page of the study's trials (optionally of one Optuna state) with their probe rows: paged, filtered and
+    counted in SQL (api.trial_reads), so a page costs the same on a study of 10 trials or 10,000."""
+    with store.engine.connect() as conn:
+        sid = svc.optuna_study_id(conn, name)
+        total, page = trial_reads.trial_page(conn, sid, offset, limit, state) if sid is not None else (0, [])
+    rows = store.probes_of_trials(name, trial_reads.numbers(page))
     out = [
-        TrialOut(
-            number=rec.number,
-            state=rec.state,
-            params=rec.params,
-            value=rec.value,
-            cause=rec.cause,
-            samples_per_s=rec.samples_per_s,
-            peak_allocated=rec.peak_allocated,
-            ranks=_ranks(rec.latest) if rec.latest else [],
-            probes=[_probe(r) for r in rec.probes],
-        )
+        {
+            "number": rec.number,
+            "state": rec.state,
+            "params": rec.params,
+            "value": rec.value,
+            "cause": rec.cause,
+            "samples_per_s": rec.samples_per_s,
+            "peak_allocated": rec.peak_allocated,
+            "ranks": _ranks(rec.latest) if rec.latest else [],
+            "probes": [_probe(r) for r in rec.probes],
+        }
         for rec in join_trials(page, rows)
     ]
-    return TrialPageOut(study=name, total=len(trials), offset=offset, limit=limit, trials=out)
+    return TrialPageOut.model_validate(
+        {"study": name, "total": total, "offset": offset, "limit": limit, "state": state, "trials": out}
+    )
 
 
 def _baseline(rows: list[ProbeRow], best: Candidate) -> BaselineOut | None:

@@ -1,11 +1,15 @@
-"""Latency of GET /best-config under load: starts a real `tuner serve` (uvicorn) on a populated storage and hits it
-with N concurrent clients (httpx, asyncio) on loopback; prints p50/p90/p99/max and throughput per storage backend.
+"""Every read endpoint of the API under load, side by side with GET /health in one run: starts a real `tuner serve`
+(uvicorn) on a populated storage and hits each endpoint in turn with N concurrent clients (httpx, asyncio, one
+connection each) on loopback; prints throughput, p50/p99 and the throughput as a fraction of /health's, per storage
+backend.
 
-    .venv/bin/python benchmarks/api_latency.py                         # SQLite and PostgreSQL, 100 clients
-    .venv/bin/python benchmarks/api_latency.py --backend sqlite --clients 100 --requests 5000 --probes 300
+    .venv/bin/python benchmarks/api_latency.py                          # SQLite and PostgreSQL, 100 clients
+    .venv/bin/python benchmarks/api_latency.py --probes 10000 --requests 1500   # the issue-13 10,000-trial study
+    .venv/bin/python benchmarks/api_latency.py --backend sqlite --endpoints best-config
 
 The storage is populated through the same writers `tuner search` uses (Store.record_probe, Optuna trials) with
---probes probe rows in one study. PostgreSQL: a throwaway database on --pg-admin, dropped afterwards.
+--probes probe rows and as many trials in one study. PostgreSQL: a throwaway database on --pg-admin, dropped
+afterwards.
 """
 
 from __future__ import annotations
@@ -138,57 +142,86 @@ def start_server(url: str) -> tuple[subprocess.Popen, str]:
     raise SystemExit("tuner serve did not come up in 60 s")
 
 
-async def load(base: str, clients: int, total: int, fmt: str) -> tuple[list[float], float, int]:
-    """``clients`` concurrent clients, each with its own connection, until ``total`` requests are done."""
+def endpoints(n_trials: int, fmt: str) -> dict[str, str]:
+    """name -> path of every read endpoint (trial pages at the start, the end and filtered by state)."""
+    last = max(0, n_trials - 50)
+    return {
+        "health": "/health",
+        "studies": "/studies",
+        "study": f"/studies/{STUDY}",
+        "trials-first": f"/studies/{STUDY}/trials?limit=50",
+        "trials-last": f"/studies/{STUDY}/trials?limit=50&offset={last}",
+        "trials-pruned": f"/studies/{STUDY}/trials?limit=50&state=PRUNED",
+        "best-config": f"/best-config?study={STUDY}&format={fmt}",
+        "best-config-raw": f"/best-config?study={STUDY}&format=deepspeed&raw=true",
+    }
+
+
+async def load(base: str, path: str, clients: int, total: int) -> tuple[list[float], float, int]:
+    """``clients`` concurrent clients, each with its own connection, until ``total`` requests of ``path`` are done."""
     latencies: list[float] = []
     errors = 0
     remaining = total
-    params = {"study": STUDY, "format": fmt}
 
     async def client() -> None:
         nonlocal remaining, errors
-        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
-            await http.get("/best-config", params=params)  # connect + warm this connection
+        async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+            await http.get(path)  # connect + warm this connection
             while remaining > 0:
                 remaining -= 1
                 t0 = time.perf_counter()
-                r = await http.get("/best-config", params=params)
+                try:
+                    r = await http.get(path)
+                    errors += r.status_code != 200
+                except httpx.HTTPError:
+                    errors += 1
                 latencies.append(time.perf_counter() - t0)
-                errors += r.status_code != 200
 
     t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
     return latencies, time.perf_counter() - t0, errors
 
 
-def bench(url: str, backend: str, args: argparse.Namespace) -> dict[str, object]:
+def bench(url: str, backend: str, args: argparse.Namespace) -> list[dict[str, object]]:
     t0 = time.perf_counter()
     populate(url, args.probes)
     fill_s = time.perf_counter() - t0
+    print(f"{backend}: populated {args.probes} trials in {fill_s:.0f} s", file=sys.stderr)
+    paths = endpoints(args.probes, args.format)
+    wanted = ["health", *(n for n in (args.endpoints or paths) if n != "health")]
     proc, base = start_server(url)
+    rows: list[dict[str, object]] = []
     try:
-        cpu0, client0 = cpu_seconds(proc.pid), time.process_time()
-        lat, wall, errors = asyncio.run(load(base, args.clients, args.requests, args.format))
-        cpu1, client1 = cpu_seconds(proc.pid), time.process_time()
+        for name in wanted:
+            cpu0, client0 = cpu_seconds(proc.pid), time.process_time()
+            lat, wall, errors = asyncio.run(load(base, paths[name], args.clients, args.requests))
+            cpu1, client1 = cpu_seconds(proc.pid), time.process_time()
+            q = statistics.quantiles(lat, n=100)
+            rows.append(
+                {
+                    "backend": backend,
+                    "endpoint": name,
+                    "trials": args.probes,
+                    "clients": args.clients,
+                    "requests": len(lat),
+                    "errors": errors,
+                    "p50_ms": q[49] * 1e3,
+                    "p99_ms": q[98] * 1e3,
+                    "max_ms": max(lat) * 1e3,
+                    "req_per_s": len(lat) / wall,
+                    "vs_health": 0.0,
+                    "srv_cpu_ms": (cpu1 - cpu0) * 1e3 / len(lat) if cpu0 is not None and cpu1 is not None else 0.0,
+                    "cli_cpu_ms": (client1 - client0) * 1e3 / len(lat),
+                }
+            )
+            print(f"{backend} {name}: {rows[-1]['req_per_s']:.0f} req/s", file=sys.stderr)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
-    q = statistics.quantiles(lat, n=100)
-    return {
-        "backend": backend,
-        "probes": args.probes,
-        "clients": args.clients,
-        "requests": len(lat),
-        "errors": errors,
-        "p50_ms": q[49] * 1e3,
-        "p90_ms": q[89] * 1e3,
-        "p99_ms": q[98] * 1e3,
-        "max_ms": max(lat) * 1e3,
-        "req_per_s": len(lat) / wall,
-        "populate_s": fill_s,
-        "srv_cpu_ms": (cpu1 - cpu0) * 1e3 / len(lat) if cpu0 is not None and cpu1 is not None else float("nan"),
-        "cli_cpu_ms": (client1 - client0) * 1e3 / len(lat),
-    }
+    health = float(rows[0]["req_per_s"])  # type: ignore[arg-type]
+    for row in rows:
+        row["vs_health"] = float(row["req_per_s"]) / health  # type: ignore[arg-type]
+    return rows
 
 
 def main() -> None:
@@ -196,7 +229,8 @@ def main() -> None:
     p.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
     p.add_argument("--clients", type=int, default=100)
     p.add_argument("--requests", type=int, default=3000, help="total requests, after one warm-up each")
-    p.add_argument("--probes", type=int, default=200, help="probe rows in the benchmarked study")
+    p.add_argument("--probes", type=int, default=200, help="probe rows (and Optuna trials) in the benchmarked study")
+    p.add_argument("--endpoints", nargs="*", help="names of the endpoints to load (default: all), /health always")
     p.add_argument("--format", default="json", choices=["json", "deepspeed", "hf", "accelerate", "env"])
     p.add_argument("--pg-admin", default="postgresql://postgres@127.0.0.1:5432/postgres")
     p.add_argument("--json", type=Path, help="also write the rows here")
@@ -205,7 +239,7 @@ def main() -> None:
     rows = []
     if args.backend in ("sqlite", "both"):
         with tempfile.TemporaryDirectory() as tmp:
-            rows.append(bench(f"sqlite:///{tmp}/bench.db", "sqlite", args))
+            rows += bench(f"sqlite:///{tmp}/bench.db", "sqlite", args)
     if args.backend in ("postgres", "both"):
         import psycopg
 
@@ -214,30 +248,36 @@ def main() -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
         try:
             host = args.pg_admin.split("://", 1)[1].rsplit("/", 1)[0]
-            rows.append(bench(f"postgresql+psycopg://{host}/{name}", "postgres", args))
+            rows += bench(f"postgresql+psycopg://{host}/{name}", "postgres", args)
         finally:
             with psycopg.connect(args.pg_admin, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     cols = [
         "backend",
-        "probes",
+        "endpoint",
+        "trials",
         "clients",
         "requests",
         "errors",
         "p50_ms",
-        "p90_ms",
         "p99_ms",
         "max_ms",
         "req_per_s",
+        "vs_health",
         "srv_cpu_ms",
         "cli_cpu_ms",
     ]
     load1 = os.getloadavg()[0]
-    print(f"GET /best-config?format={args.format}, {os.cpu_count()} CPUs, loopback, load average {load1:.1f}")
-    print("(srv_cpu_ms / cli_cpu_ms: CPU milliseconds per request spent by the server / by the 100 clients)")
-    print(" | ".join(f"{c:>9}" for c in cols))
+    print(f"{os.cpu_count()} CPUs, loopback, load average {load1:.1f}; vs_health: req/s over /health's in the same run")
+    print("(srv_cpu_ms / cli_cpu_ms: CPU milliseconds per request spent by the server / by the clients)")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
     for row in rows:
-        print(" | ".join(f"{row[c]:>9.1f}" if isinstance(row[c], float) else f"{row[c]:>9}" for c in cols))
+        cells = [
+            f"{row[c]:.2f}" if c == "vs_health" else f"{row[c]:.1f}" if isinstance(row[c], float) else str(row[c])
+            for c in cols
+        ]
+        print("| " + " | ".join(cells) + " |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -330,7 +330,7 @@ def _one_error_line(stderr: str) -> str:
 
 
 def test_the_table_is_large_enough() -> None:
-    ids = [c.id for c in CLI_CASES] + [c.id for c in API_CASES]
+    ids = [c.id for c in CLI_CASES + ISSUE13_CLI] + [c.id for c in API_CASES + ISSUE13_API]
     assert len(ids) == len(set(ids))
     assert len(ids) >= 60, len(ids)
 
@@ -457,3 +457,147 @@ def test_resume_with_a_contradicting_option_names_the_field(
     line = _one_error_line(capsys.readouterr().err)
     assert exit_info.value.code == 2 and re.search(expect, line), line
     assert _snapshot(db) == before
+
+
+# -- issue 13 ("nothing let in"): limits at parse time, markup from user text, secrets in the storage URL -------------
+# Each fails on the code before issue 13: a traceback (OverflowError, MarkupError, MemoryError), a search that starts
+# over a space no worker can enumerate, or the storage password in the error line.
+SECRET = "hunter2-issue13"
+ISSUE13_FILES = {
+    "markup_alloc.yaml": 'micro_batch_size: [2]\nzero_stage: [0]\nalloc_conf: ["[/]"]\n',
+    "huge_range.yaml": "micro_batch_size: {low: 1, high: 1000000000000000000, scale: linear}\n",
+    "huge_grid.yaml": "micro_batch_size: {low: 1, high: 64, scale: linear}\n"
+    "max_length: {low: 1, high: 64, scale: linear}\n"
+    "eval_batch_size: {low: 1, high: 64, scale: linear}\n",
+    "primes.yaml": "micro_batch_size: [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61]\n"
+    "max_length: [64]\n",
+}
+ISSUE13_CLI: list[Cli] = [
+    Cli("i13-budget-markup", ["search", "--budget", "[/]"], r"budget '\[/\]' is not a duration"),
+    Cli("i13-budget-markup-bold", ["search", "--budget", "[bold]2h"], r"budget '\[bold\]2h'"),
+    Cli("i13-alloc-conf-markup", ["search", "--budget", "1m", "--space", "{tmp}/markup_alloc.yaml"], r"'\[/\]'.*alloc"),
+    Cli("i13-device-memory-1e400", ["search", "--budget", "1m", "--device-memory", "1e400"], r"memory size '1e400'"),
+    Cli("i13-device-memory-exp", ["search", "--budget", "1m", "--device-memory", "1e99999999999"], r"above 1 PiB"),
+    Cli("i13-world-4096", ["search", "--budget", "1m", "--world-size", "4096"], r"--world-size 4096 is above 64"),
+    Cli(
+        "i13-range-1e18", ["search", "--budget", "1m", "--space", "{tmp}/huge_range.yaml"], r"micro_batch_size.*values"
+    ),
+    Cli("i13-grid", ["search", "--budget", "1m", "--space", "{tmp}/huge_grid.yaml"], r"\d+ configs; at most 100000"),
+    Cli(
+        "i13-default-batch", ["search", "--budget", "1m", "--space", "{tmp}/primes.yaml"], r"global batch \d+ is above"
+    ),
+    Cli(
+        "i13-storage-password",
+        ["trials", "--storage", f"postgresql+psycopg://nobody:{SECRET}@127.0.0.1:9/nodb?connect_timeout=2"],
+        r"cannot reach storage postgresql\+psycopg://nobody:\*\*\*@",
+    ),
+    Cli(
+        "i13-storage-query-password",
+        ["trials", "--storage", f"postgresql+psycopg://nobody@127.0.0.1:9/nodb?connect_timeout=2&password={SECRET}"],
+        r"cannot reach storage .*password=\*\*\*",
+    ),
+    Cli("i13-storage-bad-url-password", ["trials", "--storage", f"nosuchdb://u:{SECRET}@h/d"], r"unknown database"),
+]
+
+
+@pytest.fixture(scope="module")
+def world13(world: dict[str, Any]) -> dict[str, Any]:
+    for name, text in ISSUE13_FILES.items():
+        (world["tmp"] / name).write_text(text)
+    return world
+
+
+@pytest.mark.parametrize("case", ISSUE13_CLI, ids=lambda c: c.id)
+def test_issue13_cli_bad_input(
+    case: Cli,
+    world13: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TUNER_STORAGE", world13["url"])
+    monkeypatch.delenv("TUNER_API_TOKEN", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("COLUMNS", "400")
+    before = _snapshot(world13["db"])
+    monkeypatch.setattr(sys, "argv", ["tuner", *(_fill(a, world13) for a in case.argv)])
+    with pytest.raises(SystemExit) as exit_info:
+        tuner_main()
+    out = capsys.readouterr()
+    line = _one_error_line(out.err)
+    assert exit_info.value.code == 2, (exit_info.value.code, line)
+    assert re.search(case.expect, line, re.IGNORECASE), line
+    assert SECRET not in out.err + out.out
+    assert _snapshot(world13["db"]) == before, "stored data changed"
+    assert not list(tmp_path.iterdir()), "a bad command left files behind"
+
+
+# World size above the visible GPUs is tuner.probing.gpus.check_world_size (issue 12: as CUDA reads
+# CUDA_VISIBLE_DEVICES, MIG included; on a host without GPUs the ranks run on the emulated CPU device, nothing to
+# check): tests/tuner/probing/test_gpu_host.py.
+
+
+ISSUE13_API: list[Api] = [
+    Api("i13-api-best-no-study", "GET", "/best-config", r"study=", (422,)),
+    Api(
+        "i13-api-flops-profiler",
+        "POST",
+        "/studies",
+        r"baseline\.flops_profiler",
+        body={
+            "name": "n13",
+            "baseline": {
+                "train_micro_batch_size_per_gpu": 2,
+                "flops_profiler": {"enabled": True, "output_file": "/etc/x"},
+            },
+        },
+        headers=AUTH,
+    ),
+    Api(
+        "i13-api-lr",
+        "POST",
+        "/studies",
+        r"baseline\.optimizer\.params\.lr",
+        body={
+            "name": "n13",
+            "baseline": {
+                "train_micro_batch_size_per_gpu": 2,
+                "optimizer": {"type": "AdamW", "params": {"lr": 1000}},
+            },
+        },
+        headers=AUTH,
+    ),
+    Api(
+        "i13-api-range",
+        "POST",
+        "/studies",
+        r"micro_batch_size",
+        body={"name": "n13", "space": {"micro_batch_size": {"low": 1, "high": 10**18, "scale": "linear"}}},
+        headers=AUTH,
+    ),
+    Api(
+        "i13-api-device-memory",
+        "POST",
+        "/studies",
+        r"device_memory",
+        body={"name": "n13", "device_memory": "1e400"},
+        headers=AUTH,
+    ),
+    Api("i13-api-world", "POST", "/studies", r"world_size", body={"name": "n13", "world_size": 4096}, headers=AUTH),
+]
+
+
+@pytest.fixture(scope="module")
+def world13_api(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A storage of its own: test_the_real_executable_agrees runs the installed `tuner` without this checkout on
+    PYTHONPATH, which may be another tree's tuner that upgrades the shared storage past this one's schema."""
+    db = tmp_path_factory.mktemp("bad13") / "tuner.db"
+    url = f"sqlite:///{db}"
+    populate_study(url, "rep")
+    return {"db": db, "url": url}
+
+
+@pytest.mark.parametrize("case", ISSUE13_API, ids=lambda c: c.id)
+def test_issue13_api_bad_input(case: Api, world13_api: dict[str, Any]) -> None:
+    test_api_bad_input(case, world13_api)

@@ -31,6 +31,13 @@ class ConfigError(TunerError):
     """Contradictory or impossible options (e.g. a global batch no micro batch x world size divides)."""
 
 
+class LimitError(TunerError):
+    """A value past the bounds tuner accepts (a size that is not a finite integer, a space or world size too large to
+    search): one line, exit 2 on the command line, HTTP 422 from the API."""
+
+    http_status = 422
+
+
 class StorageError(TunerError):
     """The storage URL is malformed, unreachable, or holds a schema this code does not understand."""
 

@@ -20,12 +20,12 @@ from tuner.errors import BaselineError, ConfigError, NoStableConfig, StudyNotFou
 from tuner.job.definition import JobFlags
 from tuner.job.model_source import resolve_model
 from tuner.job.objective import load_lengths
-from tuner.job.space import Space, inline_space, load_space, space_file_knobs
+from tuner.job.space import Space, check_job_limits, inline_space, load_space, space_file_knobs
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
 from tuner.search.request import build_request as build_search_request
 from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow
 from tuner.search.schedule import Schedule
-from tuner.settings import load_settings
+from tuner.settings import load_settings, redact_url
 from tuner.storage import Store
 from tuner.units import parse_duration, parse_size
 
@@ -137,6 +137,8 @@ def prepare_request(
         job_flags=job_flags,
         space_listed=listed,
     )
+    # the 64-rank and global-batch caps (the GPUs this host shows: check_world_size, before the study is written)
+    check_job_limits(request.world_size, request.global_batch, option)
     base_world = loaded[-1].world_size if loaded else None
     explicit = {
         key
@@ -372,7 +374,7 @@ def pick_study(store: Store, study: str | None) -> tuple[str, dict[str, Any]]:
         return study, store.require_study(study)
     rows = store.study_rows()
     if not rows:
-        raise StudyNotFound(f"no study in storage {store.url}; run `tuner search --budget 30m` first")
+        raise StudyNotFound(f"no study in storage {redact_url(store.url)}; run `tuner search --budget 30m` first")
     return rows[0]["name"], dict(rows[0]["definition"])
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +22,50 @@ from tuner.errors import ConfigError
 DEFAULT_STORAGE = "sqlite:///tuner.db"
 ENV_PREFIX = "TUNER_"
 ProbeLauncher = Literal["auto", "forkserver", "spawn"]
+
+
+SECRET = "***"
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key", re.IGNORECASE)
+_USERINFO = re.compile(r"(://[^/?#@:]*):[^/?#@]*@")
+_QUERY_SECRET = re.compile(r"([?&][^=&#]*(?:pass|pwd|secret|token|key)[^=&#]*=)[^&#]*", re.IGNORECASE)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secrets a storage URL holds: its password and the values of password-like query parameters."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        m = re.search(r"://[^/?#@:]*:([^/?#@]*)@", url)
+        return [m.group(1)] if m and m.group(1) else []
+    found = [str(parsed.password)] if parsed.password else []
+    for key, value in parsed.query.items():
+        if _SECRET_PARAM.search(key):
+            found += [value] if isinstance(value, str) else list(value)
+    return [s for s in found if s]
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit to print: the password and password-like query parameters (password=, sslpassword= ...) as ***,
+    also when the URL does not parse."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return redact(_USERINFO.sub(rf"\1:{SECRET}@", url), url)
+    shown = parsed.render_as_string(hide_password=True)
+    return _QUERY_SECRET.sub(rf"\1{SECRET}", shown)
+
+
+def redact(text: str, url: str) -> str:
+    """``text`` (an error message, say) with every secret of the storage URL ``url`` replaced by ***."""
+    for secret in sorted(url_secrets(url), key=len, reverse=True):
+        text = text.replace(secret, SECRET)
+    return text
 
 
 class SettingsError(ConfigError):
@@ -46,10 +92,21 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(None, description="bearer token for API writes (unset: writes refused)")
     host: str = Field("127.0.0.1", min_length=1, description="`tuner serve` bind address")
     port: int = Field(8000, ge=1, le=65535, description="`tuner serve` TCP port")
+    default_study: str | None = Field(
+        None,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="the study GET /best-config serves without study= (unset: study= is required)",
+    )
     cache_dir: Path = Field(default_factory=_cache_dir, description="DeepSpeed's compiled ops, kept across probes")
     # how single-host probe ranks start: "auto" (the preloaded fork server on hosts without a GPU, else a fresh
     # interpreter), "forkserver" or "spawn"
     probe_launcher: ProbeLauncher = "auto"
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """The repr (and str) show the storage URL without its password; the token is a SecretStr (shown as ***)."""
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "storage" and isinstance(value, str) else value
 
     @field_validator("probe_launcher", mode="before")
     @classmethod
@@ -78,6 +135,7 @@ _TAKES = {
     "host": "a host name or IP address",
     "cache_dir": "a directory path",
     "storage": "a SQLAlchemy URL such as sqlite:///tuner.db",
+    "default_study": "a study name (letters, digits, . _ -)",
 }
 
 
@@ -88,6 +146,8 @@ def _one_line(err: ValidationError, overrides: dict[str, object]) -> str:
         given = e.get("input")
         if field == "api_token":  # never echo a secret
             where = f"{ENV_PREFIX}API_TOKEN"
+        elif field == "storage" and isinstance(given, str):
+            where = f"{ENV_PREFIX}STORAGE={redact_url(given)!r}"
         elif field in overrides:
             where = f"{field}={given!r}"
         elif field in Settings.model_fields:

@@ -6,11 +6,13 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 
-from tuner.errors import BudgetError, ConfigError
+from tuner.errors import BudgetError, ConfigError, LimitError
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?(?:e\d+)?)\s*([KMGT]i?B|B)?", re.IGNORECASE)
+MAX_SIZE = 2**50  # 1 PiB: above any device's memory per rank; larger is a typo or an attack (1e400 is infinity)
 _UNITS = {
     "b": 1,
     "kb": 10**3,
@@ -52,18 +54,28 @@ def format_duration(seconds: float) -> str:
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes in a memory size: 160MiB, 2GiB, 80GB, 1.5GiB or a plain byte count."""
+    """Bytes in a memory size: 160MiB, 2GiB, 80GB, 1.5GiB or a plain byte count: a whole number of bytes from 1 to
+    MAX_SIZE, computed exactly (no float: "1e400" is not infinity here, it is too large)."""
+    if isinstance(text, bool):
+        raise ConfigError(f"memory size {text!r} is not a size; write it like 160MiB, 2GiB or 80GB")
     if isinstance(text, int):
-        value = text
+        value = Decimal(text)
     else:
         m = _SIZE.fullmatch(text.strip())
         if m is None:
             raise ConfigError(f"memory size {text!r} is not understood; write it like 160MiB, 2GiB or 80GB")
         unit = (m.group(2) or "b").lower()
-        value = int(float(m.group(1)) * _UNITS[unit])
+        try:
+            value = Decimal(m.group(1)) * _UNITS[unit]
+        except ArithmeticError:  # an exponent past Decimal's own range: decimal.Overflow
+            value = Decimal(MAX_SIZE + 1)
     if value <= 0:
         raise ConfigError(f"memory size {text!r} must be positive; write it like 160MiB, 2GiB or 80GB")
-    return value
+    if value > MAX_SIZE:
+        raise LimitError(f"memory size {text!r} is above 1 PiB per rank; write it like 80GiB")
+    if value != value.to_integral_value():
+        raise LimitError(f"memory size {text!r} is not a whole number of bytes; write it like 160MiB or 2GiB")
+    return int(value)
 
 
 def format_size(n: int | float | None) -> str:

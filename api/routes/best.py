@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import PlainTextResponse, Response
 
 from api import views
@@ -31,13 +31,23 @@ def best_config(
     svc: ServicesDep,
     study: Annotated[
         str | None,
-        Query(max_length=STUDY_NAME_MAX, pattern=STUDY_NAME_PATTERN, description="default: the most recent study"),
+        Query(
+            max_length=STUDY_NAME_MAX,
+            pattern=STUDY_NAME_PATTERN,
+            description="the study; required unless the server was started with --default-study",
+        ),
     ] = None,
     format: Annotated[Format, Query(description="json | deepspeed | hf | accelerate | env")] = "json",
     raw: Annotated[bool, Query(description="answer only the config file body (for curl > ds_config.json)")] = False,
 ) -> BestConfigOut | Response:
+    name = study or svc.settings.default_study
+    if name is None:  # never "the newest study": any POST /studies would become what every consumer gets
+        raise HTTPException(
+            422,
+            "study= is required: GET /best-config?study=NAME (GET /studies lists them), or start the server with "
+            "`tuner serve --default-study NAME`",
+        )
     store = svc.store()
-    name = study or views.default_study(store)
     out = svc.best_cache.get(store, name, format, lambda: views.best_config(store, name, format))
     if not raw:
         return out

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from fastapi import APIRouter
-from sqlalchemy.engine import make_url
 
 import tuner
 from api.deps import ServicesDep
 from api.schemas import ErrorOut, HealthOut
+from tuner.settings import redact_url
 
 router = APIRouter(tags=["health"])
 
@@ -18,5 +18,5 @@ def health(svc: ServicesDep) -> HealthOut:
     store = svc.store()
     with store.engine.connect() as conn:
         conn.execute(sa.text("SELECT 1"))
-    url = make_url(svc.settings.storage).render_as_string(hide_password=True)
+    url = redact_url(svc.settings.storage)
     return HealthOut(status="ok", storage=url, version=tuner.__version__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 
 from api import definitions, views
 from api.deps import ServicesDep, require_token
@@ -16,8 +16,10 @@ from api.schemas import (
     StudyListOut,
     StudyOut,
     TrialPageOut,
+    TrialStateName,
     ValidationErrorOut,
 )
+from tuner.storage import Store
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -41,9 +43,15 @@ def list_studies(svc: ServicesDep) -> StudyListOut:
 @router.get("/{name}", response_model=StudyOut, responses={**COMMON, **NOT_FOUND})
 def get_study(name: StudyName, svc: ServicesDep) -> StudyOut:
     store = svc.store()
-    store.require_study(name)
-    row = next(r for r in store.study_rows() if r["name"] == name)
-    return views.study_detail(store, svc.optuna(), row)
+    return views.study_detail(store, svc, _row(store, name))
+
+
+def _row(store: Store, name: str) -> dict[str, Any]:
+    row = store.study_row(name)
+    if row is None:
+        store.require_study(name)  # the one "no study named ..." line
+    assert row is not None
+    return row
 
 
 @router.get("/{name}/trials", response_model=TrialPageOut, responses={**COMMON, **NOT_FOUND})
@@ -52,10 +60,15 @@ def list_trials(
     svc: ServicesDep,
     offset: Annotated[int, Query(ge=0, le=10_000_000, description="trials to skip")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="trials per page")] = 50,
-) -> TrialPageOut:
+    state: Annotated[
+        TrialStateName | None, Query(description="only trials in this Optuna state (COMPLETE, PRUNED, FAIL ...)")
+    ] = None,
+) -> Response:
     store = svc.store()
-    store.require_study(name)
-    return views.trial_page(store, svc.optuna(), name, offset, limit)
+    _row(store, name)
+    page = views.trial_page(store, svc, name, offset, limit, state)
+    # validated once where it was built: FastAPI would validate the page again against response_model
+    return Response(page.model_dump_json(), media_type="application/json")
 
 
 @router.post(
@@ -77,5 +90,4 @@ def create_study(body: StudyCreate, svc: ServicesDep) -> StudyOut:
     if store.study_definition(body.name) is not None:
         raise HTTPException(409, f"study {body.name!r} already exists; pick another name or join it with a worker")
     store.ensure_study(body.name, definitions.definition(body, svc.settings.storage), created_by="api")
-    row = next(r for r in store.study_rows() if r["name"] == body.name)
-    return views.study_detail(store, svc.optuna(), row)
+    return views.study_detail(store, svc, _row(store, body.name))

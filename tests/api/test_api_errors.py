@@ -19,7 +19,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("path", ["/health", "/studies", "/studies/x", "/studies/x/trials", "/best-config"])
+@pytest.mark.parametrize("path", ["/health", "/studies", "/studies/x", "/studies/x/trials", "/best-config?study=x"])
 def test_unreachable_postgres_is_503_json(path) -> None:
     url = f"postgresql+psycopg://postgres@127.0.0.1:{_closed_port()}/tuner"
     client = TestClient(create_app(Settings(storage=url)))

@@ -126,10 +126,10 @@ def test_best_config_raw_json_is_the_config_file(client) -> None:
     assert body["knobs"]["micro_batch_size"] == 4 and body["gradient_accumulation_steps"] == 2
 
 
-def test_best_config_defaults_to_most_recent_study(client) -> None:
+def test_best_config_needs_the_study_never_the_most_recent(client) -> None:
     r = client.get("/best-config")
-    assert r.status_code == 404  # "fresh" is the newest and has no probes yet
-    assert "'fresh'" in r.json()["detail"] and "no stable trial" in r.json()["detail"]
+    assert r.status_code == 422  # "fresh" is the newest; serving it would let any POST /studies take over
+    assert "study=" in r.json()["detail"]
 
 
 def test_unknown_study_is_404_with_a_clear_message(client) -> None:

@@ -65,3 +65,15 @@ def test_format_duration():
     assert format_duration(5415) == "1h30m"
     assert format_duration(95) == "1m35s"
     assert format_duration(7) == "7s"
+
+
+def test_sizes_are_finite_whole_byte_counts_up_to_a_pib():
+    """Issue 13: "1e400" was float infinity (OverflowError, a 500 from the API, a traceback from the CLI)."""
+    from tuner.errors import LimitError
+    from tuner.units import MAX_SIZE, parse_size
+
+    assert parse_size("0.1KB") == 100 and parse_size("1.5GiB") == 3 * 2**29 and parse_size("2e8") == 200_000_000
+    assert parse_size(MAX_SIZE) == MAX_SIZE
+    for bad in ("1e400", "1e99999999999", 10**30, MAX_SIZE + 1, "1.5B"):
+        with pytest.raises(LimitError, match="memory size"):
+            parse_size(bad)

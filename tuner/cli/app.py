@@ -7,6 +7,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tuner.errors import TunerError
 
@@ -49,7 +50,7 @@ def _register() -> None:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Prints ``error: message`` on one line to stderr and returns the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {message}", markup=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", markup=True)
     return typer.Exit(code)
 
 
@@ -60,7 +61,7 @@ def main() -> None:
         if isinstance(code, int) and not isinstance(code, bool) and code:
             sys.exit(code)
     except TunerError as err:
-        err_console.print(f"[bold red]error:[/] {err}")
+        err_console.print(f"[bold red]error:[/] {escape(str(err))}")  # user text: never rich markup
         sys.exit(err.exit_code)
     except typer.Exit as ex:
         sys.exit(ex.exit_code)
@@ -71,5 +72,5 @@ def main() -> None:
         err_console.print("interrupted")
         sys.exit(130)
     except _CLICK_ERRORS as err:  # usage errors: unknown option, bad value, missing argument
-        err_console.print(f"[bold red]error:[/] {getattr(err, 'format_message', err.__str__)()}")
+        err_console.print(f"[bold red]error:[/] {escape(getattr(err, 'format_message', err.__str__)())}")
         sys.exit(2)

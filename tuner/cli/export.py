@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tuner.cli.app import app
 from tuner.errors import BaselineError, ConfigError, NoStableConfig
@@ -77,6 +78,7 @@ def export(
     note_console.print(
         f"wrote {', '.join(map(str, written))} ({fmt}, study {study!r}, {trial}, {best.samples_per_s:.3g} samples/s)",
         style="dim",
+        markup=False,
     )
 
 
@@ -121,11 +123,12 @@ def doctor(
                 f"setup: {engine}, micro batch {k['micro_batch_size']} x accumulation "
                 f"{baseline.gradient_accumulation_steps}, {k['precision']}"
                 f"{', optimizer offload' if k['offload_optimizer'] else ''}"
-                f"{', overlap_comm' if k['overlap_comm'] and k['zero_stage'] else ''}"
+                f"{', overlap_comm' if k['overlap_comm'] and k['zero_stage'] else ''}",
+                markup=False,
             )
         for f in findings:
             style = "bold yellow" if f.severity == "warn" else "cyan"
-            out_console.print(f"[{style}]{f.severity}[/] {f.title}  [dim]({f.code})[/]")
+            out_console.print(f"[{style}]{f.severity}[/] {escape(f.title)}  [dim]({escape(f.code)})[/]")
             out_console.print(f"  why: {f.why}", markup=False)
             out_console.print(f"  try: {f.fix}", markup=False)
             if f.search:

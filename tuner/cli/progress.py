@@ -81,7 +81,7 @@ class LiveProgress:
         self.console.print(f"[dim]trial {row.trial_number:>3}  inferred-oom  {escape(knob_label(row.knobs))}[/]")
 
     def note(self, message: str) -> None:
-        self.console.print(message)
+        self.console.print(Text(message))  # the search's notes quote stored and storage text: never markup
 
     # -- rendering ---------------------------------------------------------------------------------------------------
     def _line(self, proposal: Proposal, row: ProbeRow) -> str:
@@ -129,11 +129,13 @@ class LiveProgress:
                     style="bold",
                 )
             )
-        return Panel(Group(*parts), title=f"tuner search: {self.study}", border_style="blue")
+        return Panel(Group(*parts), title=Text(f"tuner search: {self.study}"), border_style="blue")
 
 
 def summary_table(summary: SearchSummary, objective: Objective) -> Table:
-    table = Table(title=f"study {summary.study_name}: {summary.stop_reason} after {format_duration(summary.elapsed_s)}")
+    table = Table(
+        title=Text(f"study {summary.study_name}: {summary.stop_reason} after {format_duration(summary.elapsed_s)}")
+    )
     table.add_column("what")
     table.add_column("value", overflow="fold")
     c = summary.counts
@@ -147,7 +149,7 @@ def summary_table(summary: SearchSummary, objective: Objective) -> Table:
             "best", f"{fmt_num(best.objective)} {objective.unit}" + (" (confirmed)" if best.confirmed else "")
         )
         table.add_row(
-            "best config", knob_label(best.knobs) + f" accum={best.config.get('gradient_accumulation_steps')}"
+            "best config", Text(knob_label(best.knobs) + f" accum={best.config.get('gradient_accumulation_steps')}")
         )
         table.add_row("best peak", f"{format_size(best.peak_allocated)} of {format_size(best.capacity)}")
         table.add_row("best trial", str(best.trial_number))

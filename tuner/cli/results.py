@@ -78,7 +78,7 @@ def best(
         output.write_text(text)
     except OSError as err:
         raise ConfigError(f"cannot write {output}: {err.strerror}; pick a writable path for -o") from None
-    console.print(f"wrote the best config of study {name!r} ({fmt}) to {output}", style="dim")
+    console.print(Text(f"wrote the best config of study {name!r} ({fmt}) to {output}", style="dim"))
 
 
 def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
@@ -157,7 +157,7 @@ def trials(
     store = Store(load_settings(storage=storage).storage)
     name, definition = pick_study(store, study)
     objective = Objective.from_dict(definition.get("objective"))
-    table = Table(title=f"study {name}: objective {objective.unit}")
+    table = Table(title=Text(f"study {name}: objective {objective.unit}"))
     for col in (
         "trial",
         "state",
@@ -176,7 +176,7 @@ def trials(
         if r["reused_from"] is not None and not show_reused:
             continue
         shown += 1
-        table.add_row(
+        cells = (
             "-" if r["trial"] is None else str(r["trial"]),
             r["state"],
             str(r["fidelity"]),
@@ -188,13 +188,14 @@ def trials(
             describe(r["knobs"]) if r["knobs"] else "-",
             "; ".join(x for x in ((r["cause"] or "")[:160], r.get("ranks") or "") if x),
         )
+        table.add_row(*(Text(c) for c in cells))  # stored text (causes quote "[stderr: ...]"): never rich markup
     console.print(table)
     if not shown:
-        console.print(f"study {name!r} has no trials yet")
+        console.print(Text(f"study {name!r} has no trials yet"))
     from tuner.reporting.production import production_runs
 
     for run in production_runs(store.probes(name)):
-        console.print(run.line(), markup=False)
+        console.print(Text(run.line()))
 
 
 @app.command("studies")

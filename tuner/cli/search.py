@@ -216,6 +216,6 @@ def _precision(value: str | None) -> Precision | None:
 
 
 def _safe(url: str) -> str:
-    from sqlalchemy.engine import make_url
+    from tuner.settings import redact_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    return redact_url(url)

@@ -31,9 +31,13 @@ def serve(
     host: Annotated[str | None, typer.Option("--host", help="interface to bind (default 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option("--port", min=1, max=65535, help="TCP port (default 8000)")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level")] = "info",
+    default_study: Annotated[
+        str | None,
+        typer.Option("--default-study", help="the study GET /best-config serves without study= (default: required)"),
+    ] = None,
 ) -> None:
     """Serve GET /best-config, /studies ... over HTTP (reads the storage; writes need TUNER_API_TOKEN)."""
-    settings = load_settings(storage=storage, host=host, port=port)
+    settings = load_settings(storage=storage, host=host, port=port, default_study=default_study)
     if not is_loopback(settings.host) and not settings.api_token:
         raise ConfigError(
             f"refusing to serve on {settings.host} (not loopback) without a token: set TUNER_API_TOKEN, "

@@ -10,19 +10,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import tomllib
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from trials.contract import Engine, Knobs, Precision
-from tuner.errors import SpaceError
+from tuner.errors import LimitError, SpaceError
 
 DEFAULT_SPACE_FILE = Path(__file__).with_name("default_space.yaml")
 MAX_CHOICES = 64
+# Workers list every config of the space when they start (the proposers, the memory trace): a space is counted, never
+# enumerated, when it is checked, and refused above this many configs (about 6 s of enumeration on this machine).
+MAX_CONFIGS = 100_000
+# PYTORCH_CUDA_ALLOC_CONF syntax: comma-separated option:value pairs (expandable_segments:True,max_split_size_mb:128);
+# checked when the space is read, not when the export renders the pick after the whole search
+ALLOC_CONF_SYNTAX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*:[^,:\s]+(,[A-Za-z_][A-Za-z0-9_]*:[^,:\s]+)*$")
+MAX_ALLOC_CONF = 512
+MAX_WORLD_SIZE = 64  # a probe starts every rank on one host (tuner.probing.runner)
+MAX_GLOBAL_BATCH = 1_000_000  # samples per optimizer step
 ZERO_KNOBS = (
     "allgather_bucket_size",
     "reduce_bucket_size",
@@ -30,6 +41,10 @@ ZERO_KNOBS = (
     "contiguous_gradients",
     "offload_optimizer",
 )
+
+
+class SpaceTooLarge(SpaceError, LimitError):
+    """A space (or one knob's range) past MAX_CHOICES / MAX_CONFIGS: one line, exit 2, HTTP 422."""
 
 
 class Suggester(Protocol):
@@ -51,7 +66,20 @@ class IntRange(BaseModel):
             raise ValueError(f"range low {self.low} is above high {self.high}")
         return self
 
+    def count(self) -> int:
+        """How many values the range holds, without listing them."""
+        if self.scale == "linear":
+            return (self.high - self.low) // self.step + 1
+        return max(0, self.high.bit_length() - (self.low - 1).bit_length())
+
     def values(self) -> list[int]:
+        n = self.count()
+        if n > MAX_CHOICES:
+            raise PydanticCustomError(
+                "too_many",
+                "the range {low}..{high} holds {n} values; at most {most} per knob",
+                {**self._ends(), "n": n},
+            )
         if self.scale == "linear":
             return list(range(self.low, self.high + 1, self.step))
         out, v = [], 1
@@ -62,6 +90,9 @@ class IntRange(BaseModel):
         if not out:
             raise ValueError(f"no power of two lies in [{self.low}, {self.high}]")
         return out
+
+    def _ends(self) -> dict[str, int]:
+        return {"low": self.low, "high": self.high, "most": MAX_CHOICES}
 
 
 def _as_list(value: Any) -> Any:
@@ -113,11 +144,25 @@ class Space(BaseModel):
     def _bucket_ints(cls, value: Any) -> Any:
         return [_to_int(v) for v in value]
 
+    @field_validator("alloc_conf", mode="after")
+    @classmethod
+    def _alloc_syntax(cls, value: list[str | None]) -> list[str | None]:
+        for v in value:
+            if v is not None and (len(v) > MAX_ALLOC_CONF or not ALLOC_CONF_SYNTAX.match(v)):
+                shown = v if len(v) <= 60 else v[:57] + "..."
+                raise ValueError(
+                    f"{shown!r} is not PyTorch allocator syntax; write option:value pairs separated by commas, e.g. "
+                    "expandable_segments:True,max_split_size_mb:128"
+                )
+        return value
+
     @field_validator("*", mode="after")
     @classmethod
     def _distinct(cls, value: list[Any]) -> list[Any]:
         if len(value) > MAX_CHOICES:
-            raise ValueError(f"{len(value)} choices; at most {MAX_CHOICES} per knob")
+            raise PydanticCustomError(
+                "too_many", "{n} choices; at most {most} per knob", {"n": len(value), "most": MAX_CHOICES}
+            )
         if len(set(map(repr, value))) != len(value):
             raise ValueError("repeats a value")
         return value
@@ -140,7 +185,29 @@ class Space(BaseModel):
             raise ValueError(
                 "knob 'zero_stage': engine 'torch' has no ZeRO stage; list engine: [deepspeed] or zero_stage: [0]"
             )
+        n = self.count()
+        if n > MAX_CONFIGS:
+            raise PydanticCustomError(
+                "too_many",
+                "space: {n} configs; at most {most}: give fewer choices per knob (the product of the choices counts)",
+                {"n": n, "most": MAX_CONFIGS},
+            )
         return self
+
+    def count(self) -> int:
+        """The number of distinct configs (what ``configs()`` yields), computed from the choices without listing them:
+        conditional knobs count only where they apply, as ``sample`` draws them."""
+        n = len
+        common = n(self.micro_batch_size) * n(self.max_length) * n(self.gradient_checkpointing) * n(self.precision)
+        zero_rest = n(self.reduce_bucket_size) * n(self.overlap_comm) * n(self.contiguous_gradients)
+        zero_rest *= n(self.offload_optimizer)
+        per_stage = {0: 1, 1: n(self.allgather_bucket_size) * zero_rest, 3: zero_rest}
+        engines = sum(
+            sum(per_stage.get(stage, per_stage[1]) for stage in self.zero_stage) if engine == "deepspeed" else 1
+            for engine in self.engine
+        )
+        evals = sum(1 if e is None else n(self.generate) for e in self.eval_batch_size)
+        return engines * common * n(self.alloc_conf) * evals
 
     # -- sampling ----------------------------------------------------------------------------------------------------
     def _pick(self, trial: Suggester, name: str) -> Any:
@@ -186,7 +253,7 @@ class Space(BaseModel):
                 yield knobs
 
     def size(self) -> int:
-        return sum(1 for _ in self.configs())
+        return self.count()
 
     def restrict(self, **choices: list[Any]) -> Space:
         return Space.model_validate({**self.model_dump(), **choices})
@@ -205,6 +272,20 @@ class _GridTrial:
         if self.branch is None:
             self.branch = (name, list(choices))
         return next(iter(choices))
+
+
+def check_job_limits(world_size: int, global_batch: int, option: Callable[[str], str] = str) -> None:
+    """The bounds of a search's world size and global batch, checked when a study is defined (`tuner search`,
+    ``POST /studies``). The GPUs a worker host shows are tuner.probing.gpus.check_world_size's (at search start)."""
+    if world_size > MAX_WORLD_SIZE:
+        raise LimitError(
+            f"{option('world_size')} {world_size} is above {MAX_WORLD_SIZE}: a probe runs all its ranks on one host"
+        )
+    if global_batch > MAX_GLOBAL_BATCH:
+        raise LimitError(
+            f"global batch {global_batch} is above {MAX_GLOBAL_BATCH:,} samples per step; set "
+            f"{option('global_batch')} (without it: lcm of the micro batch choices x world size)"
+        )
 
 
 def knobs_key(knobs: Knobs) -> str:
@@ -251,6 +332,8 @@ def _one_line(err: ValidationError, source: str) -> str:
     if first["type"] == "extra_forbidden":
         known = ", ".join(Space.model_fields)
         return f"{source}: unknown knob {key!r}; known knobs: {known}"
+    if first["type"] == "too_many" and msg.startswith("space:"):
+        return f"{source}: {msg.removeprefix('space: ')}"
     if key == "space" and ":" in msg:
         return f"{source}: {msg}"
     return f"{source}: knob {key!r}: {msg}"
@@ -260,7 +343,8 @@ def space_from_dict(data: dict[str, Any], source: str = "space") -> Space:
     try:
         return Space.model_validate(data)
     except ValidationError as err:
-        raise SpaceError(_one_line(err, source)) from None
+        kind = SpaceTooLarge if err.errors()[0]["type"] == "too_many" else SpaceError
+        raise kind(_one_line(err, source)) from None
 
 
 def default_space() -> Space:

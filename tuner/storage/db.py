@@ -12,6 +12,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, Ope
 from sqlalchemy.pool import NullPool
 
 from tuner.errors import StorageError
+from tuner.settings import redact, redact_url
 from tuner.storage import migrations
 from tuner.storage.migrations import VERSION_TABLE
 from tuner.storage.schema import claims, meta, probes, search_runs, studies
@@ -30,14 +31,15 @@ def _check_url(url: str) -> sa.URL:
         parsed = make_url(url)
     except ArgumentError:
         raise StorageError(
-            f"storage URL {url!r} is not a SQLAlchemy URL; use e.g. sqlite:///tuner.db or "
+            f"storage URL {redact_url(url)!r} is not a SQLAlchemy URL; use e.g. sqlite:///tuner.db or "
             "postgresql+psycopg://user@host/db"
         ) from None
     try:
         parsed.get_dialect()
     except NoSuchModuleError:
         raise StorageError(
-            f"storage URL {url!r}: unknown database kind {parsed.drivername!r}; use sqlite:/// or postgresql+psycopg://"
+            f"storage URL {redact_url(url)!r}: unknown database kind {parsed.drivername!r}; use sqlite:/// or "
+            "postgresql+psycopg://"
         ) from None
     return parsed
 
@@ -68,9 +70,11 @@ def get_engine(url: str) -> Engine:
 
 
 def _unreachable(url: str, err: Exception) -> StorageError:
-    safe = make_url(url).render_as_string(hide_password=True)
     first = str(getattr(err, "orig", err)).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return StorageError(f"cannot reach storage {safe}: {first}; check the URL, that the server runs, and access rights")
+    return StorageError(
+        f"cannot reach storage {redact_url(url)}: {redact(first, url)}; check the URL, that the server runs, and "
+        "access rights"
+    )
 
 
 def _revisions(conn: sa.Connection) -> tuple[str, ...]:

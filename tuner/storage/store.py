@@ -248,6 +248,26 @@ class Store:
             rows = conn.execute(q).all()
         return [ProbeRow.from_record(dict(r._mapping)) for r in rows]
 
+    # -- reads for pages (the API): one indexed query each, whatever the size of the study ----------------------------
+    def study_row(self, name: str) -> dict[str, Any] | None:
+        """One study's row (name, created_at, created_by, definition), or None."""
+        with self._connect() as conn:
+            row = conn.execute(sa.select(studies).where(studies.c.name == name)).first()
+        return dict(row._mapping) if row else None
+
+    def probes_of_trials(self, study_name: str, trial_numbers: list[int]) -> list[ProbeRow]:
+        """The probe rows of these trials (a page of them), in the order they were stored."""
+        if not trial_numbers:
+            return []
+        q = (
+            sa.select(probes)
+            .where(probes.c.study_name == study_name, probes.c.trial_number.in_(sorted(set(trial_numbers))))
+            .order_by(probes.c.id)
+        )
+        with self._connect() as conn:
+            rows = conn.execute(q).all()
+        return [ProbeRow.from_record(dict(r._mapping)) for r in rows]
+
     def count_probes(self, study_name: str) -> dict[str, int]:
         """Probe counts by status (ok, oom, timeout, error, inferred-oom ...)."""
         q = (

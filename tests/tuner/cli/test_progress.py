@@ -78,3 +78,38 @@ def test_summary_table_shows_best_and_baseline_speedup():
     Console(file=out, width=200, color_system=None).print(summary_table(summary, Objective()))
     text = out.getvalue()
     assert "12.5 samples/s" in text and "x2.50" in text and "micro=4" in text and "accum=8" in text
+
+
+# -- issue 13: stored and user text is printed as text, never as rich markup ------------------------------------------
+HOSTILE = "[/]"
+
+
+def test_hostile_text_in_knobs_study_names_and_notes_is_printed_verbatim():
+    """alloc_conf "[/]" (a study stored before the space checked its syntax), a study named "[/]", a note quoting
+    storage text: rich would raise MarkupError (the worker dies) or drop the text; it is printed as it is."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=200, color_system=None)
+    progress = LiveProgress(console, Deadline(60, clock=lambda: 0.0), Objective(), f"study{HOSTILE}")
+    row = _row("ok", 12.5, True, alloc_conf=None)
+    row = ProbeRow.from_record({**row.to_record(), "id": 1, "knobs": {**row.knobs, "alloc_conf": HOSTILE}})
+    progress.finished(_proposal(4), Outcome(row=row, state=None, objective=12.5, stable=True))
+    progress.note(f"storage unreachable ({HOSTILE}[bold]x[/bold]); retrying with backoff")
+    console.print(progress.__rich__())
+    summary = SearchSummary(
+        study_name=f"demo{HOSTILE}",
+        run_id=1,
+        elapsed_s=10,
+        stop_reason=f"budget {HOSTILE}",
+        counts={"ok": 1},
+        best=best_stable([row]),
+        baseline=None,
+        probes_run=1,
+        probe_seconds=6,
+        trials=1,
+    )
+    console.print(summary_table(summary, Objective()))
+    text = out.getvalue()
+    assert f"alloc_conf={HOSTILE}" in text  # the probe line, the best so far and the summary's best config
+    assert text.count(f"alloc_conf={HOSTILE}") >= 3, text
+    assert f"tuner search: study{HOSTILE}" in text and f"study demo{HOSTILE}: budget {HOSTILE}" in text
+    assert f"({HOSTILE}[bold]x[/bold])" in text

@@ -36,3 +36,34 @@ def test_tuner_trials_shows_per_rank_peaks_and_the_imbalance_flag(url: str) -> N
     )
     assert done.returncode == 0, done.stderr
     assert "IMBALANCE" in done.stdout and "r0=" in done.stdout
+
+
+def test_tuner_trials_prints_stored_causes_verbatim(url: str, monkeypatch, capsys) -> None:
+    """Issue 13: a cause is stored text ("[stderr: ...]" from the runner, anything from a probe's message); rich
+    read it as markup and dropped the bracketed part, or raised on "[/]"."""
+    from tuner.cli import main as tuner_main
+    from tuner.search.rows import ProbeRow
+
+    populate_study(url, "causes")
+    cause = "RuntimeError: NCCL failed [stderr: rank 1 exited] [/] [bold]x[/bold]"
+    Store(url).record_probe(
+        ProbeRow.from_record(
+            {
+                "study_name": "causes",
+                "trial_number": None,
+                "fidelity": "confirm",
+                "config_key": "markup",
+                "knobs": {"micro_batch_size": 5, "max_length": 64, "zero_stage": 1},
+                "config": {},
+                "status": "error",
+                "cause": cause,
+                "stable": False,
+            }
+        )
+    )
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(sys, "argv", ["tuner", "trials", "--study", "causes", "--storage", url])
+    tuner_main()  # returns on success (exits only on an error)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err, out.err
+    assert cause in out.out, out.out[-3000:]

@@ -122,3 +122,49 @@ def test_config_key_depends_on_world_and_accumulation():
     k = Knobs(micro_batch_size=2, max_length=8)
     assert config_key(k, 1, 4) != config_key(k, 2, 2)
     assert config_key(k, 1, 4) == config_key(Knobs(micro_batch_size=2, max_length=8), 1, 4)
+
+
+# -- issue 13: the space is counted, never enumerated, when it is checked ---------------------------------------------
+def test_count_equals_the_enumerated_grid_for_conditional_spaces():
+    from tuner.job.space import default_space
+
+    base = default_space()
+    variants = [
+        {},
+        {"engine": ["torch", "deepspeed"], "zero_stage": [0, 3]},
+        {"engine": ["torch"], "zero_stage": [0]},
+        {"zero_stage": [1, 3], "alloc_conf": [None, "expandable_segments:True"]},
+        {"eval_batch_size": [None, 4, 8], "generate": [False, True], "precision": ["fp32", "bf16"]},
+    ]
+    for patch in variants:
+        space = base.restrict(**patch)
+        assert space.count() == len(list(space.configs())) == space.size(), patch
+
+
+def test_a_huge_range_or_grid_is_refused_in_one_line_without_enumerating():
+    import time
+
+    from tuner.errors import LimitError
+    from tuner.job.space import MAX_CONFIGS, IntRange, default_space, space_from_dict
+
+    assert IntRange(low=1, high=10**18, scale="linear").count() == 10**18
+    assert IntRange(low=3, high=64).count() == len(IntRange(low=3, high=64).values()) == 5  # 4 8 16 32 64
+    base = default_space().model_dump()
+    t0 = time.perf_counter()
+    with pytest.raises(LimitError, match=r"knob 'micro_batch_size': the range 1\.\.10+ holds 10+ values"):
+        space_from_dict({**base, "micro_batch_size": {"low": 1, "high": 10**18, "scale": "linear"}}, "space")
+    grid = {"micro_batch_size": list(range(1, 65)), "max_length": list(range(1, 65)), "eval_batch_size": [None, 1, 2]}
+    with pytest.raises(LimitError, match=rf"configs; at most {MAX_CONFIGS}"):
+        space_from_dict({**base, **grid}, "space")
+    assert time.perf_counter() - t0 < 5  # counted: 1e18 values or 4e7 configs listed would take hours, or all memory
+
+
+def test_alloc_conf_is_checked_when_the_space_is_read():
+    from tuner.errors import SpaceError
+    from tuner.job.space import default_space, space_from_dict
+
+    base = default_space().model_dump()
+    with pytest.raises(SpaceError, match=r"alloc_conf.*'\[/\]' is not PyTorch allocator syntax"):
+        space_from_dict({**base, "alloc_conf": ["[/]"]}, "space")
+    ok = space_from_dict({**base, "alloc_conf": [None, "expandable_segments:True,max_split_size_mb:128"]}, "space")
+    assert ok.alloc_conf[1] == "expandable_segments:True,max_split_size_mb:128"

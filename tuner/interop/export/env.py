@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -10,9 +9,9 @@ from typing import Any
 from trials.contract import ALLOC_CONF_ENV
 from tuner.errors import ConfigError
 from tuner.interop.export.deepspeed import check_batch, validate_knobs
+from tuner.job.space import ALLOC_CONF_SYNTAX
 
-# PYTORCH_CUDA_ALLOC_CONF syntax: comma-separated option:value pairs (expandable_segments:True,max_split_size_mb:128)
-_ALLOC_CONF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*:[^,:\s]+(,[A-Za-z_][A-Za-z0-9_]*:[^,:\s]+)*$")
+_ALLOC_CONF = ALLOC_CONF_SYNTAX  # one syntax, checked when the space is read (tuner.job.space) and here
 _MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
