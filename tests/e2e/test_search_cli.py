@@ -50,7 +50,7 @@ def test_search_prunes_oom_and_completes_the_rest(searched):
     assert complete and all(t.user_attrs["knobs"]["micro_batch_size"] == 2 for t in complete)
     assert any(t.user_attrs["status"] == "oom" and t.constraints["memory"] > 0 for t in pruned)
     assert all(t.user_attrs["knobs"]["micro_batch_size"] * 16 == 32 for t in complete)  # accum 16 keeps batch 32
-    assert "best config" in done.stdout and '"micro_batch_size": 2' in done.stdout
+    assert "the pick: " in done.stdout and "micro=2 " in done.stdout and "next: tuner best --study e2e" in done.stdout
     trials = tuner("trials", "--storage", url, "--study", "e2e")
     assert trials.returncode == 0
     assert "PRUNED" in trials.stdout and "oom" in trials.stdout and "COMPLETE" in trials.stdout

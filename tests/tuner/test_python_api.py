@@ -69,3 +69,39 @@ def test_estimate_predicts_one_config() -> None:
     assert 0 < small.raw < large.raw and large.activations > small.activations
     with pytest.raises(ConfigError, match="micro_batch_size"):
         tuner.estimate("builtin:tiny-t5", {"micro_batch_size": 0, "max_length": 64})
+
+
+def test_dry_run_says_what_the_search_would_do_and_writes_nothing(tmp_path: Path) -> None:
+    """`tuner search --dry-run`: the job, the space, what the memory estimate rules out, the expected probes; no
+    storage written, no probe run."""
+    db = tmp_path / "tuner.db"
+    tuner_bin = Path(sys.executable).with_name("tuner")
+    done = subprocess.run(
+        [
+            str(tuner_bin),
+            "search",
+            "--budget",
+            "30m",
+            "--storage",
+            f"sqlite:///{db}",
+            "--device-memory",
+            "160MiB",
+            "--space",
+            str(_space_file(tmp_path)),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "your job (held fixed): fp32, length 128, no eval step" in done.stdout
+    assert "space: 2 configs; " in done.stdout and "ruled out by the memory estimate" in done.stdout
+    ruled = int(done.stdout.split("space: 2 configs; ")[1].split()[0])
+    assert f"expected: at most about {2 - ruled} probes" in done.stdout and not db.exists()
+
+
+def _space_file(tmp_path: Path) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text("micro_batch_size: [2, 32]\nzero_stage: [0]\ngradient_checkpointing: [false]\n")
+    return path

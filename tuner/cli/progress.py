@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from tuner.job.objective import Objective
@@ -44,6 +44,7 @@ class LiveProgress:
         self.best: tuple[float, dict[str, Any]] | None = None
         self.current: tuple[Proposal, float] | None = None
         self.recent: list[ProbeRow] = []
+        self.pending: list[ProbeRow] = []  # inferred rows not printed yet (grouped by why they were ruled out)
         self.live = Live(self, console=console, refresh_per_second=2, transient=True)
 
     def __enter__(self) -> LiveProgress:
@@ -51,13 +52,16 @@ class LiveProgress:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._flush_inferred()
         self.live.__exit__(*exc)
 
     # -- Listener ----------------------------------------------------------------------------------------------------
     def started(self, proposal: Proposal) -> None:
+        self._flush_inferred()
         self.current = (proposal, time.monotonic())
 
     def finished(self, proposal: Proposal, outcome: Outcome) -> None:
+        self._flush_inferred()
         self.current = None
         row = outcome.row
         self.counts["probed"] += 1
@@ -77,11 +81,18 @@ class LiveProgress:
         self.console.print(self._line(proposal, row))
 
     def inferred(self, row: ProbeRow) -> None:
+        """Configs ruled out without running are one line per decision (printed before the next probe line)."""
         self.counts["inferred"] += 1
-        self.console.print(f"[dim]trial {row.trial_number:>3}  inferred-oom  {escape(knob_label(row.knobs))}[/]")
+        self.pending.append(row)
 
     def note(self, message: str) -> None:
+        self._flush_inferred()
         self.console.print(Text(message))  # the search's notes quote stored and storage text: never markup
+
+    def _flush_inferred(self) -> None:
+        for line in ruled_out_lines(self.pending):
+            self.console.print(Text(line, style="dim"))
+        self.pending = []
 
     # -- rendering ---------------------------------------------------------------------------------------------------
     def _line(self, proposal: Proposal, row: ProbeRow) -> str:
@@ -132,39 +143,61 @@ class LiveProgress:
         return Panel(Group(*parts), title=Text(f"tuner search: {self.study}"), border_style="blue")
 
 
-def summary_table(summary: SearchSummary, objective: Objective) -> Table:
-    table = Table(
-        title=Text(f"study {summary.study_name}: {summary.stop_reason} after {format_duration(summary.elapsed_s)}")
-    )
-    table.add_column("what")
-    table.add_column("value", overflow="fold")
+def _reason(cause: str | None) -> str:
+    """Why a config was ruled out, as one group: the measured OOM it needs at least as much as, or the estimate."""
+    text = cause or "inferred-oom"
+    if text.startswith("inferred-oom from measured "):
+        return f"each needs at least what {text[len('inferred-oom from measured ') :]} needed, and that ran out"
+    if text.startswith("inferred-oom: estimated peak"):
+        return "the memory estimate puts each far over the device memory"
+    return text
+
+
+def ruled_out_lines(rows: Sequence[ProbeRow]) -> list[str]:
+    """Inferred rows as one line per reason: how many configs, their micro batch span, why."""
+    groups: dict[str, list[ProbeRow]] = {}
+    for row in rows:
+        groups.setdefault(_reason(row.cause), []).append(row)
+    out = []
+    for reason, group in groups.items():
+        micros = sorted({int(r.knobs.get("micro_batch_size") or 0) for r in group})
+        span = f"micro {micros[0]}" + (f"-{micros[-1]}" if len(micros) > 1 else "")
+        n = len(group)
+        out.append(f"ruled out {n} config{'s' if n > 1 else ''} without running ({span}): {reason}")
+    return out
+
+
+def summary_table(summary: SearchSummary, objective: Objective) -> Group:
+    """The end of a search in a few lines: what ran, the user's config's verdict, the pick and its speed-up, and
+    the next command. Every value is printed as text (stored strings are never markup)."""
     c = summary.counts
-    table.add_row("probes run (this worker)", f"{summary.probes_run} ({summary.probe_seconds:.0f} probe-seconds)")
-    table.add_row("trials in study", str(summary.trials))
-    table.add_row("ok / oom / inferred-oom", f"{c.get('ok', 0)} / {c.get('oom', 0)} / {c.get('inferred-oom', 0)}")
-    table.add_row("timeout / error", f"{c.get('timeout', 0)} / {c.get('error', 0)}")
-    best = summary.best
-    if best is not None:
-        table.add_row(
-            "best", f"{fmt_num(best.objective)} {objective.unit}" + (" (confirmed)" if best.confirmed else "")
-        )
-        table.add_row(
-            "best config", Text(knob_label(best.knobs) + f" accum={best.config.get('gradient_accumulation_steps')}")
-        )
-        table.add_row("best peak", f"{format_size(best.peak_allocated)} of {format_size(best.capacity)}")
-        table.add_row("best trial", str(best.trial_number))
-    else:
-        table.add_row("best", "no stable config yet")
-    base = summary.baseline
+    inferred = c.get("inferred-oom", 0)
+    lines = [
+        f"study {summary.study_name}: {summary.stop_reason} after {format_duration(summary.elapsed_s)}; "
+        f"{summary.probes_run} probes run ({summary.probe_seconds:.0f} probe-seconds), {inferred} configs ruled out "
+        f"without running, {summary.trials} trials in the study",
+        f"probes: {c.get('ok', 0)} ok, {c.get('oom', 0)} out of memory, {c.get('timeout', 0)} timed out, "
+        f"{c.get('error', 0)} failed",
+    ]
+    best, base = summary.best, summary.baseline
     if base is not None:
         if base.objective and best is not None:
-            table.add_row(
-                "baseline",
-                f"{fmt_num(base.objective)} {objective.unit}; best is x{best.objective / base.objective:.2f}",
-            )
+            speedup = best.objective / base.objective
+            lines.append(f"your config: {fmt_num(base.objective)} {objective.unit}; the pick is x{speedup:.2f}")
         else:
-            table.add_row(
-                "baseline",
-                Text(f"{base.status.value}: {base.cause or ''} peak {format_size(base.peak_allocated)}"),
+            lines.append(
+                f"your config: {base.status.value}: {base.cause or ''} (peak {format_size(base.peak_allocated)})"
             )
-    return table
+    if best is not None:
+        lines.append(
+            f"the pick: {fmt_num(best.objective)} {objective.unit}{' (confirmed)' if best.confirmed else ''}, "
+            f"{knob_label(best.knobs)} accum={best.config.get('gradient_accumulation_steps')}, "
+            f"peak {format_size(best.peak_allocated)} of {format_size(best.capacity)}, trial {best.trial_number}"
+        )
+        lines.append(
+            f"next: tuner best --study {summary.study_name} --changes   (then --format deepspeed|hf|accelerate|env "
+            "-o FILE)"
+        )
+    else:
+        lines.append("the pick: no stable config yet")
+    return Group(*(Text(line) for line in lines))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +29,15 @@ from tuner.units import format_size
 console = Console(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
     console = Console(highlight=False, soft_wrap=True, width=200)
+
+
+def table_console() -> Console:
+    """The console for `tuner trials`' table: the terminal's width, else $COLUMNS, else 100 columns."""
+    found = Console(highlight=False, soft_wrap=True)
+    if found.is_terminal or "COLUMNS" in os.environ:
+        return found
+    return Console(highlight=False, soft_wrap=True, width=100)
+
 
 StorageOpt = Annotated[
     str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
@@ -145,57 +155,96 @@ def rank_note(result: Mapping[str, Any] | None) -> str:
     return f"{peaks}: {imb.summary()}"
 
 
+_ORDER = {"ok": 0, "oom": 2, "host-oom": 3, "timeout": 4, "error": 5}
+
+
+def select_rows(
+    rows: list[dict[str, Any]], *, everything: bool = False, status: str | None = None, top: int | None = None
+) -> list[dict[str, Any]]:
+    """What `tuner trials` lists: by default the probes that ran (not configs ruled out without running, nor trials
+    that reused an earlier measurement), best first: stable by objective, then unstable, then failures by trial.
+    ``everything``: every trial in trial order. ``status`` filters, ``top`` keeps the first N."""
+    if everything:
+        picked = list(rows)
+    else:
+        picked = [r for r in rows if r["reused_from"] is None and str(r["fidelity"]) != "inferred"]
+        picked.sort(
+            key=lambda r: (
+                0 if r["stable"] else (1 if str(r["status"]) == "ok" else _ORDER.get(str(r["status"]), 6)),
+                -(r["objective"] or 0.0),
+                -1 if r["trial"] is None else r["trial"],
+            )
+        )
+    if status is not None:
+        picked = [r for r in picked if str(r["status"]) == status]
+    return picked[:top] if top is not None else picked
+
+
+def _cells(r: Mapping[str, Any]) -> tuple[str, ...]:
+    trial = "-" if r["trial"] is None else str(r["trial"])
+    fidelity = str(r["fidelity"])
+    status = str(r["status"]) + ("" if str(r["status"]) != "ok" or r["stable"] else " unstable")
+    return (
+        trial if fidelity in ("short", "") else f"{trial} {fidelity}",
+        str(r["state"]),
+        status,
+        fmt_num(r["objective"]),
+        format_size(r["peak"]),
+        f"{r['seconds']:.0f}" if r["seconds"] else "-",
+        describe(r["knobs"]) if r["knobs"] else "-",
+        "; ".join(x for x in ((r["cause"] or "")[:160], r.get("ranks") or "") if x),
+    )
+
+
 @app.command("trials")
 def trials(
     storage: StorageOpt = None,
     study: StudyOpt = None,
-    show_reused: Annotated[
-        bool, typer.Option("--reused/--no-reused", help="also list trials that reused a measurement")
+    everything: Annotated[
+        bool, typer.Option("--all", help="every trial in trial order (ruled out, reused and failed ones too)")
     ] = False,
+    status: Annotated[str | None, typer.Option("--status", help="only this status: ok, oom, inferred-oom ...")] = None,
+    top: Annotated[int | None, typer.Option("--top", min=1, help="only the first N")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one trial each, every field")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row")] = False,
 ) -> None:
-    """List a study's trials: state, status and cause, throughput, peak memory, knobs."""
+    """List a study's probes, best first (--all: every trial): status and cause, throughput, peak memory, config."""
     store = Store(load_settings(storage=storage).storage)
     name, definition = pick_study(store, study)
     objective = Objective.from_dict(definition.get("objective"))
-    table = Table(title=Text(f"study {name}: objective {objective.unit}"))
-    for col in (
-        "trial",
-        "state",
-        "fidelity",
-        "status",
-        objective.unit,
-        "peak",
-        "stable",
-        "s",
-        "config",
-        "cause / ranks",
-    ):
+    listed = select_rows(trial_rows(store, name), everything=everything, status=status, top=top)
+    if as_json or as_csv:
+        _print_data(listed, as_csv)
+        return
+    table = Table(title=Text(f"study {name}: objective {objective.unit}"), box=None, pad_edge=False)
+    for col in ("trial", "state", "status", objective.unit, "peak", "s", "config", "cause / ranks"):
         table.add_column(col, overflow="fold")
-    shown = 0
-    for r in trial_rows(store, name):
-        if r["reused_from"] is not None and not show_reused:
-            continue
-        shown += 1
-        cells = (
-            "-" if r["trial"] is None else str(r["trial"]),
-            r["state"],
-            str(r["fidelity"]),
-            str(r["status"]),
-            fmt_num(r["objective"]),
-            format_size(r["peak"]),
-            {True: "yes", False: "no"}.get(r["stable"], "-"),
-            f"{r['seconds']:.1f}" if r["seconds"] else "-",
-            describe(r["knobs"]) if r["knobs"] else "-",
-            "; ".join(x for x in ((r["cause"] or "")[:160], r.get("ranks") or "") if x),
-        )
-        table.add_row(*(Text(c) for c in cells))  # stored text (causes quote "[stderr: ...]"): never rich markup
-    console.print(table)
-    if not shown:
-        console.print(Text(f"study {name!r} has no trials yet"))
+    for r in listed:
+        table.add_row(*(Text(c) for c in _cells(r)))  # stored text (causes quote "[stderr: ...]"): never rich markup
+    out = table_console()
+    out.print(table)
+    if not listed:
+        out.print(Text(f"study {name!r} has no trials to list yet" + ("" if everything else " (try --all)")))
     from tuner.reporting.production import production_runs
 
     for run in production_runs(store.probes(name)):
-        console.print(Text(run.line()))
+        out.print(Text(run.line()))
+
+
+def _print_data(rows: list[dict[str, Any]], as_csv: bool) -> None:
+    import csv
+    import json
+    import sys
+
+    if not as_csv:
+        for r in rows:
+            typer.echo(json.dumps(r, default=str))
+        return
+    fields = ["trial", "state", "fidelity", "status", "objective", "peak", "stable", "seconds", "config", "cause"]
+    writer = csv.DictWriter(sys.stdout, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({**r, "config": describe(r["knobs"]) if r["knobs"] else ""})
 
 
 @app.command("studies")

@@ -9,6 +9,7 @@ import optuna
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from trials.contract import Precision
 from tuner.cli.app import app
@@ -141,6 +142,13 @@ def search(
             help="skip configs a memory trace predicts far over budget (default: on for budgets of 10 minutes or more)",
         ),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="say what the search would do (job, space, estimate, probes, time); write and probe nothing",
+        ),
+    ] = False,
 ) -> None:
     """Find the fastest config that does not run out of memory, by short real probe trainings."""
     request, explicit = build_request(
@@ -170,6 +178,14 @@ def search(
         ),
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if dry_run:
+        from tuner.python_api import plan
+
+        with console.status("tracing one training step for the memory estimate ..."):
+            found = plan(request, estimate)
+        for line in found.lines(request):
+            console.print(Text(line))
+        return
     check_world_size(request)  # before the study is written or any probe runs: one line, exit 2
     store = Store(request.storage)
     request, resumed = resolve(request, explicit, store)
@@ -200,11 +216,6 @@ def search(
     console.print(summary_table(summary, request.objective))
     if summary.best is None:
         console.print("no stable config found: give a larger --device-memory or --budget, or a smaller space")
-        return
-    from tuner.interop.export import render_best
-
-    console.print("best config:")
-    typer.echo(render_best("json", summary.best, request.definition()).rstrip())
 
 
 def _precision(value: str | None) -> Precision | None:

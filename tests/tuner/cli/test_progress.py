@@ -51,13 +51,17 @@ def test_live_panel_counts_ooms_inferred_and_the_best():
     progress.started(_proposal(4))
     progress.finished(_proposal(4), Outcome(row=_row("ok", 12.5, True), state=None, objective=12.5, stable=True))
     progress.finished(_proposal(32), Outcome(row=_row("oom", micro=32), state=None, objective=None, stable=False))
-    progress.inferred(_row("inferred-oom", micro=64, trial_number=7, fidelity="inferred"))
+    why = "inferred-oom from measured micro=32 len=128"
+    for micro in (64, 128, 256):
+        progress.inferred(_row("inferred-oom", micro=micro, trial_number=micro, fidelity="inferred", cause=why))
+    progress.started(_proposal(2))  # the ruled-out configs are one line, before the next probe
     now[0] = 60.0
     console.print(progress.__rich__())
     text = out.getvalue()
-    assert "OOM-pruned 1" in text and "inferred 1" in text and "stable 1" in text
+    assert "OOM-pruned 1" in text and "inferred 3" in text and "stable 1" in text
     assert "best so far: 12.5 samples/s" in text and "time left 2m00s" in text
-    assert "inferred-oom" in text and "micro=32" in text
+    line = "ruled out 3 configs without running (micro 64-256): each needs at least what micro=32 len=128 needed"
+    assert text.count("ruled out") == 1 and line in text
 
 
 def test_summary_table_shows_best_and_baseline_speedup():

@@ -67,3 +67,66 @@ def test_tuner_trials_prints_stored_causes_verbatim(url: str, monkeypatch, capsy
     out = capsys.readouterr()
     assert "Traceback" not in out.err, out.err
     assert cause in out.out, out.out[-3000:]
+
+
+def _trial(n, status, objective=None, stable=False, fidelity="short", reused=None):
+    return {
+        "trial": n,
+        "state": "COMPLETE" if status == "ok" else "PRUNED",
+        "fidelity": fidelity,
+        "status": status,
+        "cause": "",
+        "objective": objective,
+        "peak": 1 << 20,
+        "stable": stable,
+        "knobs": {"micro_batch_size": n, "max_length": 64},
+        "reused_from": reused,
+        "seconds": 3.0,
+        "ranks": "",
+    }
+
+
+def test_trials_lists_probes_best_first_and_all_on_request() -> None:
+    from tuner.cli.results import select_rows
+
+    rows = [
+        _trial(0, "ok", 5.0, True, fidelity="baseline"),
+        _trial(1, "oom"),
+        _trial(2, "inferred-oom", fidelity="inferred"),
+        _trial(3, "ok", 9.0, True),
+        _trial(4, "ok", 12.0, False),  # fast but above the headroom
+        _trial(5, "ok", 9.0, True, reused=3),
+        _trial(6, "error"),
+    ]
+    assert [r["trial"] for r in select_rows(rows)] == [3, 0, 4, 1, 6]
+    assert [r["trial"] for r in select_rows(rows, everything=True)] == [0, 1, 2, 3, 4, 5, 6]
+    assert [r["trial"] for r in select_rows(rows, status="ok", top=2)] == [3, 0]
+    assert [r["trial"] for r in select_rows(rows, everything=True, status="inferred-oom")] == [2]
+
+
+def test_trials_as_json_and_csv_and_within_100_columns(url: str) -> None:
+    import csv
+    import io
+    import json
+
+    populate_study(url, "fmt")
+    tuner = Path(sys.executable).with_name("tuner")
+
+    def run(*extra: str, columns: str = "100") -> str:
+        done = subprocess.run(
+            [str(tuner), "trials", "--study", "fmt", "--storage", url, *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": columns},
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    lines = [json.loads(line) for line in run("--json", "--top", "3").splitlines()]
+    assert len(lines) == 3 and lines[0]["stable"] and lines[0]["objective"] >= lines[1]["objective"]
+    table = list(csv.DictReader(io.StringIO(run("--csv", "--all"))))
+    assert len(table) > len(lines) and {"trial", "status", "config", "cause"} <= set(table[0])
+    text = run()
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "inferred-oom" not in text  # ruled-out configs only with --all
