@@ -16,4 +16,4 @@ if [ "${TUNER_TEST_POSTGRES:-}" != skip ] && ! .venv/bin/python -c \
   eval "$exports"
   trap 'scripts/throwaway-pg.sh stop "$TUNER_THROWAWAY_PG"' EXIT
 fi
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"

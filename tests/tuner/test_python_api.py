@@ -3,7 +3,6 @@ device), tuner.best_config hands back what `tuner best` does, tuner.estimate wha
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,21 +22,8 @@ def test_import_tuner_stays_light() -> None:
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.slow
-def test_tune_searches_and_best_config_hands_back_the_same(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/tuner.db"
-    result = tuner.tune(
-        budget="3m", space=SPACE, device_memory="160MiB", storage=url, study="py", finalists=0, seed=0, format="hf"
-    )
-    assert result.study == "py" and result.stop_reason
-    assert result.best is not None and result.best.knobs["micro_batch_size"] == 2  # 32 runs out of 160 MiB
-    statuses = {r.knobs["micro_batch_size"]: str(r.status) for r in result.probes}
-    assert statuses[2] == "ok" and statuses.get(32, "inferred-oom") in ("oom", "inferred-oom")
-    hf = result.best.as_dict()
-    assert hf["per_device_train_batch_size"] == 2
-    again = tuner.best_config("py", storage=url, format="hf")
-    assert again.content == result.best.content and again.changes == result.best.changes
-    assert json.loads(tuner.best_config(storage=url).content)["knobs"]["micro_batch_size"] == 2  # the newest study
+# tuner.tune running a real search, and best_config handing back what it picked: in
+# tests/tuner/integrations/test_transformers_loop.py, whose study then trains under the Trainer (one search for both).
 
 
 def test_api_mistakes_are_typed_one_line_errors(tmp_path: Path) -> None:

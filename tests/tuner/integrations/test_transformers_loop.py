@@ -102,8 +102,13 @@ def test_apply_best_and_the_callback_close_the_loop(tmp_path: Path) -> None:
     result = tuner.tune(
         budget="3m", space=SPACE, device_memory="160MiB", storage=url, study="loop", finalists=0, seed=0, max_length=32
     )
-    assert result.best is not None
+    assert result.best is not None and result.study == "loop" and result.stop_reason
     micro = result.best.knobs["micro_batch_size"]
+    statuses = {r.knobs["micro_batch_size"]: str(r.status) for r in result.probes}
+    assert statuses[2] == "ok" and all(s in ("ok", "oom", "inferred-oom") for s in statuses.values())
+    again = tuner.best_config("loop", storage=url, format="hf")  # what `tuner best` hands back: the same pick
+    assert again.config_key == result.best.config_key and again.as_dict()["per_device_train_batch_size"] == micro
+    assert json.loads(tuner.best_config(storage=url).content)["knobs"]["micro_batch_size"] == micro  # newest study
     done = run_training("loop", url, length=32)
     assert done.returncode == 0, done.stderr[-3000:]
     ran = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RAN "))[4:])
