@@ -33,10 +33,10 @@ if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns f
 
 def table_console() -> Console:
     """The console for `tuner trials`' table: the terminal's width, else $COLUMNS, else 100 columns."""
-    found = Console(highlight=False, soft_wrap=True)
+    found = Console(highlight=False)
     if found.is_terminal or "COLUMNS" in os.environ:
         return found
-    return Console(highlight=False, soft_wrap=True, width=100)
+    return Console(highlight=False, width=100)
 
 
 StorageOpt = Annotated[
@@ -180,18 +180,52 @@ def select_rows(
     return picked[:top] if top is not None else picked
 
 
-def _cells(r: Mapping[str, Any]) -> tuple[str, ...]:
+def compact(knobs: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> str:
+    """A config's label for a row: the knobs that differ from the defaults and from the job (held fixed, shown once
+    above the table), large numbers as 2e8."""
+    fixed = {k: v for k, v in (job or {}).items() if k in ("precision", "max_length", "eval_batch_size", "generate")}
+    shown = {k: v for k, v in knobs.items() if k not in fixed or fixed[k] != v}
+    parts = []
+    for part in describe(shown).split():
+        name, _, value = part.partition("=")
+        if value == "None":
+            continue
+        if value.isdigit() and len(value) > 5:  # 200000000 -> 2e8
+            value = f"{int(value):.3g}".replace("e+0", "e").replace("e+", "e")
+        short = _SHORT.get(name, name)
+        if value == "True" and name in _FLAGS:
+            parts.append(short)
+        elif value == "False" and name in _FLAGS:
+            parts.append(f"no-{short}")
+        else:
+            parts.append(f"{short}{'' if name == 'zero_stage' else '='}{value}")  # z2, micro=4
+    return " ".join(parts)
+
+
+_SHORT = {
+    "zero_stage": "z",
+    "allgather_bucket_size": "allgather",
+    "reduce_bucket_size": "reduce",
+    "overlap_comm": "overlap",
+    "contiguous_gradients": "contiguous",
+    "offload_optimizer": "offload",
+    "gradient_checkpointing": "ckpt",
+    "eval_batch_size": "eval",
+}
+_FLAGS = ("overlap_comm", "contiguous_gradients", "offload_optimizer", "gradient_checkpointing", "generate")
+
+
+def _cells(r: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> tuple[str, ...]:
     trial = "-" if r["trial"] is None else str(r["trial"])
     fidelity = str(r["fidelity"])
     status = str(r["status"]) + ("" if str(r["status"]) != "ok" or r["stable"] else " unstable")
     return (
         trial if fidelity in ("short", "") else f"{trial} {fidelity}",
-        str(r["state"]),
         status,
         fmt_num(r["objective"]),
         format_size(r["peak"]),
         f"{r['seconds']:.0f}" if r["seconds"] else "-",
-        describe(r["knobs"]) if r["knobs"] else "-",
+        compact(r["knobs"], job) if r["knobs"] else "-",
         "; ".join(x for x in ((r["cause"] or "")[:160], r.get("ranks") or "") if x),
     )
 
@@ -216,11 +250,15 @@ def trials(
     if as_json or as_csv:
         _print_data(listed, as_csv)
         return
-    table = Table(title=Text(f"study {name}: objective {objective.unit}"), box=None, pad_edge=False)
-    for col in ("trial", "state", "status", objective.unit, "peak", "s", "config", "cause / ranks"):
-        table.add_column(col, overflow="fold")
+    job = definition.get("job") if isinstance(definition.get("job"), Mapping) else None
+    held = f"; your job (held fixed, not repeated below): {Job.model_validate(job).describe()}" if job else ""
+    table = Table(title=Text(f"study {name}: objective {objective.unit}{held}"), box=None, pad_edge=False)
+    for col in ("trial", "status", objective.unit, "peak", "s"):  # the Optuna state: --json
+        table.add_column(col, no_wrap=True)
+    table.add_column("config", overflow="fold", min_width=30)
+    table.add_column("cause / ranks", overflow="fold")
     for r in listed:
-        table.add_row(*(Text(c) for c in _cells(r)))  # stored text (causes quote "[stderr: ...]"): never rich markup
+        table.add_row(*(Text(c) for c in _cells(r, job)))  # stored text (causes quote "[stderr: ...]"): not markup
     out = table_console()
     out.print(table)
     if not listed:

@@ -130,3 +130,23 @@ def test_trials_as_json_and_csv_and_within_100_columns(url: str) -> None:
     text = run()
     assert max(len(line) for line in text.splitlines()) <= 100
     assert "inferred-oom" not in text  # ruled-out configs only with --all
+
+
+def test_a_rows_config_leaves_out_the_job_and_reads_short() -> None:
+    from tuner.cli.results import compact
+
+    knobs = {
+        "micro_batch_size": 4,
+        "max_length": 32,
+        "zero_stage": 2,
+        "reduce_bucket_size": 200000000,
+        "overlap_comm": True,
+        "offload_optimizer": True,
+        "precision": "bf16",
+        "eval_batch_size": 50,
+        "generate": True,
+        "allgather_bucket_size": None,
+    }
+    job = {"precision": "bf16", "max_length": 32, "eval_batch_size": 50, "generate": True}
+    assert compact(knobs, job) == "micro=4 z2 reduce=2e8 overlap offload"
+    assert compact(knobs) == "micro=4 len=32 z2 reduce=2e8 overlap offload precision=bf16 eval=50 generate"
