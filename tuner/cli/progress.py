@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -22,8 +22,43 @@ from tuner.units import Deadline, format_duration, format_size
 RECENT = 8
 
 
+def compact(knobs: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> str:
+    """A config's label for a row: the knobs that differ from the defaults and from the job (held fixed, shown once
+    above the table), large numbers as 2e8."""
+    fixed = {k: v for k, v in (job or {}).items() if k in ("precision", "max_length", "eval_batch_size", "generate")}
+    shown = {k: v for k, v in knobs.items() if k not in fixed or fixed[k] != v}
+    parts = []
+    for part in describe(shown).split():
+        name, _, value = part.partition("=")
+        if value == "None":
+            continue
+        if value.isdigit() and len(value) > 5:  # 200000000 -> 2e8
+            value = f"{int(value):.3g}".replace("e+0", "e").replace("e+", "e")
+        short = _SHORT.get(name, name)
+        if value == "True" and name in _FLAGS:
+            parts.append(short)
+        elif value == "False" and name in _FLAGS:
+            parts.append(f"no-{short}")
+        else:
+            parts.append(f"{short}{'' if name == 'zero_stage' else '='}{value}")  # z2, micro=4
+    return " ".join(parts)
+
+
+_SHORT = {
+    "zero_stage": "z",
+    "allgather_bucket_size": "allgather",
+    "reduce_bucket_size": "reduce",
+    "overlap_comm": "overlap",
+    "contiguous_gradients": "contiguous",
+    "offload_optimizer": "offload",
+    "gradient_checkpointing": "ckpt",
+    "eval_batch_size": "eval",
+}
+_FLAGS = ("overlap_comm", "contiguous_gradients", "offload_optimizer", "gradient_checkpointing", "generate")
+
+
 def knob_label(knobs: dict[str, Any]) -> str:
-    return describe(knobs)
+    return compact(knobs)
 
 
 def fmt_num(value: float | None) -> str:
@@ -154,17 +189,19 @@ def _reason(cause: str | None) -> str:
 
 
 def ruled_out_lines(rows: Sequence[ProbeRow]) -> list[str]:
-    """Inferred rows as one line per reason: how many configs, their micro batch span, why."""
-    groups: dict[str, list[ProbeRow]] = {}
+    """The inferred rows of one decision (between two probes) as one line: how many configs, their micro batch
+    span, why (the reason shared by most of them; `tuner trials --all` lists each with its own cause)."""
+    if not rows:
+        return []
+    reasons: dict[str, int] = {}
     for row in rows:
-        groups.setdefault(_reason(row.cause), []).append(row)
-    out = []
-    for reason, group in groups.items():
-        micros = sorted({int(r.knobs.get("micro_batch_size") or 0) for r in group})
-        span = f"micro {micros[0]}" + (f"-{micros[-1]}" if len(micros) > 1 else "")
-        n = len(group)
-        out.append(f"ruled out {n} config{'s' if n > 1 else ''} without running ({span}): {reason}")
-    return out
+        reasons[_reason(row.cause)] = reasons.get(_reason(row.cause), 0) + 1
+    micros = sorted({int(r.knobs.get("micro_batch_size") or 0) for r in rows})
+    span = f"micro {micros[0]}" + (f"-{micros[-1]}" if len(micros) > 1 else "")
+    n = len(rows)
+    main, count = max(reasons.items(), key=lambda item: item[1])
+    more = f" ({count} of them; the others likewise)" if count < n else ""
+    return [f"ruled out {n} config{'s' if n > 1 else ''} without running ({span}): {main}{more}"]
 
 
 def summary_table(summary: SearchSummary, objective: Objective) -> Group:

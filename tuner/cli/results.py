@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.cli.app import app
-from tuner.cli.progress import fmt_num
+from tuner.cli.progress import compact, fmt_num
 from tuner.errors import ConfigError, NoStableConfig
 from tuner.job.definition import Job
 from tuner.job.objective import Objective
@@ -167,7 +167,11 @@ def select_rows(
     if everything:
         picked = list(rows)
     else:
-        picked = [r for r in rows if r["reused_from"] is None and str(r["fidelity"]) != "inferred"]
+        picked = [
+            r
+            for r in rows
+            if r["reused_from"] is None and str(r["fidelity"]) != "inferred" and str(r["status"]) != "inferred-oom"
+        ]
         picked.sort(
             key=lambda r: (
                 0 if r["stable"] else (1 if str(r["status"]) == "ok" else _ORDER.get(str(r["status"]), 6)),
@@ -178,41 +182,6 @@ def select_rows(
     if status is not None:
         picked = [r for r in picked if str(r["status"]) == status]
     return picked[:top] if top is not None else picked
-
-
-def compact(knobs: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> str:
-    """A config's label for a row: the knobs that differ from the defaults and from the job (held fixed, shown once
-    above the table), large numbers as 2e8."""
-    fixed = {k: v for k, v in (job or {}).items() if k in ("precision", "max_length", "eval_batch_size", "generate")}
-    shown = {k: v for k, v in knobs.items() if k not in fixed or fixed[k] != v}
-    parts = []
-    for part in describe(shown).split():
-        name, _, value = part.partition("=")
-        if value == "None":
-            continue
-        if value.isdigit() and len(value) > 5:  # 200000000 -> 2e8
-            value = f"{int(value):.3g}".replace("e+0", "e").replace("e+", "e")
-        short = _SHORT.get(name, name)
-        if value == "True" and name in _FLAGS:
-            parts.append(short)
-        elif value == "False" and name in _FLAGS:
-            parts.append(f"no-{short}")
-        else:
-            parts.append(f"{short}{'' if name == 'zero_stage' else '='}{value}")  # z2, micro=4
-    return " ".join(parts)
-
-
-_SHORT = {
-    "zero_stage": "z",
-    "allgather_bucket_size": "allgather",
-    "reduce_bucket_size": "reduce",
-    "overlap_comm": "overlap",
-    "contiguous_gradients": "contiguous",
-    "offload_optimizer": "offload",
-    "gradient_checkpointing": "ckpt",
-    "eval_batch_size": "eval",
-}
-_FLAGS = ("overlap_comm", "contiguous_gradients", "offload_optimizer", "gradient_checkpointing", "generate")
 
 
 def _cells(r: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> tuple[str, ...]:
