@@ -66,9 +66,16 @@ def probe_accum(config: ProbeConfig) -> int:
 
 
 def one_line(exc: BaseException) -> str:
+    """The exception's type and first line, and its direct cause's (DeepSpeed raises "the op failed to build/load"
+    from the compiler's error): what the probe row's cause says."""
     text = str(exc).strip().splitlines()
     first = next((line.strip() for line in text if line.strip()), "")
-    return f"{type(exc).__name__}: {first}"[:500] if first else type(exc).__name__
+    line = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    cause = exc.__cause__
+    if cause is not None and cause is not exc:
+        inner = next((x.strip() for x in str(cause).strip().splitlines() if x.strip()), "")
+        line += f" (caused by {type(cause).__name__}" + (f": {inner})" if inner else ")")
+    return line[:500]
 
 
 class DeviceBusy(RuntimeError):

@@ -86,3 +86,19 @@ def test_hidden_size_of_t5_and_llama_configs() -> None:
     assert (hidden_size(t5), hidden_size(llama)) == (32, 48)
     with pytest.raises(ValueError, match="no hidden_size"):
         hidden_size(torch.nn.Linear(2, 2))
+
+
+def test_a_probe_cause_names_the_error_behind_the_error() -> None:
+    from trials.probe import one_line
+
+    try:
+        try:
+            raise OSError("ninja: build stopped: subcommand failed.")
+        except OSError as e:
+            raise RuntimeError("DeepSpeedCPUAdam requires the cpu_adam op, which failed to build/load.") from e
+    except RuntimeError as exc:
+        line = one_line(exc)
+    assert line == (
+        "RuntimeError: DeepSpeedCPUAdam requires the cpu_adam op, which failed to build/load. "
+        "(caused by OSError: ninja: build stopped: subcommand failed.)"
+    )

@@ -2,7 +2,8 @@
 
 A first-use compile costs 25-40 s on an idle machine, minutes on a busy one: inside a probe it eats the timeout, and
 a probe killed mid-build leaves torch's build lock behind so every later load waits on it. Builds are serialised
-across runner processes with an flock; a build this runner had to kill has its stale lock removed.
+across runner processes with an flock; a build this runner had to kill has its stale lock removed. A library ninja
+would rebuild (sources newer than it: a reinstalled venv) counts as missing, so it is rebuilt here too.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +36,26 @@ def needed_ops(config: ProbeConfig, gpu_host: bool) -> list[str]:
 
 
 def missing_ops(ops: list[str], ext_dir: Path) -> list[str]:
-    return [op for op in ops if not (ext_dir / OP_LIBS[op] / f"{OP_LIBS[op]}.so").exists()]
+    """The ops a probe would have to build itself: no library yet, or one ninja would rebuild (``stale``)."""
+    return [
+        op
+        for op in ops
+        if not (ext_dir / OP_LIBS[op] / f"{OP_LIBS[op]}.so").exists() or stale(ext_dir / OP_LIBS[op])
+    ]
+
+
+def stale(op_dir: Path) -> bool:
+    """ninja's own verdict (a dry run, ``ninja -n``) on a built op: its sources or headers are newer than the library,
+    e.g. after tuner, DeepSpeed or torch was reinstalled into the same venv path. torch's JIT load in a rank would then
+    rebuild it inside the probe (45 s here, past short timeouts) and a rank killed mid-build leaves the lock behind."""
+    ninja = shutil.which("ninja", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if ninja is None or not (op_dir / "build.ninja").exists():
+        return False  # no ninja: nothing to ask (torch cannot build either); no build file: not ours to judge
+    try:
+        done = subprocess.run([ninja, "-C", str(op_dir), "-n"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode != 0 or "no work to do" not in done.stdout
 
 
 @contextlib.contextmanager

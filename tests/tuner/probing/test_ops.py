@@ -56,3 +56,27 @@ def test_a_dead_builds_lock_is_cleared_before_building(tmp_path: Path, monkeypat
     monkeypatch.setattr(launch_ops.launch_forkserver, "usable", lambda: True)
     built = ensure_ops(_cfg(zero_stage=1, offload_optimizer=True), {"TORCH_EXTENSIONS_DIR": str(tmp_path)})
     assert seen == {"lock": False} and built == ["cpu_adam"]
+
+
+def test_a_library_ninja_would_rebuild_counts_as_missing(tmp_path: Path) -> None:
+    """After a reinstall into the same venv path the op's sources are newer than its library: torch's JIT load in a
+    rank would rebuild it inside the probe. ninja's own dry run (a real ninja, on a real build file) says so."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    op = tmp_path / "cpu_adam"
+    op.mkdir()
+    src = op / "cpu_adam.cpp"
+    (op / "build.ninja").write_text("rule cp\n  command = cp $in $out\nbuild cpu_adam.so: cp cpu_adam.cpp\n")
+    src.write_text("// source\n")
+    old = time.time() - 60
+    os.utime(src, (old, old))
+    ninja = shutil.which("ninja", path=str(Path(sys.executable).parent))
+    assert ninja is not None
+    subprocess.run([ninja, "-C", str(op)], check=True, capture_output=True)  # built (ninja's log records it)
+    assert missing_ops(["cpu_adam"], tmp_path) == []
+    os.utime(src, None)  # the source reinstalled after the build
+    assert missing_ops(["cpu_adam"], tmp_path) == ["cpu_adam"]
