@@ -38,9 +38,7 @@ def needed_ops(config: ProbeConfig, gpu_host: bool) -> list[str]:
 def missing_ops(ops: list[str], ext_dir: Path) -> list[str]:
     """The ops a probe would have to build itself: no library yet, or one ninja would rebuild (``stale``)."""
     return [
-        op
-        for op in ops
-        if not (ext_dir / OP_LIBS[op] / f"{OP_LIBS[op]}.so").exists() or stale(ext_dir / OP_LIBS[op])
+        op for op in ops if not (ext_dir / OP_LIBS[op] / f"{OP_LIBS[op]}.so").exists() or stale(ext_dir / OP_LIBS[op])
     ]
 
 
