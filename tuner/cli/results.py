@@ -225,9 +225,12 @@ def trials(
     for col in ("trial", "status", objective.unit, "peak", "s"):  # the Optuna state: --json
         table.add_column(col, no_wrap=True)
     table.add_column("config", overflow="fold", min_width=30)
-    table.add_column("cause / ranks", overflow="fold")
-    for r in listed:
-        table.add_row(*(Text(c) for c in _cells(r, job)))  # stored text (causes quote "[stderr: ...]"): not markup
+    cells = [_cells(r, job) for r in listed]
+    causes = any(c[-1] for c in cells)
+    if causes:  # a column only when some row has a cause or per-rank peaks to show
+        table.add_column("cause / ranks", overflow="fold")
+    for c in cells:
+        table.add_row(*(Text(x) for x in (c if causes else c[:-1])))  # stored text ("[stderr: ...]"): not markup
     out = table_console()
     out.print(table)
     if not listed:
