@@ -37,7 +37,7 @@ def export(
 ) -> None:
     """Export the best stable config of a study. With --format accelerate -o FILE the DeepSpeed JSON it points at is
     written next to FILE as FILE-stem.deepspeed.json."""
-    from tuner.interop.export import FORMATS, best_export_args, deepspeed_export, measured_knobs, render_best
+    from tuner.interop.export import FORMATS, best_export_args, deepspeed_export, layout, measured_knobs, render_best
     from tuner.interop.export.accelerate import render_yaml, to_accelerate
     from tuner.search.selection import best_stable
     from tuner.settings import load_settings
@@ -66,7 +66,7 @@ def export(
         ds = deepspeed_export(
             knobs, world_size=world, gradient_accumulation_steps=accum, baseline=export.baseline, files=export.files
         )
-        _write(ds_path, json.dumps(ds, indent=2) + "\n")
+        _write(ds_path, layout.dumps(ds))
         acc = to_accelerate(
             knobs, world_size=world, gradient_accumulation_steps=accum, deepspeed_config_file=str(ds_path)
         )

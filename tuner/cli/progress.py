@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,6 +17,7 @@ from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
 from tuner.search.driver import SearchSummary
 from tuner.search.rows import ProbeRow, ProbeStatus
+from tuner.search.selection import Candidate
 from tuner.search.strategy import Outcome, Proposal
 from tuner.units import Deadline, format_duration, format_size
 
@@ -24,9 +26,9 @@ RECENT = 8
 
 def compact(knobs: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> str:
     """A config's label for a row: the knobs that differ from the defaults and from the job (held fixed, shown once
-    above the table), large numbers as 2e8."""
+    above the table), large numbers as 2e8, equal allgather and reduce buckets as one buckets=."""
     fixed = {k: v for k, v in (job or {}).items() if k in ("precision", "max_length", "eval_batch_size", "generate")}
-    shown = {k: v for k, v in knobs.items() if k not in fixed or fixed[k] != v}
+    shown = {k: v for k, v in knobs.items() if k not in fixed or str(fixed[k]) != str(v)}  # str: parsed labels
     parts = []
     for part in describe(shown).split():
         name, _, value = part.partition("=")
@@ -41,7 +43,23 @@ def compact(knobs: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> s
             parts.append(f"no-{short}")
         else:
             parts.append(f"{short}{'' if name == 'zero_stage' else '='}{value}")  # z2, micro=4
-    return " ".join(parts)
+    return " ".join(_merge_buckets(parts))
+
+
+def _merge_buckets(parts: list[str]) -> list[str]:
+    """allgather=1e7 reduce=1e7 -> buckets=1e7 (one value for both, as DeepSpeed's docs size them together)."""
+    gather = next((p for p in parts if p.startswith("allgather=")), None)
+    reduce = next((p for p in parts if p.startswith("reduce=")), None)
+    if gather is None or reduce is None or gather.partition("=")[2] != reduce.partition("=")[2]:
+        return parts
+    return [f"buckets={reduce.partition('=')[2]}" if p == reduce else p for p in parts if p != gather]
+
+
+def parse_label(text: str) -> dict[str, str]:
+    """The knobs of a `describe` label ("micro=8 len=128 zero_stage=3"), as strings (a stored cause quotes one)."""
+    names = {"micro": "micro_batch_size", "len": "max_length"}
+    pairs = (part.partition("=") for part in text.split() if "=" in part)
+    return {names.get(name, name): value for name, _, value in pairs}
 
 
 _SHORT = {
@@ -57,10 +75,6 @@ _SHORT = {
 _FLAGS = ("overlap_comm", "contiguous_gradients", "offload_optimizer", "gradient_checkpointing", "generate")
 
 
-def knob_label(knobs: dict[str, Any]) -> str:
-    return compact(knobs)
-
-
 def fmt_num(value: float | None) -> str:
     if value is None:
         return "-"
@@ -70,8 +84,17 @@ def fmt_num(value: float | None) -> str:
 class LiveProgress:
     """A Listener for tuner.search.driver that renders counts, best so far, the running probe and time left."""
 
-    def __init__(self, console: Console, deadline: Deadline, objective: Objective, study: str) -> None:
+    def __init__(
+        self,
+        console: Console,
+        deadline: Deadline,
+        objective: Objective,
+        study: str,
+        job: Mapping[str, Any] | None = None,
+    ) -> None:
         self.console = console
+        self.job = job  # the job's values (held fixed, printed once above the stream) are left out of each label
+        self.oom_trials: dict[str, int] = {}  # a measured OOM's label -> its trial number (ruled-out lines cite it)
         self.deadline = deadline
         self.objective = objective
         self.study = study
@@ -113,7 +136,9 @@ class LiveProgress:
         if row.stable and row.objective is not None and (self.best is None or row.objective > self.best[0]):
             self.best = (row.objective, row.knobs)
         self.recent = ([row, *self.recent])[:RECENT]
-        self.console.print(self._line(proposal, row))
+        if status == ProbeStatus.OOM and proposal.trial_number is not None:
+            self.oom_trials[compact(row.knobs, self.job)] = proposal.trial_number
+        self.console.print(probe_line(proposal.trial_number, proposal.fidelity, row, self.objective.unit, self.job))
 
     def inferred(self, row: ProbeRow) -> None:
         """Configs ruled out without running are one line per decision (printed before the next probe line)."""
@@ -125,23 +150,11 @@ class LiveProgress:
         self.console.print(Text(message))  # the search's notes quote stored and storage text: never markup
 
     def _flush_inferred(self) -> None:
-        for line in ruled_out_lines(self.pending):
+        for line in ruled_out_lines(self.pending, self.job, self.oom_trials):
             self.console.print(Text(line, style="dim"))
         self.pending = []
 
     # -- rendering ---------------------------------------------------------------------------------------------------
-    def _line(self, proposal: Proposal, row: ProbeRow) -> str:
-        """One probe's line; the cause and the knobs are stored text, escaped so rich never reads them as markup."""
-        number = "  -" if proposal.trial_number is None else f"{proposal.trial_number:>3}"
-        status = row.status.value + ("" if row.status != ProbeStatus.OK or row.stable else " (unstable)")
-        colour = {ProbeStatus.OK: "green", ProbeStatus.OOM: "yellow"}.get(row.status, "red")
-        value = f"{fmt_num(row.objective)} {self.objective.unit}" if row.objective is not None else row.cause or ""
-        return (
-            f"trial {number}  {proposal.fidelity:<8} [{colour}]{status:<16}[/] {escape(f'{value:<28}')} "
-            f"peak {format_size(row.peak_allocated)}  {row.probe_seconds or 0:.1f}s  "
-            f"{escape(knob_label(row.knobs))}"
-        )
-
     def __rich__(self) -> Panel:
         c = self.counts
         head = Text.assemble(
@@ -161,7 +174,7 @@ class LiveProgress:
             str(c["confirmed"]),
         )
         best = (
-            Text(f"best so far: {fmt_num(self.best[0])} {self.objective.unit}  {knob_label(self.best[1])}")
+            Text(f"best so far: {fmt_num(self.best[0])} {self.objective.unit}  {compact(self.best[1], self.job)}")
             if self.best
             else Text("best so far: -")
         )
@@ -171,40 +184,75 @@ class LiveProgress:
             parts.append(
                 Text(
                     f"probing ({p.fidelity}, {time.monotonic() - since:.0f}s of at most {p.config.timeout_s:.0f}s): "
-                    f"{knob_label(p.config.knobs.model_dump())} accum={p.config.gradient_accumulation_steps}",
+                    f"{compact(p.config.knobs.model_dump(), self.job)} accum={p.config.gradient_accumulation_steps}",
                     style="bold",
                 )
             )
         return Panel(Group(*parts), title=Text(f"tuner search: {self.study}"), border_style="blue")
 
 
-def _reason(cause: str | None) -> str:
-    """Why a config was ruled out, as one group: the measured OOM it needs at least as much as, or the estimate."""
+def probe_line(number: int | None, fidelity: str, row: ProbeRow, unit: str, job: Mapping[str, Any] | None) -> str:
+    """One probe's line of the live stream, within 100 columns for most configs: trial (or "confirm"), status, the
+    throughput or a brief cause (`tuner trials` shows the whole), peak, seconds, the config without the job's values.
+    Stored text (cause, knobs) is escaped so rich never reads it as markup."""
+    head = f"trial {number:>3}" if number is not None else f"{fidelity:<9}"
+    status = row.status.value + ("" if row.status != ProbeStatus.OK or row.stable else " unstable")
+    colour = {ProbeStatus.OK: "green", ProbeStatus.OOM: "yellow"}.get(row.status, "red")
+    value = f"{fmt_num(row.objective)} {unit}" if row.objective is not None else brief_cause(row.status, row.cause)
+    label = compact(row.knobs, job) + ("" if fidelity in ("short", "confirm") else f" ({fidelity})")
+    return (
+        f"{head}  [{colour}]{status:<11}[/]  {escape(f'{value:<17}')}  peak {format_size(row.peak_allocated):>9}  "
+        f"{row.probe_seconds or 0:5.1f}s  {escape(label)}"
+    )
+
+
+_ALLOC = re.compile(r"tried to allocate ([\d.]+ ?[KMGT]i?B)", re.IGNORECASE)
+
+
+def brief_cause(status: ProbeStatus, cause: str | None, width: int = 17) -> str:
+    """A failed probe's cause in ``width`` characters: an OOM's failed allocation (torch's and the emulated device's
+    message both say "tried to allocate X"), else the cause's first line, cut with an ellipsis."""
+    text = (cause or "").strip()
+    found = _ALLOC.search(text)
+    if status == ProbeStatus.OOM:
+        return f"alloc {found.group(1)}" if found else "out of memory"
+    first = text.splitlines()[0] if text else status.value
+    return first if len(first) <= width else first[: width - 1] + "\u2026"
+
+
+def _reason(cause: str | None, job: Mapping[str, Any] | None, trials: Mapping[str, int]) -> str:
+    """Why a config was ruled out, as one group: the measured OOM it needs at least as much as (cited by its trial
+    number when the stream printed it), or the estimate."""
     text = cause or "inferred-oom"
     if text.startswith("inferred-oom from measured "):
-        return f"each needs at least what {text[len('inferred-oom from measured ') :]} needed, and that ran out"
+        label = compact(parse_label(text[len("inferred-oom from measured ") :]), job)
+        who = f"trial {trials[label]} ({label})" if label in trials else label
+        return f"each needs at least the memory of {who}, which ran out"
     if text.startswith("inferred-oom: estimated peak"):
         return "the memory estimate puts each far over the device memory"
     return text
 
 
-def ruled_out_lines(rows: Sequence[ProbeRow]) -> list[str]:
+def ruled_out_lines(
+    rows: Sequence[ProbeRow], job: Mapping[str, Any] | None = None, trials: Mapping[str, int] | None = None
+) -> list[str]:
     """The inferred rows of one decision (between two probes) as one line: how many configs, their micro batch
     span, why (the reason shared by most of them; `tuner trials --all` lists each with its own cause)."""
     if not rows:
         return []
     reasons: dict[str, int] = {}
     for row in rows:
-        reasons[_reason(row.cause)] = reasons.get(_reason(row.cause), 0) + 1
+        why = _reason(row.cause, job, trials or {})
+        reasons[why] = reasons.get(why, 0) + 1
     micros = sorted({int(r.knobs.get("micro_batch_size") or 0) for r in rows})
     span = f"micro {micros[0]}" + (f"-{micros[-1]}" if len(micros) > 1 else "")
     n = len(rows)
     main, count = max(reasons.items(), key=lambda item: item[1])
     more = f" ({count} of them; the others likewise)" if count < n else ""
-    return [f"ruled out {n} config{'s' if n > 1 else ''} without running ({span}): {main}{more}"]
+    return [f"ruled out {n} config{'s' if n > 1 else ''} ({span}) without running: {main}{more}"]
 
 
-def summary_table(summary: SearchSummary, objective: Objective) -> Group:
+def summary_table(summary: SearchSummary, objective: Objective, job: Mapping[str, Any] | None = None) -> Group:
     """The end of a search in a few lines: what ran, the user's config's verdict, the pick and its speed-up, and
     the next command. Every value is printed as text (stored strings are never markup)."""
     c = summary.counts
@@ -227,8 +275,8 @@ def summary_table(summary: SearchSummary, objective: Objective) -> Group:
             )
     if best is not None:
         lines.append(
-            f"the pick: {fmt_num(best.objective)} {objective.unit}{' (confirmed)' if best.confirmed else ''}, "
-            f"{knob_label(best.knobs)} accum={best.config.get('gradient_accumulation_steps')}, "
+            f"the pick: {compact(best.knobs, job)} accum={best.config.get('gradient_accumulation_steps')}, "
+            f"{fmt_num(best.objective)} {objective.unit}{_evidence(best)}, "
             f"peak {format_size(best.peak_allocated)} of {format_size(best.capacity)}, trial {best.trial_number}"
         )
         lines.append(
@@ -238,3 +286,13 @@ def summary_table(summary: SearchSummary, objective: Objective) -> Group:
     else:
         lines.append("the pick: no stable config yet")
     return Group(*(Text(line) for line in lines))
+
+
+def _evidence(best: Candidate) -> str:
+    """What the pick's throughput rests on: confirmed or not, and with several probes of it, that the figure is
+    their lower bound (median, or mean - one std when less), with each measurement."""
+    measured = [fmt_num(r.objective) for r in best.rows if r.objective is not None]
+    confirmed = "confirmed" if best.confirmed else "not confirmed"
+    if len(measured) < 2:
+        return f" ({confirmed})"
+    return f" ({confirmed}; the lower bound of {len(measured)} probes: {', '.join(measured)})"

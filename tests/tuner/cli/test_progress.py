@@ -5,10 +5,10 @@ import io
 from rich.console import Console
 
 from trials.contract import Knobs, ProbeConfig
-from tuner.cli.progress import LiveProgress, summary_table
+from tuner.cli.progress import LiveProgress, brief_cause, compact, probe_line, ruled_out_lines, summary_table
 from tuner.job.objective import Objective
 from tuner.search.driver import SearchSummary
-from tuner.search.rows import ProbeRow
+from tuner.search.rows import ProbeRow, ProbeStatus
 from tuner.search.selection import best_stable
 from tuner.search.strategy import Outcome, Proposal
 from tuner.units import Deadline
@@ -60,7 +60,7 @@ def test_live_panel_counts_ooms_inferred_and_the_best():
     text = out.getvalue()
     assert "OOM-pruned 1" in text and "inferred 3" in text and "stable 1" in text
     assert "best so far: 12.5 samples/s" in text and "time left 2m00s" in text
-    line = "ruled out 3 configs without running (micro 64-256): each needs at least what micro=32 len=128 needed"
+    line = "ruled out 3 configs (micro 64-256) without running: each needs at least the memory of micro=32 len=128, "
     assert text.count("ruled out") == 1 and line in text
 
 
@@ -117,3 +117,60 @@ def test_hostile_text_in_knobs_study_names_and_notes_is_printed_verbatim():
     assert text.count(f"alloc_conf={HOSTILE}") >= 3, text
     assert f"tuner search: study{HOSTILE}" in text and f"study demo{HOSTILE}: budget {HOSTILE}" in text
     assert f"({HOSTILE}[bold]x[/bold])" in text
+
+
+# -- issue 14: a stream that fits a terminal (the quick start <= 80 lines) -------------------------------------------
+EMULATED = (
+    "OutOfMemoryError: emulated device out of memory: tried to allocate 190.73 MiB with 2.03 MiB live of 160.00 MiB"
+)
+CUDA = (
+    "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of "
+    "which 1.20 GiB is free."
+)
+JOB = {"precision": "fp32", "max_length": 128, "eval_batch_size": None, "generate": False}
+
+
+def test_an_oom_line_names_the_failed_allocation_and_fits_100_columns():
+    assert brief_cause(ProbeStatus.OOM, EMULATED) == "alloc 190.73 MiB"
+    assert brief_cause(ProbeStatus.OOM, CUDA) == "alloc 2.00 GiB"
+    assert brief_cause(ProbeStatus.OOM, "killed by a signal") == "out of memory"
+    assert brief_cause(ProbeStatus.ERROR, "RuntimeError: NCCL error in: a very long message\nmore") == (
+        "RuntimeError: NC\u2026"
+    )
+    knobs = Knobs(
+        micro_batch_size=8,
+        max_length=128,
+        zero_stage=1,
+        allgather_bucket_size=10**7,
+        reduce_bucket_size=10**7,
+        offload_optimizer=True,
+    ).model_dump(mode="json")
+    row = _row("oom", micro=8, cause=EMULATED, knobs=knobs, peak_allocated=155 * MiB, probe_seconds=23.3)
+    line = probe_line(12, "short", row, "samples/s", JOB)
+    assert line.startswith("trial  12  [yellow]oom") and "alloc 190.73 MiB" in line and "peak 155.0 MiB" in line
+    plain = line.replace("[yellow]", "").replace("[/]", "")
+    assert plain.endswith("micro=8 z1 buckets=1e7 offload") and "len=128" not in plain  # the job is not repeated
+    assert len(plain) <= 100, plain
+    confirm = probe_line(None, "confirm", _row("ok", 16.9, True, micro=8), "samples/s", JOB)
+    assert confirm.startswith("confirm    [green]ok") and "16.9 samples/s" in confirm
+    baseline = probe_line(0, "baseline", _row("ok", 5.0, False, micro=2), "samples/s", JOB)
+    assert "ok unstable" in baseline and baseline.endswith("micro=2 (baseline)")
+
+
+def test_compact_labels_merge_equal_buckets_only():
+    both = {"micro_batch_size": 4, "max_length": 128, "zero_stage": 2}
+    merged = compact({**both, "allgather_bucket_size": 10**7, "reduce_bucket_size": 10**7})
+    assert merged == "micro=4 len=128 z2 buckets=1e7"
+    assert compact({**both, "allgather_bucket_size": 10**7, "reduce_bucket_size": 5 * 10**7}, JOB) == (
+        "micro=4 z2 allgather=1e7 reduce=5e7"
+    )
+
+
+def test_ruled_out_lines_cite_the_oom_by_its_label_without_a_trial_number():
+    cause = "inferred-oom from measured micro=8 len=128 zero_stage=3 reduce_bucket_size=50000000"
+    rows = [_row("inferred-oom", micro=m, fidelity="inferred", cause=cause) for m in (16, 32)]
+    assert ruled_out_lines(rows, JOB) == [
+        "ruled out 2 configs (micro 16-32) without running: each needs at least the memory of micro=8 z3 reduce=5e7,"
+        " which ran out"
+    ]
+    assert "trial 10 (micro=8 z3 reduce=5e7)" in ruled_out_lines(rows, JOB, {"micro=8 z3 reduce=5e7": 10})[0]

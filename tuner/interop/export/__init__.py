@@ -11,12 +11,12 @@ A study's best config is exported through ``best_export_args`` / ``render_best``
 from __future__ import annotations
 
 import importlib.metadata
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tuner.errors import ConfigError
+from tuner.interop.export import layout
 from tuner.interop.export.accelerate import render_yaml, to_accelerate
 from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
 from tuner.interop.export.env import render_env, to_env
@@ -172,13 +172,11 @@ def render(
     }
     version = transformers_version
     if fmt == "json":
-        return (
-            json.dumps(to_summary(knobs, **args, files=files, transformers_version=version, job=job), indent=2) + "\n"
-        )
+        return layout.dumps(to_summary(knobs, **args, files=files, transformers_version=version, job=job))
     if fmt == "deepspeed":
-        return json.dumps(deepspeed_export(knobs, **args, files=files), indent=2) + "\n"
+        return layout.dumps(deepspeed_export(knobs, **args, files=files))
     if fmt == "hf":
-        return json.dumps(hf_export(knobs, **args, files=files, transformers_version=version, job=job), indent=2) + "\n"
+        return layout.dumps(hf_export(knobs, **args, files=files, transformers_version=version, job=job))
     if fmt == "accelerate":
         return render_yaml(to_accelerate(knobs, **args))
     if fmt == "env":
