@@ -423,7 +423,8 @@ def test_resume_with_a_contradicting_option_names_the_field(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from tuner.cli.search import build_request, resolve
+    from tuner.python_api import resolve
+    from tuner.search.options import SearchOptions, cli_option, prepare_request
     from tuner.storage.store import Store
 
     db = tmp_path / "resume.db"
@@ -431,19 +432,8 @@ def test_resume_with_a_contradicting_option_names_the_field(
     (tmp_path / "resume-baseline.json").write_text(
         json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}})
     )
-    common = {"model": "builtin:tiny-t5", "space_file": None, "storage": url, "study": "kept", "world_size": None}
-    request, explicit = build_request(
-        budget="1m",
-        **common,
-        device_memory=None,
-        headroom=0.9,
-        global_batch=None,
-        n_trials=None,
-        baseline=None,
-        lengths=None,
-        finalists=0,
-        seed=None,
-    )
+    options = SearchOptions(budget="1m", model="builtin:tiny-t5", storage=url, study="kept", finalists=0)
+    request, explicit = prepare_request(options, option=cli_option)
     assert resolve(request, explicit, Store(url))[1] is False  # created
     before = _snapshot(db)
     monkeypatch.chdir(tmp_path)

@@ -16,66 +16,15 @@ from tuner.cli.app import app
 from tuner.cli.progress import LiveProgress, summary_table
 from tuner.errors import ConfigError
 from tuner.job.definition import JobFlags
-from tuner.python_api import (
-    DEFAULT_MODEL,
-    attach_estimate,
-    check_host,
-    check_world_size,
-    cli_option,
-    prepare_request,
-    real_probe,
-    resolve,
-)
+from tuner.python_api import attach_estimate, check_host, check_world_size, real_probe, resolve
 from tuner.search.driver import Search
-from tuner.search.request import SearchRequest
+from tuner.search.options import DEFAULT_MODEL, SearchOptions, cli_option, prepare_request
 from tuner.search.rows import DEFAULT_HEADROOM
 from tuner.storage import Store
 
 console = Console(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
     console = Console(highlight=False, soft_wrap=True, width=200)
-
-
-def build_request(
-    *,
-    budget: str,
-    model: str,
-    space_file: Path | None,
-    storage: str | None,
-    study: str | None,
-    world_size: int | None,
-    device_memory: str | None,
-    headroom: float,
-    global_batch: int | None,
-    n_trials: int | None,
-    baseline: Path | None,
-    lengths: Path | None,
-    finalists: int,
-    seed: int | None,
-    training_args: Path | None = None,
-    job_flags: JobFlags | None = None,
-) -> tuple[SearchRequest, set[str]]:
-    """The options as tuner.python_api.prepare_request takes them (the Python API's parsing, `tuner search`'s
-    spelling of the settings in messages); returns the request plus the options set explicitly."""
-    return prepare_request(
-        budget=budget,
-        model=model,
-        space=space_file,
-        storage=storage,
-        study=study,
-        world_size=world_size,
-        device_memory=device_memory,
-        headroom=headroom,
-        global_batch=global_batch,
-        n_trials=n_trials,
-        baseline=baseline,
-        training_args=training_args,
-        lengths=lengths,
-        finalists=finalists,
-        seed=seed,
-        job_flags=job_flags,
-        option=cli_option,
-    )
 
 
 @app.command("search")
@@ -151,10 +100,10 @@ def search(
     ] = False,
 ) -> None:
     """Find the fastest config that does not run out of memory, by short real probe trainings."""
-    request, explicit = build_request(
+    options = SearchOptions(
         budget=budget,
         model=model,
-        space_file=space,
+        space=space,
         storage=storage,
         study=study,
         world_size=world_size,
@@ -177,9 +126,10 @@ def search(
             num_beams=num_beams,
         ),
     )
+    request, explicit = prepare_request(options, option=cli_option)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if dry_run:
-        from tuner.python_api import plan
+        from tuner.search.plan import plan
 
         with console.status("tracing one training step for the memory estimate ..."):
             found = plan(request, estimate)
@@ -209,11 +159,12 @@ def search(
         note = attach_estimate(runner, request, estimate)
     if note:
         console.print(note, style="dim", markup=False)
-    progress = LiveProgress(console, runner.deadline, request.objective, request.study_name)
+    job = request.job.model_dump(mode="json") if request.job is not None else None
+    progress = LiveProgress(console, runner.deadline, request.objective, request.study_name, job)
     runner.listener = progress
     with progress:
         summary = runner.run()
-    console.print(summary_table(summary, request.objective))
+    console.print(summary_table(summary, request.objective, job))
     if summary.best is None:
         console.print("no stable config found: give a larger --device-memory or --budget, or a smaller space")
 

@@ -124,26 +124,20 @@ def test_cli_options_and_an_api_body_build_the_same_definition(tmp_path: Path) -
     """The same settings through `tuner search`'s parsing and through POST /studies' parsing: one definition."""
     from api.definitions import definition
     from api.schemas import StudyCreate
-    from tuner.cli.search import build_request as cli_build_request
+    from tuner.search.options import SearchOptions, cli_option, prepare_request
 
     ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}}
     (tmp_path / "ds.json").write_text(json.dumps(ds))
-    cli, _ = cli_build_request(
+    options = SearchOptions(
         budget="2h",
-        model="builtin:tiny-t5",
-        space_file=None,
         storage="sqlite://",
         study="same",
         world_size=2,
         device_memory="1GiB",
         headroom=0.8,
-        global_batch=None,
-        n_trials=None,
         baseline=tmp_path / "ds.json",
-        lengths=None,
-        finalists=2,
-        seed=None,
     )
+    cli, _ = prepare_request(options, option=cli_option)
     body = StudyCreate(name="same", world_size=2, device_memory="1GiB", headroom=0.8, budget_s=7200, baseline=ds)
     assert definition(body, "sqlite://") == cli.definition()
     assert cli.global_batch == 8  # the baseline's: 2 x 2 x world size 2

@@ -1,0 +1,78 @@
+"""The dry run of a search (`tuner search --dry-run`): the job, the space, what the memory estimate rules out, and
+the expected probe count and time, before any device is used. Writes nothing, probes nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trials.contract import Knobs
+from tuner.search.request import SearchRequest
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a search would do, before any device is used (`tuner search --dry-run`)."""
+
+    job: str | None  # the job held fixed (Job.describe)
+    configs: int  # configs in the space that reach the global batch
+    ruled_out: int | None  # of those, what the memory estimate puts far over the device memory (None: no estimate)
+    estimate_note: str | None  # how the trace went, or why there is none
+    expected_probes: int  # about: the configs left, at most --n-trials, at most what the budget holds
+    expected_s: float  # about: expected_probes x the first probe's expected seconds, at most the budget
+
+    def lines(self, request: SearchRequest) -> list[str]:
+        ruled = "no memory estimate" if self.ruled_out is None else f"{self.ruled_out} ruled out by the memory estimate"
+        out = [
+            f"study {request.study_name}: {request.model.source}, world size {request.world_size}, global batch "
+            f"{request.global_batch}, budget {request.budget_s:.0f} s",
+            f"your job (held fixed): {self.job}" if self.job else "your job: (no job settings stored)",
+            f"space: {self.configs} configs; {ruled}",
+        ]
+        if self.estimate_note:
+            out.append(self.estimate_note)
+        out.append(
+            f"expected: at most about {self.expected_probes} probes in {self.expected_s / 60:.0f} min (before any "
+            f"probe is measured, one is guessed at {request.schedule.first_probe_s:.0f} s; inferred configs cost "
+            "nothing)"
+        )
+        out.append("nothing was written and no device was used; run without --dry-run to search")
+        return out
+
+
+def plan(request: SearchRequest, estimate: bool | None) -> Plan:
+    """The dry run of ``request``: the space, what the memory estimate rules out (a trace, on CPU), the expected
+    probe count and time. Writes nothing, probes nothing."""
+    from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
+
+    configs = list(request.space.configs())
+    ruled_out, note = None, None
+    use = estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S
+    if use:
+        estimator, note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))
+        capacity = request.device_memory
+        if estimator is not None and capacity:
+            margin = request.schedule.estimate_margin
+            ruled_out = sum(1 for k in configs if _predicted(estimator, k) > margin * capacity)
+        elif estimator is not None:
+            note = f"{note}; without --device-memory the estimate rules nothing out before the first probe"
+    left = len(configs) - (ruled_out or 0)
+    per_probe = request.schedule.first_probe_s
+    probes = min(left, request.n_trials or left, max(1, int(request.budget_s // per_probe)))
+    return Plan(
+        job=request.job.describe() if request.job is not None else None,
+        configs=len(configs),
+        ruled_out=ruled_out,
+        estimate_note=note,
+        expected_probes=probes,
+        expected_s=min(request.budget_s, probes * per_probe),
+    )
+
+
+def _predicted(estimator: Any, knobs: Knobs) -> int:
+    from tuner.errors import TunerError
+
+    try:
+        return int(estimator.predict(knobs).calibrated)
+    except TunerError:  # no traced point for this checkpointing/precision: not ruled out
+        return 0
