@@ -226,8 +226,9 @@ def _reason(cause: str | None, job: Mapping[str, Any] | None, trials: Mapping[st
     text = cause or "inferred-oom"
     if text.startswith("inferred-oom from measured "):
         label = compact(parse_label(text[len("inferred-oom from measured ") :]), job)
-        who = f"trial {trials[label]} ({label})" if label in trials else label
-        return f"each needs at least the memory of {who}, which ran out"
+        if label in trials:  # the trial's own line is just above
+            return f"each needs at least trial {trials[label]}'s memory (an OOM)"
+        return f"each needs at least the memory of {label} (an OOM)"
     if text.startswith("inferred-oom: estimated peak"):
         return "the memory estimate puts each far over the device memory"
     return text
@@ -259,8 +260,8 @@ def summary_table(summary: SearchSummary, objective: Objective, job: Mapping[str
     inferred = c.get("inferred-oom", 0)
     lines = [
         f"study {summary.study_name}: {summary.stop_reason} after {format_duration(summary.elapsed_s)}; "
-        f"{summary.probes_run} probes run ({summary.probe_seconds:.0f} probe-seconds), {inferred} configs ruled out "
-        f"without running, {summary.trials} trials in the study",
+        f"{summary.trials} trials: {summary.probes_run} probed ({summary.probe_seconds:.0f} probe-seconds), "
+        f"{inferred} ruled out without running",
         f"probes: {c.get('ok', 0)} ok, {c.get('oom', 0)} out of memory, {c.get('timeout', 0)} timed out, "
         f"{c.get('error', 0)} failed",
     ]
@@ -275,10 +276,11 @@ def summary_table(summary: SearchSummary, objective: Objective, job: Mapping[str
             )
     if best is not None:
         lines.append(
-            f"the pick: {compact(best.knobs, job)} accum={best.config.get('gradient_accumulation_steps')}, "
-            f"{fmt_num(best.objective)} {objective.unit}{_evidence(best)}, "
-            f"peak {format_size(best.peak_allocated)} of {format_size(best.capacity)}, trial {best.trial_number}"
+            f"the pick: trial {best.trial_number}, {compact(best.knobs, job)} "
+            f"accum={best.config.get('gradient_accumulation_steps')}, peak {format_size(best.peak_allocated)} of "
+            f"{format_size(best.capacity)}"
         )
+        lines.append(f"  {fmt_num(best.objective)} {objective.unit}{_evidence(best)}")
         lines.append(
             f"next: tuner best --study {summary.study_name} --changes   (then --format deepspeed|hf|accelerate|env "
             "-o FILE)"

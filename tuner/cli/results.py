@@ -13,14 +13,14 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.cli.app import app
-from tuner.cli.progress import compact, fmt_num
+from tuner.cli.progress import brief_cause, compact, fmt_num
 from tuner.errors import ConfigError, NoStableConfig
 from tuner.job.definition import Job
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
 from tuner.python_api import pick_study
 from tuner.reporting.trials import join_trials
-from tuner.search.rows import Fidelity
+from tuner.search.rows import Fidelity, ProbeStatus
 from tuner.search.selection import best_stable
 from tuner.settings import load_settings
 from tuner.storage import Store
@@ -184,6 +184,15 @@ def select_rows(
     return picked[:top] if top is not None else picked
 
 
+def _cause(r: Mapping[str, Any]) -> str:
+    """The cause cell: an OOM's failed allocation (its whole message: --json), any other cause as stored (an
+    error's stderr is what a user needs to act on), at most 160 characters."""
+    status, cause = str(r["status"]), r["cause"] or ""
+    if status == ProbeStatus.OOM.value and cause:
+        return brief_cause(ProbeStatus.OOM, cause)
+    return str(cause)[:160]
+
+
 def _cells(r: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> tuple[str, ...]:
     trial = "-" if r["trial"] is None else str(r["trial"])
     fidelity = str(r["fidelity"])
@@ -195,7 +204,7 @@ def _cells(r: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> tuple[
         format_size(r["peak"]),
         f"{r['seconds']:.0f}" if r["seconds"] else "-",
         compact(r["knobs"], job) if r["knobs"] else "-",
-        "; ".join(x for x in ((r["cause"] or "")[:160], r.get("ranks") or "") if x),
+        "; ".join(x for x in (_cause(r), r.get("ranks") or "") if x),
     )
 
 
@@ -220,8 +229,11 @@ def trials(
         _print_data(listed, as_csv)
         return
     job = definition.get("job") if isinstance(definition.get("job"), Mapping) else None
-    held = f"; your job (held fixed, not repeated below): {Job.model_validate(job).describe()}" if job else ""
-    table = Table(title=Text(f"study {name}: objective {objective.unit}{held}"), box=None, pad_edge=False)
+    out = table_console()
+    out.print(Text(f"study {name}: objective {objective.unit}"))
+    if job:
+        out.print(Text(f"your job (held fixed, not repeated below): {Job.model_validate(job).describe()}"))
+    table = Table(box=None, pad_edge=False)
     for col in ("trial", "status", objective.unit, "peak", "s"):  # the Optuna state: --json
         table.add_column(col, no_wrap=True)
     table.add_column("config", overflow="fold", min_width=30)
@@ -231,7 +243,6 @@ def trials(
         table.add_column("cause / ranks", overflow="fold")
     for c in cells:
         table.add_row(*(Text(x) for x in (c if causes else c[:-1])))  # stored text ("[stderr: ...]"): not markup
-    out = table_console()
     out.print(table)
     if not listed:
         out.print(Text(f"study {name!r} has no trials to list yet" + ("" if everything else " (try --all)")))

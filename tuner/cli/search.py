@@ -145,11 +145,10 @@ def search(
     console.print(
         f"{'resuming' if resumed else 'new'} study [bold]{escape(request.study_name)}[/] on "
         f"{escape(_safe(request.storage))}: {escape(request.model.source)}, world size {request.world_size}, "
-        f"global batch {request.global_batch}, {request.space.size()} configs in the space, objective "
-        f"{request.objective.unit}"
+        f"global batch {request.global_batch}"
     )
-    if request.job is not None:
-        console.print(f"your job (held fixed): {escape(request.job.describe())}")
+    held = f"your job (held fixed): {request.job.describe()}; " if request.job is not None else ""
+    console.print(Text(f"{held}searching {request.space.size()} configs for {request.objective.unit}"))
     if request.job_changes:
         console.print(
             f"[yellow]the space file searches job settings on purpose: {escape(', '.join(request.job_changes))}; "
