@@ -25,6 +25,7 @@ from tuner.job.batching import accumulation_steps
 from tuner.job.space import Space, config_key
 from tuner.search.evidence import Evidence, fits
 from tuner.search.guide import guide_step
+from tuner.search.memory_wall import next_past_wall
 from tuner.search.sampling import PlainSuggester
 from tuner.search.schedule import Schedule
 
@@ -211,6 +212,27 @@ def _smallest(settings: Mapping[str, Sequence[Knobs]], bucket: str, like: Mappin
     return min(values) if values else None
 
 
+def past_wall(ctx: Context, ev: Evidence) -> Proposed:
+    """After the opening: the incumbent's next micro batch up in a setting that frees the kind of memory that fills
+    the device (tuner.search.memory_wall), until one fits; done when there is no wall or nothing left to try."""
+    best = ev.best()
+    capacity = ev.capacity
+    if best is None or not capacity:
+        return Proposed(done=True)
+    known = ev.known()
+
+    def verdict(k: Knobs) -> str | None:  # a known config without a memory verdict (it failed) is not retried
+        found = _verdict(ctx, ev, k)
+        return "oom" if found is None and ctx.key(k) in known else found
+
+    found = next_past_wall(
+        Knobs.model_validate(best.knobs), _settings(ctx.grid), ev.rows, verdict, ctx.headroom * capacity, RELIEF
+    )
+    if isinstance(found, Knobs):
+        return Proposed(found)
+    return Proposed(done=True)
+
+
 def guided(ctx: Context, ev: Evidence) -> Proposed:
     """The config with the highest constrained expected improvement (tuner.search.guide), once a probe has finished;
     nothing (TPE proposes) before that or with ``Schedule.guide`` off."""
@@ -248,6 +270,7 @@ __all__: Sequence[str] = [
     "Proposer",
     "guided",
     "opening",
+    "past_wall",
     "random_unknown",
     "relief_moves",
     "relief_path",

@@ -142,6 +142,7 @@ class Strategy:
         self.exhausted = False  # nothing left to explore (space exhausted, or converged)
         self.converged = False  # the guide expects no unprobed config to beat the best (Schedule.min_expected_gain)
         self._opened = False  # the opening proposer is done
+        self._walled = False  # the memory-wall proposer is done (tuner.search.memory_wall)
         self.baseline_deferred = False  # another live worker is probing the baseline (tuner.search.driver)
         self._claimed_confirm: set[str] = set()
 
@@ -275,6 +276,11 @@ class Strategy:
                 self._opened = self._opened or opened.done
                 if opened.knobs is not None:
                     return opened.knobs
+            if not self._walled and self.schedule.seed_bisection:
+                walled = proposers.past_wall(self.context, self.evidence)
+                self._walled = walled.done
+                if walled.knobs is not None:
+                    return walled.knobs
             guided = self._apply(proposers.guided(self.context, self.evidence))
             if guided.converged:
                 self.exhausted = self.converged = True

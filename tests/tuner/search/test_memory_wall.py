@@ -1,0 +1,97 @@
+"""Past the memory wall (tuner.search.memory_wall): after the opening, the incumbent's next micro batch up does not
+fit; two measured peaks of its setting say whether model states or activations fill the memory, and the next micro
+batch up is tried in the settings that free that kind, the cheapest in throughput first (pure, no Optuna, no probes)."""
+
+import json
+
+from tests.tuner.search.test_proposers_tight import MiB, config, context, evidence
+from trials.contract import Knobs
+from tuner.search import memory_wall, proposers
+from tuner.search.rows import ProbeRow
+
+
+def peak_row(ctx, knobs: Knobs, peak_mib: float | None, stable=True) -> ProbeRow:
+    """A measured probe: finished with ``peak_mib`` (stable or above the headroom), or an OOM (None)."""
+    ok = peak_mib is not None
+    return ProbeRow.from_record(
+        {
+            "config_key": ctx.key(knobs),
+            "fidelity": "short",
+            "knobs": knobs.model_dump(mode="json"),
+            "config": {},
+            "status": "ok" if ok else "oom",
+            "stable": ok and stable,
+            "objective": float(knobs.micro_batch_size) if ok else None,
+            "samples_per_s": float(knobs.micro_batch_size) if ok else None,
+            "peak_allocated": int(peak_mib * MiB) if ok else 100 * MiB,
+            "capacity": 100 * MiB,
+        }
+    )
+
+
+def setting(knobs: dict) -> str:
+    return proposers._setting(Knobs.model_validate(knobs))
+
+
+def moved(ctx, knobs: Knobs, start: Knobs) -> dict:
+    a, b = json.loads(proposers._setting(start)), json.loads(proposers._setting(knobs))
+    return {n: b[n] for n in a if a[n] != b[n] and n != "reduce_bucket_size"}
+
+
+def test_two_peaks_split_memory_into_fixed_and_per_sample():
+    ctx = context()
+    rows = [peak_row(ctx, config(ctx, micro=m), p) for m, p in ((1, 70), (2, 74), (4, 82))]
+    rows.append(peak_row(ctx, config(ctx, micro=8), None))  # an OOM says nothing about the split
+    where = proposers._setting(config(ctx, micro=1))
+    found = memory_wall.split(rows, setting, where)
+    assert found is not None
+    assert found.per_sample == 4 * MiB and found.fixed == 66 * MiB  # from the two largest: micro 2 and 4
+    assert memory_wall.binding_knobs(found, 90 * MiB) == memory_wall.MODEL_STATE_KNOBS
+    assert memory_wall.binding_knobs(memory_wall.Split(fixed=20 * MiB, per_sample=10 * MiB), 90 * MiB) == (
+        memory_wall.ACTIVATION_KNOBS
+    )
+    assert memory_wall.split(rows[:1], setting, where) is None
+
+
+def test_model_states_fill_memory_so_zero_and_offload_come_first():
+    ctx = context()
+    # the incumbent: checkpointing at micro 2 (fixed 80 MiB of the 90 MiB line: model states); micro 4 is over
+    home = dict(gradient_checkpointing=True)
+    rows = [peak_row(ctx, config(ctx, micro=1, **home), 80), peak_row(ctx, config(ctx, micro=2, **home), 81)]
+    rows.append(peak_row(ctx, config(ctx, micro=4, **home), 93, stable=False))
+    step = proposers.past_wall(ctx, evidence(ctx, *rows))
+    start = config(ctx, micro=2, **home)
+    assert step.knobs is not None and step.knobs.micro_batch_size == 4 and not step.done
+    assert moved(ctx, step.knobs, start) == {"zero_stage": 1}  # the cheapest model-state move
+    # it does not fit: the next cheapest, still at micro 4 and never a checkpointing or length move
+    rows.append(peak_row(ctx, step.knobs, None))
+    step = proposers.past_wall(ctx, evidence(ctx, *rows))
+    assert step.knobs is not None and step.knobs.micro_batch_size == 4
+    assert moved(ctx, step.knobs, start) == {"zero_stage": 2}
+    rows.append(peak_row(ctx, step.knobs, None))
+    step = proposers.past_wall(ctx, evidence(ctx, *rows))
+    assert moved(ctx, step.knobs, start) == {"zero_stage": 1, "offload_optimizer": True}
+    # that fits: the wall is passed, the guide takes over
+    rows.append(peak_row(ctx, step.knobs, 60))
+    assert proposers.past_wall(ctx, evidence(ctx, *rows)).done
+
+
+def test_activations_fill_memory_so_checkpointing_or_a_shorter_length():
+    ctx = context()
+    rows = [peak_row(ctx, config(ctx, micro=m), p) for m, p in ((1, 30), (2, 50))]  # 20 MiB per sample
+    rows.append(peak_row(ctx, config(ctx, micro=4), None))
+    step = proposers.past_wall(ctx, evidence(ctx, *rows))
+    assert step.knobs is not None and step.knobs.micro_batch_size == 4
+    assert moved(ctx, step.knobs, config(ctx, micro=2)) == {"max_length": 64}  # the cheapest activation move
+
+
+def test_no_wall_no_split_no_move():
+    ctx = context()
+    # the next micro batch up was never probed: no wall (the opening or the guide settles it)
+    rows = [peak_row(ctx, config(ctx, micro=m), p) for m, p in ((1, 30), (2, 50))]
+    assert proposers.past_wall(ctx, evidence(ctx, *rows)).done
+    # one peak: no split
+    one = [peak_row(ctx, config(ctx, micro=2), 50), peak_row(ctx, config(ctx, micro=4), None)]
+    assert proposers.past_wall(ctx, evidence(ctx, *one)).done
+    # nothing measured: nothing to do
+    assert proposers.past_wall(ctx, evidence(ctx)).done

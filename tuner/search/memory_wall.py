@@ -1,0 +1,141 @@
+"""Past the memory wall: after the opening, the incumbent's setting cannot take the next micro batch up. Which memory
+the next micro batch lacks decides the move: when the model states (parameters, gradients, optimizer states: what does
+not grow with the batch) fill most of the headroom, only the moves that free model states (a higher ZeRO stage, CPU
+offload of the optimizer) can make room; when activations fill it, only checkpointing or a shorter length can.
+
+Two measured peaks of the incumbent's setting at different micro batches split its memory: ``peak = fixed + micro x
+per_sample`` (the two largest micro batches that finished, the ones nearest the wall). The proposer then tries the next
+micro batch up in the settings that change only knobs of the binding kind, the cheapest in throughput first
+(tuner.search.proposers.RELIEF's cost per move), skipping what the frontier rules out, until one fits; then the guide
+takes over. Pure: it reads the evidence."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trials.contract import BUCKET_KNOBS, Knobs
+from tuner.search.rows import ProbeRow, ProbeStatus
+
+MODEL_STATE_KNOBS = ("zero_stage", "offload_optimizer")
+ACTIVATION_KNOBS = ("gradient_checkpointing", "max_length")
+MODEL_STATES_DOMINATE = 0.5  # the fixed part above this fraction of the headroom line: model states fill memory
+
+
+@dataclass(frozen=True)
+class Split:
+    """A setting's memory as ``fixed + micro x per_sample`` bytes, from two measured peaks."""
+
+    fixed: float
+    per_sample: float
+
+
+def split(rows: Sequence[ProbeRow], setting: Callable[[Mapping[str, Any]], str], where: str) -> Split | None:
+    """The memory split of the setting ``where`` from its finished probes (above the headroom or not): the two largest
+    micro batches measured there. None with fewer than two."""
+    peaks: dict[int, float] = {}
+    for row in rows:
+        if row.measured and row.status == ProbeStatus.OK and setting(row.knobs) == where and row.memory_need:
+            micro = int(row.knobs["micro_batch_size"])
+            peaks[micro] = max(peaks.get(micro, 0.0), float(row.memory_need))
+    if len(peaks) < 2:
+        return None
+    (m_a, p_a), (m_b, p_b) = sorted(peaks.items())[-2:]
+    per_sample = max((p_b - p_a) / (m_b - m_a), 0.0)
+    return Split(fixed=max(p_a - m_a * per_sample, 0.0), per_sample=per_sample)
+
+
+def binding_knobs(memory: Split, limit: float) -> tuple[str, ...]:
+    """The knobs whose moves can make room: model-state knobs when the fixed part fills most of ``limit``."""
+    return MODEL_STATE_KNOBS if memory.fixed >= MODEL_STATES_DOMINATE * limit else ACTIVATION_KNOBS
+
+
+def relieving(here: Mapping[str, Any], there: Mapping[str, Any], knobs: Sequence[str]) -> bool:
+    """Whether ``there`` differs from ``here`` only by memory-saving moves of ``knobs`` (a higher ZeRO stage, offload
+    on, checkpointing on, a shorter length), at least one; bucket sizes and the micro batch are not compared."""
+    moved = False
+    for name in set(here) | set(there):
+        if name in BUCKET_KNOBS or name == "micro_batch_size":
+            continue
+        a, b = here.get(name), there.get(name)
+        if a == b:
+            continue
+        if name not in knobs:
+            return False
+        if name == "zero_stage" and not int(b or 0) > int(a or 0):
+            return False
+        if name == "max_length" and not int(b or 0) < int(a or 0):
+            return False
+        if name in ("offload_optimizer", "gradient_checkpointing") and not (b and not a):
+            return False
+        moved = True
+    return moved
+
+
+def cost(here: Mapping[str, Any], there: Mapping[str, Any], relief: Mapping[str, tuple[float, float]]) -> float:
+    """The prior throughput lost (log units, ``relief``'s second number) of the moves from ``here`` to ``there``."""
+    lost = 0.0
+    for name, (_, per_move) in relief.items():
+        a, b = here.get(name), there.get(name)
+        if a == b:
+            continue
+        lost += per_move * (int(b or 0) - int(a or 0) if name == "zero_stage" else 1)
+    return lost
+
+
+def next_past_wall(
+    incumbent: Knobs,
+    settings: Mapping[str, Sequence[Knobs]],
+    rows: Sequence[ProbeRow],
+    verdict: Callable[[Knobs], str | None],
+    limit: float,
+    relief: Mapping[str, tuple[float, float]],
+) -> Knobs | bool | None:
+    """The next config past the incumbent's memory wall: the next micro batch up in a relieving setting (smallest
+    buckets), the cheapest first. ``verdict``: "fits" / "oom" from the measurements and the frontier. Returns the
+    knobs to probe, True when one of them already fits (the wall is passed), or None when there is nothing to do (no
+    wall, no split, no move left)."""
+
+    def setting(knobs: Mapping[str, Any]) -> str:
+        return json.dumps({**knobs, "micro_batch_size": None}, sort_keys=True)
+
+    home = setting(incumbent.model_dump(mode="json"))
+    above = [k for k in settings.get(home, []) if k.micro_batch_size > incumbent.micro_batch_size]
+    if not above or verdict(above[0]) != "oom":
+        return None  # no wall: nothing larger here, or the next micro batch up may still fit
+    memory = split(rows, setting, home)
+    if memory is None:
+        return None
+    target = above[0].micro_batch_size
+    here = json.loads(home)
+    knobs = binding_knobs(memory, limit)
+    options: list[tuple[float, Knobs]] = []
+    for other, configs in settings.items():
+        there = json.loads(other)
+        if not relieving(here, there, knobs) or not _smallest_buckets(there, settings):
+            continue
+        at = [k for k in configs if k.micro_batch_size == target]
+        if at:
+            options.append((cost(here, there, relief), at[0]))
+    options.sort(key=lambda o: o[0])
+    for _, knobs_there in options:
+        found = verdict(knobs_there)
+        if found == "fits":
+            return True
+        if found is None:
+            return knobs_there
+    return None
+
+
+def _smallest_buckets(there: Mapping[str, Any], settings: Mapping[str, Sequence[Knobs]]) -> bool:
+    for bucket in BUCKET_KNOBS:
+        values = [
+            v
+            for s in settings
+            if (d := json.loads(s))["zero_stage"] == there["zero_stage"] and (v := d.get(bucket)) is not None
+        ]
+        if values and there.get(bucket) != min(values):
+            return False
+    return True
