@@ -94,7 +94,7 @@ def doctor(
     """Check an existing setup for the known OOM traps; say what to try and how `tuner search` would test it."""
     import os
 
-    from tuner.interop.baseline import file_kind, read_json
+    from tuner.interop.baseline_files import file_kind, read_json
     from tuner.interop.doctor import diagnose, visible_gpus
 
     if ds_config is None and training_args is None:

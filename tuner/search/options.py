@@ -144,7 +144,8 @@ def _baseline_loader(
     them), keeping the parsed baseline in ``loaded``."""
 
     def load(world: int | None, max_length: int) -> Baseline:
-        from tuner.interop.baseline import file_kind, load_baseline, parse_baseline, read_json
+        from tuner.interop.baseline import parse_baseline
+        from tuner.interop.baseline_files import file_kind, load_baseline, read_json
 
         if not isinstance(baseline, Mapping) and not isinstance(training_args, Mapping):
             args_path = Path(training_args) if training_args is not None else None

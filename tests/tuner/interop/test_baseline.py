@@ -12,7 +12,8 @@ import pytest
 
 from trials.contract import Knobs
 from tuner.errors import BaselineError, ConfigError
-from tuner.interop.baseline import Baseline, load_baseline, parse_baseline
+from tuner.interop.baseline import Baseline, parse_baseline
+from tuner.interop.baseline_files import load_baseline
 from tuner.interop.export import render
 from tuner.interop.export.mapping import HF_DEFAULTS, auto_paths
 from tuner.job.space import default_space

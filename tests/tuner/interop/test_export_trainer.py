@@ -160,7 +160,7 @@ def seed_export(engine: str) -> dict:
     """The hf export of a tuned config of the motivating team's files (their bf16, eval batch 50 and
     predict_with_generate; a ZeRO-1 config with 1e7 buckets, or plain PyTorch) as `tuner best --format hf` writes."""
     from trials.contract import Knobs
-    from tuner.interop.baseline import load_baseline
+    from tuner.interop.baseline_files import load_baseline
     from tuner.interop.export import UserFiles, hf_export, installed_transformers
 
     base = load_baseline(SEED / "training_args.json", world_size=1, hidden_size=64, max_length=16)

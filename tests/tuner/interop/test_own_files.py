@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from trials.contract import Knobs
-from tuner.interop.baseline import load_baseline
+from tuner.interop.baseline_files import load_baseline
 from tuner.interop.export import UserFiles, deepspeed_export, hf_export, installed_transformers, render
 from tuner.interop.export.changes import Change, changes_of, diff
 from tuner.interop.export.own import checkpointing_key

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.interop.baseline import load_baseline
+from tuner.interop.baseline_files import load_baseline
 from tuner.job.definition import Job, JobFlags, fix_space, resolve_job
 from tuner.job.space import default_space, space_from_dict
 
