@@ -142,7 +142,10 @@ class Space(BaseModel):
     @field_validator("allgather_bucket_size", "reduce_bucket_size", mode="before")
     @classmethod
     def _bucket_ints(cls, value: Any) -> Any:
-        return [_to_int(v) for v in value]
+        """Runs before _listify (pydantic runs "before" validators last-defined first): a range's ends as 5e7 too."""
+        if isinstance(value, dict):
+            value = {key: _to_int(v) for key, v in value.items()}
+        return [_to_int(v) for v in _as_list(value)]
 
     @field_validator("alloc_conf", mode="after")
     @classmethod

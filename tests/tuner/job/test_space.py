@@ -53,6 +53,25 @@ def test_yaml_file_overrides_knob_by_knob(tmp_path):
     assert space.gradient_checkpointing == default_space().gradient_checkpointing
 
 
+def test_bucket_sizes_as_a_range_with_5e7_ends(tmp_path):
+    """A bucket range in YAML ("low: 1e7" is a string to YAML): it used to be read as the list of its keys."""
+    p = tmp_path / "s.yaml"
+    p.write_text("reduce_bucket_size: {low: 1e7, high: 5e7, scale: linear, step: 2e7}\nallgather_bucket_size: 5e7\n")
+    space = load_space(p)
+    assert space.reduce_bucket_size == [10**7, 3 * 10**7, 5 * 10**7]
+    assert space.allgather_bucket_size == [5 * 10**7]
+    assert load_space(_write(tmp_path, "reduce_bucket_size: {low: 1e7, high: 5e7}\n")).reduce_bucket_size == [
+        2**24,
+        2**25,
+    ]
+
+
+def _write(folder, text):
+    p = folder / "t.yaml"
+    p.write_text(text)
+    return p
+
+
 def test_toml_file_and_ranges(tmp_path):
     p = tmp_path / "s.toml"
     p.write_text("max_length = [64, 128]\n[micro_batch_size]\nlow = 4\nhigh = 20\nscale = 'linear'\nstep = 8\n")
