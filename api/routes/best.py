@@ -48,7 +48,7 @@ def best_config(
             "`tuner serve --default-study NAME`",
         )
     store = svc.store()
-    out = svc.best_cache.get(store, name, format, lambda: views.best_config(store, name, format))
+    out = svc.cache.get(store, name, format, lambda: views.best_config(store, name, format))
     if not raw:
         return out
     if format == "json":
