@@ -73,6 +73,7 @@ class Services:
         self._store: Store | None = None
         self._optuna_tables = False
         self.cache = StudyCache()
+        self.ranking = StudyCache(max_entries=4)  # every probe row of a study: a few studies at a time
         self.trial_counts = TrialCounts()
 
     def store(self) -> Store:

@@ -48,7 +48,9 @@ def best_config(
             "`tuner serve --default-study NAME`",
         )
     store = svc.store()
-    out = svc.cache.get(store, name, format, lambda: views.best_config(store, name, format))
+    out = svc.cache.get(
+        store, name, format, lambda: views.best_config(store, name, format, views.ranked(store, svc, name))
+    )
     if not raw:  # validated where it was built (and cached): FastAPI would validate it again against response_model
         return Response(out.model_dump_json(), media_type="application/json")
     if format == "json":
