@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import sqlalchemy as sa
@@ -80,6 +81,30 @@ class Store:
         with self._connect() as conn:
             row = conn.execute(sa.select(studies.c.definition).where(studies.c.name == name)).first()
         return dict(row[0]) if row else None
+
+    def record_in_definition(self, name: str, key: str, value: Any) -> Any:
+        """Sets ``key`` of the stored definition of ``name`` to ``value`` unless it has one; returns the value stored
+        then (``value``, or the one another worker stored first). A compare-and-swap on the definition's stored text
+        (JSON has no equality operator in PostgreSQL), so two workers recording at once keep one value."""
+        text = sa.cast(studies.c.definition, sa.Text)
+        for _ in range(10):
+            with self._connect() as conn:
+                row = conn.execute(sa.select(text).where(studies.c.name == name)).first()
+            if row is None:
+                self.require_study(name)  # the one "no study named ..." line
+            assert row is not None
+            current = json.loads(row[0])
+            if current.get(key) is not None:
+                return current[key]
+            with self.engine.begin() as conn:
+                res = conn.execute(
+                    sa.update(studies)
+                    .where(studies.c.name == name, text == row[0])
+                    .values(definition={**current, key: value})
+                )
+            if res.rowcount == 1:
+                return value
+        raise StorageError(f"study {name!r}: its definition kept changing while {key!r} was recorded; try again")
 
     def study_rows(self) -> list[dict[str, Any]]:
         """All study definitions, newest first."""
