@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -29,8 +28,8 @@ HERE = HostRecord(
 )
 
 
-def _store(tmp_path: Path) -> Store:
-    store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
+def _store(url: str) -> Store:
+    store = Store(url)
     store.ensure_study("s", {"model": "builtin:tiny-t5", "world_size": 1})
     return store
 
@@ -72,8 +71,8 @@ def test_the_same_host_and_what_is_not_compared_pass() -> None:
     assert mismatch("s", older, dataclasses.replace(HERE, cuda="11.8"), False) is None
 
 
-def test_a_new_study_records_its_host_and_resumes_on_the_same_one(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+def test_a_new_study_records_its_host_and_resumes_on_the_same_one(storage_url: str) -> None:
+    store = _store(storage_url)
     check_host_record(store, "s", False, resumed=False, here=HERE)
     assert store.require_study("s")[KEY] == HERE.to_dict()
     _probe(store)
@@ -83,21 +82,21 @@ def test_a_new_study_records_its_host_and_resumes_on_the_same_one(tmp_path: Path
     assert store.require_study("s")[KEY] == HERE.to_dict()  # the refused host recorded nothing
 
 
-def test_a_study_from_before_the_record_resumes_as_before(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+def test_a_study_from_before_the_record_resumes_as_before(storage_url: str) -> None:
+    store = _store(storage_url)
     _probe(store)
     check_host_record(store, "s", False, resumed=True, here=dataclasses.replace(HERE, torch="0.1"))
     assert KEY not in store.require_study("s")  # no field, no comparison, nothing written
 
 
-def test_a_defined_study_gets_the_record_of_its_first_worker(tmp_path: Path) -> None:
-    store = _store(tmp_path)  # as POST /studies leaves it: a definition, no probe row
+def test_a_defined_study_gets_the_record_of_its_first_worker(storage_url: str) -> None:
+    store = _store(storage_url)  # as POST /studies leaves it: a definition, no probe row
     check_host_record(store, "s", False, resumed=True, here=HERE)
     assert store.require_study("s")[KEY] == HERE.to_dict()
 
 
-def test_two_workers_recording_at_once_keep_one_record(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+def test_two_workers_recording_at_once_keep_one_record(storage_url: str) -> None:
+    store = _store(storage_url)
     hosts = [dataclasses.replace(HERE, torch=f"2.{i}") for i in range(6)]
     kept: list[object] = []
     threads = [
