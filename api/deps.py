@@ -14,7 +14,8 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
 from api import trial_reads
-from api.cache import BestConfigCache
+from api.cache import StudyCache
+from api.trial_counts import TrialCounts
 from tuner.settings import Settings
 from tuner.storage import Store
 from tuner.storage.db import _sqlite_pragmas, engine_kwargs, get_engine
@@ -71,7 +72,9 @@ class Services:
         self._lock = threading.Lock()
         self._store: Store | None = None
         self._optuna_tables = False
-        self.best_cache = BestConfigCache()
+        self.cache = StudyCache()
+        self.ranking = StudyCache(max_entries=4)  # every probe row of a study: a few studies at a time
+        self.trial_counts = TrialCounts()
 
     def store(self) -> Store:
         if self._store is None:

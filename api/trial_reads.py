@@ -48,25 +48,16 @@ def study_id(conn: sa.Connection, name: str) -> int | None:
     return int(row[0]) if row else None
 
 
-def state_counts(conn: sa.Connection, sid: int) -> dict[str, int]:
-    """Trials by state, counted in SQL."""
-    q = sa.select(TRIALS.c.state, sa.func.count()).where(TRIALS.c.study_id == sid).group_by(TRIALS.c.state)
-    return {_state(state).name: int(n) for state, n in conn.execute(q).all()}
-
-
-def _state(value: Any) -> TrialState:
+def state_of(value: Any) -> TrialState:
     return value if isinstance(value, TrialState) else TrialState[str(value)]
 
 
-def trial_page(
-    conn: sa.Connection, sid: int, offset: int, limit: int, state: str | None = None
-) -> tuple[int, list[PagedTrial]]:
-    """(trials matching ``state`` in the study, the page of them from ``offset``) in number order: one count, one page
-    of trials and one query each for their params, values and user attributes."""
+def trial_page(conn: sa.Connection, sid: int, offset: int, limit: int, state: str | None = None) -> list[PagedTrial]:
+    """The page of the study's trials (of ``state``, when given) from ``offset``, in number order: one page of
+    trials and one query each for their params, values and user attributes."""
     where = [TRIALS.c.study_id == sid]
     if state is not None:
         where.append(TRIALS.c.state == TrialState[state])
-    total = int(conn.execute(sa.select(sa.func.count()).select_from(TRIALS).where(*where)).scalar_one())
     rows = conn.execute(
         sa.select(TRIALS.c.trial_id, TRIALS.c.number, TRIALS.c.state)
         .where(*where)
@@ -75,8 +66,8 @@ def trial_page(
         .limit(limit)
     ).all()
     if not rows:
-        return total, []
-    page = {int(r.trial_id): PagedTrial(number=int(r.number), state=_state(r.state)) for r in rows}
+        return []
+    page = {int(r.trial_id): PagedTrial(number=int(r.number), state=state_of(r.state)) for r in rows}
     ids = list(page)
     for tid, name, value, dist in conn.execute(
         sa.select(PARAMS.c.trial_id, PARAMS.c.param_name, PARAMS.c.param_value, PARAMS.c.distribution_json).where(
@@ -99,11 +90,19 @@ def trial_page(
         )
     ).all():
         page[int(tid)].user_attrs[str(key)] = json.loads(value_json)
-    return total, list(page.values())
+    return list(page.values())
 
 
 def numbers(trials: Sequence[PagedTrial]) -> list[int]:
     return [t.number for t in trials]
 
 
-__all__ = ["STATES", "PagedTrial", "has_optuna_tables", "numbers", "state_counts", "study_id", "trial_page"]
+__all__ = [
+    "STATES",
+    "PagedTrial",
+    "has_optuna_tables",
+    "numbers",
+    "state_of",
+    "study_id",
+    "trial_page",
+]

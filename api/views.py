@@ -4,9 +4,14 @@ provenance. Reads only; the routes stay thin."""
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any, overload
 
-from api import trial_reads
+from optuna.trial import TrialState
+
+from api import trial_counts, trial_reads
+from api.cache import probe_version
 from api.deps import Services
 from api.schemas import (
     BaselineOut,
@@ -104,28 +109,57 @@ def _best_so_far(cand: Candidate | None) -> BestSoFarOut | None:
     )
 
 
+@dataclass(frozen=True)
+class _Summary:
+    """What GET /studies/{name} derives from the probe rows: cached together under one version (api.cache)."""
+
+    probe_statuses: dict[str, int]
+    best: BestSoFarOut | None
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A study's probe rows and the best stable config among them: what its summary and every export format of
+    GET /best-config derive from, loaded and ranked once per version of the rows (seconds on a 10,000-row study)."""
+
+    rows: list[ProbeRow]
+    best: Candidate | None
+
+
+def ranked(store: Store, svc: Services, name: str) -> Ranked:
+    def rank() -> Ranked:
+        rows = store.probes(name)
+        return Ranked(rows, best_stable(rows))
+
+    return svc.ranking.get(store, name, "ranked", rank)
+
+
+def _summary_of(found: Ranked) -> _Summary:
+    return _Summary(dict(Counter(r.status.value for r in found.rows)), _best_so_far(found.best))
+
+
 def study_detail(store: Store, svc: Services, row: dict[str, Any]) -> StudyOut:
-    """The study with its progress and best so far: counts in SQL, the best so far cached until a probe row is added
-    (api.cache), so the answer costs a few indexed queries whatever the size of the study."""
+    """The study with its progress and best so far: trial counts from the unfinished tail (api.trial_counts), the
+    probe counts and best so far cached until a probe row is added (api.cache), so the answer costs a few indexed
+    queries whatever the size of the study."""
     name = row["name"]
     definition = dict(row["definition"])
     runs = store.runs(name)
     with store.engine.connect() as conn:
         sid = svc.optuna_study_id(conn, name)
-        states = trial_reads.state_counts(conn, sid) if sid is not None else {}
-    probe_statuses = svc.best_cache.get(store, name, "probe-statuses", lambda: store.count_probes(name))
+        states = svc.trial_counts.counts(conn, sid) if sid is not None else {}
+    found = svc.cache.get(store, name, "summary", lambda: _summary_of(ranked(store, svc, name)))
     status = study_status(runs)
     budgets = [float(r["budget_s"]) for r in runs if r.get("budget_s")]
     budget = definition.get("budget_s") or (max(budgets) if budgets else None)
-    best = svc.best_cache.get(store, name, "best-so-far", lambda: _best_so_far(best_stable(store.probes(name))))
     return StudyOut(
         **summary(row, runs).model_dump(),
         definition=definition,
         budget_s=budget,
-        progress=_progress(runs, sum(states.values()), sum(probe_statuses.values()), status),
-        best=best,
+        progress=_progress(runs, sum(states.values()), sum(found.probe_statuses.values()), status),
+        best=found.best,
         trial_states=states,
-        probe_statuses=probe_statuses,
+        probe_statuses=found.probe_statuses,
         runs=[RunOut(**{k: _utc(v) if isinstance(v, dt.datetime) else v for k, v in r.items()}) for r in runs],
     )
 
@@ -158,12 +192,39 @@ def _probe(row: ProbeRow) -> dict[str, Any]:
     }
 
 
-def trial_page(store: Store, svc: Services, name: str, offset: int, limit: int, state: str | None) -> TrialPageOut:
-    """One page of the study's trials (optionally of one Optuna state) with their probe rows: paged, filtered and
-    counted in SQL (api.trial_reads), so a page costs the same on a study of 10 trials or 10,000."""
+def trial_page(store: Store, svc: Services, name: str, offset: int, limit: int, state: str | None) -> bytes:
+    """One page of the study's trials (optionally of one Optuna state) with their probe rows, as the JSON of a
+    TrialPageOut: paged and filtered in SQL (api.trial_reads), counted from the unfinished tail (api.trial_counts),
+    and built once per version of the study (api.cache: its trial counts and probe rows) when every trial on it has
+    finished, so a page costs the same on a study of 10 trials or 10,000 and a repeated read costs its version."""
     with store.engine.connect() as conn:
         sid = svc.optuna_study_id(conn, name)
-        total, page = trial_reads.trial_page(conn, sid, offset, limit, state) if sid is not None else (0, [])
+        counts = svc.trial_counts.counts(conn, sid) if sid is not None else {}
+    total = counts.get(state, 0) if state is not None else sum(counts.values())
+    version = (sid, trial_counts.stamp(counts), probe_version(store, name))
+    page = svc.cache.get(
+        store,
+        name,
+        f"trials:{offset}:{limit}:{state}",
+        lambda: _page(store, name, sid, total, offset, limit, state),
+        version=version,
+        keep=lambda built: built.settled,
+    )
+    return page.json
+
+
+@dataclass(frozen=True)
+class _Page:
+    json: bytes
+    settled: bool  # every trial on it has finished, and so has the state it is filtered to: nothing on it can change
+
+
+def _page(store: Store, name: str, sid: int | None, total: int, offset: int, limit: int, state: str | None) -> _Page:
+    if sid is None:
+        page: list[trial_reads.PagedTrial] = []
+    else:
+        with store.engine.connect() as conn:
+            page = trial_reads.trial_page(conn, sid, offset, limit, state)
     rows = store.probes_of_trials(name, trial_reads.numbers(page))
     out = [
         {
@@ -179,9 +240,11 @@ def trial_page(store: Store, svc: Services, name: str, offset: int, limit: int, 
         }
         for rec in join_trials(page, rows)
     ]
-    return TrialPageOut.model_validate(
+    built = TrialPageOut.model_validate(
         {"study": name, "total": total, "offset": offset, "limit": limit, "state": state, "trials": out}
     )
+    settled = all(t.state.is_finished() for t in page) and (state is None or TrialState[state].is_finished())
+    return _Page(built.model_dump_json().encode(), settled)
 
 
 def _baseline(rows: list[ProbeRow], best: Candidate) -> BaselineOut | None:
@@ -221,12 +284,11 @@ def _production(run: ProductionRun) -> ProductionOut:
     )
 
 
-def best_config(store: Store, name: str, fmt: str) -> BestConfigOut:
-    """The best stable config of ``name`` with its provenance; ``content`` is its export in ``fmt``
-    (tuner.interop.export.render_best, as `tuner export` writes it)."""
+def best_config(store: Store, name: str, fmt: str, found: Ranked) -> BestConfigOut:
+    """The best stable config of ``name`` (``found``: its rows, ranked) with its provenance; ``content`` is its export
+    in ``fmt`` (tuner.interop.export.render_best, as `tuner export` writes it)."""
     definition = store.require_study(name)
-    rows = store.probes(name)
-    best = best_stable(rows)
+    rows, best = found.rows, found.best
     if best is None:
         ran = sum(1 for r in rows if r.measured)
         raise NoStableConfig(
@@ -241,8 +303,8 @@ def best_config(store: Store, name: str, fmt: str) -> BestConfigOut:
     headroom = float(definition.get("headroom") or DEFAULT_HEADROOM)
     content = render_best(fmt, best, definition) if fmt != "json" else None
     base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
-    found = best_changes(best, definition, base)
-    changes = ChangesOut(**found.to_dict(), lines=found.lines())
+    diff = best_changes(best, definition, base)
+    changes = ChangesOut(**diff.to_dict(), lines=diff.lines())
     production = [_production(run) for run in production_runs(rows, best.config_key)]
     return BestConfigOut(
         study=name,

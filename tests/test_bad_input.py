@@ -449,6 +449,51 @@ def test_resume_with_a_contradicting_option_names_the_field(
     assert _snapshot(db) == before
 
 
+def test_resume_on_another_library_version_names_it_and_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The study records the host it was measured on (tuner.search.host_record); a worker with another torch is
+    refused before its first probe, in one line naming the field, both versions and --study."""
+    import dataclasses
+
+    from tuner.cli.search import build_request, resolve
+    from tuner.search.host_record import KEY, this_host
+    from tuner.storage.store import Store
+
+    db = tmp_path / "host.db"
+    url = f"sqlite:///{db}"
+    store = Store(url)
+    request, explicit = build_request(
+        budget="1m",
+        model="builtin:tiny-t5",
+        space_file=None,
+        storage=url,
+        study="kept",
+        world_size=None,
+        device_memory=None,
+        headroom=0.9,
+        global_batch=None,
+        n_trials=None,
+        baseline=None,
+        lengths=None,
+        finalists=0,
+        seed=None,
+    )
+    assert resolve(request, explicit, store)[1] is False  # created
+    here = this_host()
+    store.record_in_definition("kept", KEY, dataclasses.replace(here, torch="1.0.0").to_dict())
+    before = _snapshot(db)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(sys, "argv", ["tuner", "search", "--budget", "1m", "--study", "kept", "--storage", url])
+    with pytest.raises(SystemExit) as exit_info:
+        tuner_main()
+    line = _one_error_line(capsys.readouterr().err)
+    assert exit_info.value.code == 2, line
+    assert re.search(rf"measured with torch 1\.0\.0 but this host has {re.escape(here.torch)}.*--study", line), line
+    assert _snapshot(db) == before
+
+
 # -- issue 13 ("nothing let in"): limits at parse time, markup from user text, secrets in the storage URL -------------
 # Each fails on the code before issue 13: a traceback (OverflowError, MarkupError, MemoryError), a search that starts
 # over a space no worker can enumerate, or the storage password in the error line.

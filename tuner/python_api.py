@@ -59,7 +59,9 @@ def check_host(request: SearchRequest, store: Store, resumed: bool) -> None:
     import tempfile
 
     from tuner.probing import gpus
+    from tuner.search.host_record import check_host_record
 
+    check_host_record(store, request.study_name, request.device_memory is not None, resumed)  # GPU and versions
     visible, physical, _ = gpus.host_visible_devices()
     if not (physical and visible):
         return

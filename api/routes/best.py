@@ -39,7 +39,7 @@ def best_config(
     ] = None,
     format: Annotated[Format, Query(description="json | deepspeed | hf | accelerate | env")] = "json",
     raw: Annotated[bool, Query(description="answer only the config file body (for curl > ds_config.json)")] = False,
-) -> BestConfigOut | Response:
+) -> Response:
     name = study or svc.settings.default_study
     if name is None:  # never "the newest study": any POST /studies would become what every consumer gets
         raise HTTPException(
@@ -48,9 +48,11 @@ def best_config(
             "`tuner serve --default-study NAME`",
         )
     store = svc.store()
-    out = svc.best_cache.get(store, name, format, lambda: views.best_config(store, name, format))
-    if not raw:
-        return out
+    out = svc.cache.get(
+        store, name, format, lambda: views.best_config(store, name, format, views.ranked(store, svc, name))
+    )
+    if not raw:  # validated where it was built (and cached): FastAPI would validate it again against response_model
+        return Response(out.model_dump_json(), media_type="application/json")
     if format == "json":
         body = {
             "knobs": out.knobs,

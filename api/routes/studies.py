@@ -41,9 +41,11 @@ def list_studies(svc: ServicesDep) -> StudyListOut:
 
 
 @router.get("/{name}", response_model=StudyOut, responses={**COMMON, **NOT_FOUND})
-def get_study(name: StudyName, svc: ServicesDep) -> StudyOut:
+def get_study(name: StudyName, svc: ServicesDep) -> Response:
     store = svc.store()
-    return views.study_detail(store, svc, _row(store, name))
+    detail = views.study_detail(store, svc, _row(store, name))
+    # built and validated in views: FastAPI would validate it again against response_model
+    return Response(detail.model_dump_json(), media_type="application/json")
 
 
 def _row(store: Store, name: str) -> dict[str, Any]:
@@ -66,9 +68,8 @@ def list_trials(
 ) -> Response:
     store = svc.store()
     _row(store, name)
-    page = views.trial_page(store, svc, name, offset, limit, state)
-    # validated once where it was built: FastAPI would validate the page again against response_model
-    return Response(page.model_dump_json(), media_type="application/json")
+    # validated once where it was built (and cached as JSON): FastAPI would validate it again against response_model
+    return Response(views.trial_page(store, svc, name, offset, limit, state), media_type="application/json")
 
 
 @router.post(

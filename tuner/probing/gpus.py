@@ -100,24 +100,51 @@ def host_visible_devices(env: Mapping[str, str] | None = None) -> tuple[list[str
     return visible_devices(cuda_visible, physical), physical, cuda_visible
 
 
-def gpu_name(index: int = 0) -> str:
-    """The name of physical GPU ``index`` from NVML (as torch's get_device_properties reports it), "" without one."""
+@contextlib.contextmanager
+def _nvml_device(index: int) -> Iterator[tuple[Any, ctypes.c_void_p] | None]:
+    """(NVML, the handle of physical GPU ``index``) while NVML is initialised; None without the driver or the GPU."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
-        return ""
+        yield None
+        return
     if nvml.nvmlInit_v2() != 0:
-        return ""
+        yield None
+        return
     try:
         handle = ctypes.c_void_p()
-        if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0:
+        found = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) == 0
+        yield (nvml, handle) if found else None
+    finally:
+        nvml.nvmlShutdown()
+
+
+def gpu_name(index: int = 0) -> str:
+    """The name of physical GPU ``index`` from NVML (as torch's get_device_properties reports it), "" without one."""
+    with _nvml_device(index) as device:
+        if device is None:
             return ""
+        nvml, handle = device
         buf = ctypes.create_string_buffer(96)
         if nvml.nvmlDeviceGetName(handle, buf, ctypes.c_uint(96)) != 0:
             return ""
         return buf.value.decode(errors="replace")
-    finally:
-        nvml.nvmlShutdown()
+
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def gpu_memory(index: int = 0) -> int | None:
+    """The memory of physical GPU ``index`` in bytes (NVML's total), None without one."""
+    with _nvml_device(index) as device:
+        if device is None:
+            return None
+        nvml, handle = device
+        info = _NvmlMemory()
+        if nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(info)) != 0:
+            return None
+        return int(info.total)
 
 
 def first_visible_index(visible: Sequence[str]) -> int:

@@ -98,6 +98,8 @@ probes = Table(
     # the worker's idempotency key (tuner.storage.journal): a row replayed from a journal is stored once
     Column("record_uid", String(36), nullable=True),
     Index("uq_tuner_probes_record_uid", "record_uid", unique=True),
+    # a page of trials reads the rows of its trials (tuner.storage.store.Store.probes_of_trials)
+    Index("ix_tuner_probes_study_trial", "study_name", "trial_number"),
 )
 
 # A worker claims a config before probing it; the unique key makes "no config probed twice" hold across workers.

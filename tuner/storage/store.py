@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import sqlalchemy as sa
@@ -80,6 +81,30 @@ class Store:
         with self._connect() as conn:
             row = conn.execute(sa.select(studies.c.definition).where(studies.c.name == name)).first()
         return dict(row[0]) if row else None
+
+    def record_in_definition(self, name: str, key: str, value: Any) -> Any:
+        """Sets ``key`` of the stored definition of ``name`` to ``value`` unless it has one; returns the value stored
+        then (``value``, or the one another worker stored first). A compare-and-swap on the definition's stored text
+        (JSON has no equality operator in PostgreSQL), so two workers recording at once keep one value."""
+        text = sa.cast(studies.c.definition, sa.Text)
+        for _ in range(10):
+            with self._connect() as conn:
+                row = conn.execute(sa.select(text).where(studies.c.name == name)).first()
+            if row is None:
+                self.require_study(name)  # the one "no study named ..." line
+            assert row is not None
+            current = json.loads(row[0])
+            if current.get(key) is not None:
+                return current[key]
+            with self.engine.begin() as conn:
+                res = conn.execute(
+                    sa.update(studies)
+                    .where(studies.c.name == name, text == row[0])
+                    .values(definition={**current, key: value})
+                )
+            if res.rowcount == 1:
+                return value
+        raise StorageError(f"study {name!r}: its definition kept changing while {key!r} was recorded; try again")
 
     def study_rows(self) -> list[dict[str, Any]]:
         """All study definitions, newest first."""
@@ -256,16 +281,15 @@ class Store:
         return dict(row._mapping) if row else None
 
     def probes_of_trials(self, study_name: str, trial_numbers: list[int]) -> list[ProbeRow]:
-        """The probe rows of these trials (a page of them), in the order they were stored."""
+        """The probe rows of these trials (a page of them), in the order they were stored. Read on the (study_name,
+        trial_number) index and sorted here: an ORDER BY id in SQL made SQLite scan the study's rows in id order."""
         if not trial_numbers:
             return []
-        q = (
-            sa.select(probes)
-            .where(probes.c.study_name == study_name, probes.c.trial_number.in_(sorted(set(trial_numbers))))
-            .order_by(probes.c.id)
+        q = sa.select(probes).where(
+            probes.c.study_name == study_name, probes.c.trial_number.in_(sorted(set(trial_numbers)))
         )
         with self._connect() as conn:
-            rows = conn.execute(q).all()
+            rows = sorted(conn.execute(q).all(), key=lambda r: int(r.id))
         return [ProbeRow.from_record(dict(r._mapping)) for r in rows]
 
     def count_probes(self, study_name: str) -> dict[str, int]:

@@ -81,7 +81,7 @@ def _meta_version(url: str) -> str:
 
 def test_head_is_the_latest_script_and_one_line_of_history() -> None:
     assert migrations.script().get_current_head() == migrations.HEAD
-    assert [r.revision for r in migrations.script().walk_revisions()] == ["0003", "0002", "0001"]  # no branches
+    assert [r.revision for r in migrations.script().walk_revisions()] == ["0004", "0003", "0002", "0001"]  # no branches
 
 
 def test_head_matches_the_code_metadata(storage_url: str) -> None:
@@ -254,6 +254,19 @@ def test_0003_adds_the_record_uid_and_keeps_the_rows(storage_url: str) -> None:
     first = store.record_probe(row, "uid-1")
     assert store.record_probe(row, "uid-1") == first  # idempotent on the journal key
     assert store.probe_id("uid-1") == first and len(store.probes("s")) == 2
+
+
+def test_0004_indexes_the_probe_rows_by_trial(storage_url: str) -> None:
+    engine = sa.create_engine(storage_url)
+    with engine.begin() as conn:
+        command.upgrade(migrations.config(conn), "0003")
+        before = {ix["name"] for ix in sa.inspect(conn).get_indexes("tuner_probes")}
+    engine.dispose()
+    upgrade(storage_url)
+    with get_engine(storage_url).connect() as conn:
+        after = {ix["name"]: ix["column_names"] for ix in sa.inspect(conn).get_indexes("tuner_probes")}
+    assert "ix_tuner_probes_study_trial" not in before
+    assert after["ix_tuner_probes_study_trial"] == ["study_name", "trial_number"]
 
 
 def test_a_newer_schema_is_refused_in_one_line(sqlite_url: str) -> None:
