@@ -456,29 +456,16 @@ def test_resume_on_another_library_version_names_it_and_exits_2(
     refused before its first probe, in one line naming the field, both versions and --study."""
     import dataclasses
 
-    from tuner.cli.search import build_request, resolve
+    from tuner.python_api import resolve
     from tuner.search.host_record import KEY, this_host
+    from tuner.search.options import SearchOptions, cli_option, prepare_request
     from tuner.storage.store import Store
 
     db = tmp_path / "host.db"
     url = f"sqlite:///{db}"
     store = Store(url)
-    request, explicit = build_request(
-        budget="1m",
-        model="builtin:tiny-t5",
-        space_file=None,
-        storage=url,
-        study="kept",
-        world_size=None,
-        device_memory=None,
-        headroom=0.9,
-        global_batch=None,
-        n_trials=None,
-        baseline=None,
-        lengths=None,
-        finalists=0,
-        seed=None,
-    )
+    options = SearchOptions(budget="1m", model="builtin:tiny-t5", storage=url, study="kept", finalists=0)
+    request, explicit = prepare_request(options, option=cli_option)
     assert resolve(request, explicit, store)[1] is False  # created
     here = this_host()
     store.record_in_definition("kept", KEY, dataclasses.replace(here, torch="1.0.0").to_dict())
