@@ -49,28 +49,25 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
     return value.replace(tzinfo=dt.timezone.utc)
 
 
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
-def study_status(runs: list[dict[str, Any]]) -> str:
+def study_status(runs: list[dict[str, Any]], now: dt.datetime) -> str:
+    """``now``: the database's clock (Store.db_now), the one the workers' heartbeats are written on, so an API host
+    whose wall clock is off still reads a live worker as live."""
     if not runs:
         return "defined"
-    now = _now()
     if any(run_is_live(r, now) for r in runs):
         return "running"
     last = max(runs, key=lambda r: r["id"])["status"]
     return last if last in END_STATES else "interrupted"
 
 
-def summary(row: dict[str, Any], runs: list[dict[str, Any]]) -> StudySummaryOut:
+def summary(row: dict[str, Any], runs: list[dict[str, Any]], now: dt.datetime) -> StudySummaryOut:
+    status = study_status(runs, now)
     return StudySummaryOut(
-        name=row["name"], created_at=_utc(row["created_at"]), created_by=row["created_by"], status=study_status(runs)
+        name=row["name"], created_at=_utc(row["created_at"]), created_by=row["created_by"], status=status
     )
 
 
-def _progress(runs: list[dict[str, Any]], n_trials: int, n_probes: int, status: str) -> ProgressOut:
-    now = _now()
+def _progress(runs: list[dict[str, Any]], n_trials: int, n_probes: int, status: str, now: dt.datetime) -> ProgressOut:
     starts = [_utc(r["started_at"]) for r in runs]
     live = [r for r in runs if run_is_live(r, now)]
     out = ProgressOut(started_at=min(starts) if starts else None, trials=n_trials, probes=n_probes)
@@ -149,14 +146,15 @@ def study_detail(store: Store, svc: Services, row: dict[str, Any]) -> StudyOut:
         sid = svc.optuna_study_id(conn, name)
         states = svc.trial_counts.counts(conn, sid) if sid is not None else {}
     found = svc.cache.get(store, name, "summary", lambda: _summary_of(ranked(store, svc, name)))
-    status = study_status(runs)
+    now = store.db_now()
+    status = study_status(runs, now)
     budgets = [float(r["budget_s"]) for r in runs if r.get("budget_s")]
     budget = definition.get("budget_s") or (max(budgets) if budgets else None)
     return StudyOut(
-        **summary(row, runs).model_dump(),
+        **summary(row, runs, now).model_dump(),
         definition=definition,
         budget_s=budget,
-        progress=_progress(runs, sum(states.values()), sum(found.probe_statuses.values()), status),
+        progress=_progress(runs, sum(states.values()), sum(found.probe_statuses.values()), status, now),
         best=found.best,
         trial_states=states,
         probe_statuses=found.probe_statuses,

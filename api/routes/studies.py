@@ -37,7 +37,8 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "descript
 @router.get("", response_model=StudyListOut, responses=COMMON)
 def list_studies(svc: ServicesDep) -> StudyListOut:
     store = svc.store()
-    return StudyListOut(studies=[views.summary(row, store.runs(row["name"])) for row in store.study_rows()])
+    now = store.db_now()  # the workers' heartbeats are on the database's clock
+    return StudyListOut(studies=[views.summary(row, store.runs(row["name"]), now) for row in store.study_rows()])
 
 
 @router.get("/{name}", response_model=StudyOut, responses={**COMMON, **NOT_FOUND})

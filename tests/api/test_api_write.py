@@ -264,3 +264,28 @@ def test_status_and_progress_follow_the_workers_heartbeats(app_client, storage_u
     store.finish_run(run, "finished")
     body = app_client.get("/studies/hb").json()
     assert body["status"] == "finished" and body["progress"]["fraction"] == 1.0
+
+
+def test_a_live_worker_reads_live_from_an_api_host_whose_clock_is_an_hour_off(
+    app_client, storage_url, monkeypatch
+) -> None:
+    """Heartbeats are written on the database's clock; the API judges them on it too, not on its own wall clock
+    (issue 13, point 12): a skewed API host must not report a beating worker as interrupted."""
+    import datetime as dt
+
+    real = dt.datetime
+
+    class Skewed(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[override]
+            return real.now(tz) + dt.timedelta(hours=1)
+
+    store = Store(storage_url)
+    store.ensure_study("skew", {"model": {"source": "builtin:tiny-t5"}, "world_size": 1, "budget_s": 600})
+    run = store.start_run("skew", "host:1", 600.0, real.now(dt.timezone.utc) + dt.timedelta(seconds=540))
+    monkeypatch.setattr(dt, "datetime", Skewed)  # every datetime.now() in this process is an hour ahead
+    assert app_client.get("/studies/skew").json()["status"] == "running"
+    listed = {s["name"]: s["status"] for s in app_client.get("/studies").json()["studies"]}
+    assert listed["skew"] == "running"
+    store.finish_run(run, "finished")
+    assert app_client.get("/studies/skew").json()["status"] == "finished"
