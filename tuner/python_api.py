@@ -161,8 +161,10 @@ def tune(
     """Runs `tuner search` in this process: the same options as keywords (``budget`` a duration like "30m" or
     seconds; ``space``/``baseline``/``training_args`` files or mappings; ``lengths`` a file or token lengths; the job
     settings ``max_length``, ``max_target_length``, ``precision``, ``eval_batch_size``, ``generate``,
-    ``generation_max_length``, ``num_beams`` as keywords). Returns the best config exported in ``format``, every
-    trial, and why the search stopped. ``probe`` replaces the real probe runner (benchmarks replay recorded tables)."""
+    ``generation_max_length``, ``num_beams``, and for a LoRA job ``lora_r``, ``lora_alpha``, ``lora_dropout``,
+    ``lora_target_modules`` ("q_proj,v_proj" or a list), ``lora_bias`` as keywords). Returns the best config exported
+    in ``format``, every trial, and why the search stopped. ``probe`` replaces the real probe runner (benchmarks
+    replay recorded tables)."""
     import optuna
 
     from tuner.search.driver import Search
