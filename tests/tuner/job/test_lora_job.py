@@ -87,3 +87,12 @@ def test_a_target_module_the_model_lacks_is_one_line_before_any_probe() -> None:
     line = str(err.value)
     assert "\n" not in line and line.startswith("LoRA target module q not in the model; its linear layers are ")
     assert "q_proj" in line and line.endswith("name them in --lora-target-modules")
+
+
+def test_tune_takes_the_same_settings_as_keywords_named_as_it_spells_them() -> None:
+    import tuner
+
+    with pytest.raises(ConfigError, match=r"^lora_r 0 must be at least 1"):
+        tuner.tune(budget=60, model="builtin:tiny-llama", storage="sqlite://", lora_r=0)
+    with pytest.raises(ConfigError, match=r"^lora_target_modules needs lora_r"):
+        tuner.tune(budget=60, model="builtin:tiny-llama", storage="sqlite://", lora_target_modules=["q_proj"])
