@@ -284,13 +284,19 @@ def estimate(
     *,
     world_size: int = 1,
     global_batch: int | None = None,
+    lora_r: int | None = None,
+    lora_alpha: int | None = None,
+    lora_dropout: float | None = None,
+    lora_target_modules: str | Sequence[str] | None = None,
+    lora_bias: str | None = None,
 ) -> Estimate:
     """The predicted peak device memory per rank of one config (``knobs``: micro_batch_size, max_length, zero_stage
     ...), from a fake-tensor trace of one training step plus DeepSpeed's model-state arithmetic, as `tuner
-    estimate` prints it. No GPU needed."""
+    estimate` prints it; with ``lora_r`` (and the other lora_* of ``tune``) for a LoRA job. No GPU needed."""
     from pydantic import ValidationError
 
     from tuner.job.batching import accumulation_steps
+    from tuner.job.lora import check_lora, lora_spec
     from tuner.memory.estimator import Estimator, trace
 
     try:
@@ -305,5 +311,8 @@ def estimate(
             f"micro_batch_size x world_size = {k.micro_batch_size * world_size}"
         )
     spec = resolve_model(model)
-    traced = trace(spec, [(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision)])
+    lora = lora_spec(lora_r, lora_alpha, lora_dropout, lora_target_modules, lora_bias)
+    if lora is not None:
+        check_lora(spec, lora)
+    traced = trace(spec, [(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision)], lora=lora)
     return Estimator(trace=traced, world_size=world_size, global_batch=global_batch).predict(k)

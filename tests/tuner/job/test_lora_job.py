@@ -96,3 +96,10 @@ def test_tune_takes_the_same_settings_as_keywords_named_as_it_spells_them() -> N
         tuner.tune(budget=60, model="builtin:tiny-llama", storage="sqlite://", lora_r=0)
     with pytest.raises(ConfigError, match=r"^lora_target_modules needs lora_r"):
         tuner.tune(budget=60, model="builtin:tiny-llama", storage="sqlite://", lora_target_modules=["q_proj"])
+
+
+def test_estimate_takes_the_lora_settings_too() -> None:
+    import tuner
+
+    with pytest.raises(ConfigError, match=r"^lora_dropout needs lora_r"):
+        tuner.estimate("builtin:tiny-llama", {"micro_batch_size": 4, "max_length": 64}, lora_dropout=0.1)
