@@ -191,6 +191,31 @@ class ModelSpec(_Strict):
     vocab_size: int | None = None  # filled by the probe from the model's config
 
 
+LoraBias = Literal["none", "all", "lora_only"]
+
+
+class LoraSpec(_Strict):
+    """LoRA adapters on the base model (peft.LoraConfig's fields, its defaults): the user's job setting, held fixed.
+
+    Every probe of a LoRA job wraps the model with ``peft.get_peft_model`` before its engine is built (trials.lora),
+    so only the adapters train and the optimizer holds only their states. ``target_modules`` empty: peft's default
+    for the architecture (Llama: q_proj, v_proj; T5: q, v)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    r: int = Field(ge=1, description="rank of the adapters")
+    alpha: int = Field(8, ge=1, description="lora_alpha: the adapters' scale is alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="lora_dropout")
+    target_modules: tuple[str, ...] = Field((), description="module names to adapt; empty: peft's default")
+    bias: LoraBias = Field("none", description="which biases train: none, all, lora_only")
+
+    def describe(self) -> str:
+        targets = ",".join(self.target_modules) or "peft's default modules"
+        extra = f", dropout {self.dropout:g}" if self.dropout else ""
+        extra += f", bias {self.bias}" if self.bias != "none" else ""
+        return f"LoRA r {self.r} alpha {self.alpha} on {targets}{extra} (adapters train, base frozen)"
+
+
 class JobSettings(_Strict):
     """What the user's job fixes that a probe needs beside the knobs (tuner.job.definition.Job holds the rest)."""
 
@@ -198,6 +223,7 @@ class JobSettings(_Strict):
     generation_max_length: int | None = Field(None, ge=1, description="new tokens of an eval generate; None: labels")
     num_beams: int = Field(1, ge=1, description="beams of an eval generate")
     max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping without DeepSpeed (0: none), as the Trainer")
+    lora: LoraSpec | None = Field(None, description="LoRA adapters every probe trains (None: a full fine-tune)")
 
     def label_length(self, max_length: int) -> int:
         return self.max_target_length or max_length

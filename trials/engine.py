@@ -39,6 +39,11 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     if enable is None:
         raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
     enable()
+    input_grads = getattr(model, "enable_input_require_grads", None)
+    if input_grads is not None and any(not p.requires_grad for p in model.parameters()):
+        # a frozen base (LoRA): the checkpointed blocks' inputs must require grad, or (reentrant) checkpointing
+        # passes no gradient to the adapters inside them; what peft and the Trainer do for PEFT models
+        input_grads()
 
 
 def _autocast_dtype(precision: str) -> torch.dtype | None:
@@ -67,7 +72,8 @@ class TorchEngine:
                 device_ids=ids,
                 bucket_cap_mb=knobs.reduce_bucket_size * 4 / 2**20 if knobs.reduce_bucket_size else 25.0,
             )
-        self.optimizer = client_optimizer(model.parameters(), config.learning_rate, device.type == "cuda")
+        trainable = [p for p in model.parameters() if p.requires_grad]  # the Trainer's: a frozen base has no state
+        self.optimizer = client_optimizer(trainable, config.learning_rate, device.type == "cuda")
         self.dtype = _autocast_dtype(knobs.precision)
         if self.dtype is torch.float16 and device.type != "cuda":
             raise ValueError("fp16 autocast needs a CUDA device; use precision bf16 or fp32 on CPU")

@@ -25,13 +25,14 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trials.contract import ModelSpec
+from trials.contract import LoraSpec, ModelSpec
 from trials.data import worst_case_batch
 from trials.memory import LiveTensorTracker
 
@@ -39,7 +40,21 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
-def _build(spec: ModelSpec) -> PreTrainedModel:
+@contextlib.contextmanager
+def _adapters_stay_put() -> Iterator[None]:
+    """peft moves each new adapter (and the module it wraps) to its base layer's device; in the trace everything is
+    already there (CPU, fp32), and under FakeTensorMode a move swaps fake parameters, which torch refuses: so
+    ``Module.to`` is a no-op while the adapters are injected."""
+    saved = torch.nn.Module.to
+    torch.nn.Module.to = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = saved  # type: ignore[method-assign]
+
+
+def _build(spec: ModelSpec, lora: LoraSpec | None = None) -> PreTrainedModel:
+    """The model as a probe builds it: fp32, train mode, with the job's LoRA adapters (base frozen) if any."""
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     from trials.models import load_config
@@ -47,6 +62,11 @@ def _build(spec: ModelSpec) -> PreTrainedModel:
     config = load_config(spec)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     model = auto.from_config(config, dtype=torch.float32)
+    if lora is not None:
+        from trials.lora import apply_lora
+
+        with _adapters_stay_put():
+            model = apply_lora(model, lora)
     model.train()
     return model
 
@@ -95,19 +115,22 @@ def trace_point(
     precision: str,
     fake: bool = True,
     label_length: int | None = None,
+    lora: LoraSpec | None = None,
 ) -> dict[str, Any]:
-    """One point; ``fake=False`` runs the same steps on real tensors (to check the trace against reality)."""
+    """One point; ``fake=False`` runs the same steps on real tensors (to check the trace against reality). With
+    ``lora`` the model carries the job's adapters and AdamW holds the trainable (adapter) params only."""
     with FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext():
         tracker = LiveTensorTracker()
         with tracker:
-            model = _build(spec)
+            model = _build(spec, lora)
             if checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             params = list(model.parameters())
             param_count = sum(p.numel() for p in params)
+            trainable = [p for p in params if p.requires_grad]
             param_bytes = tracker.live
             largest = max(p.numel() for p in params)
-            opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+            opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
             batch = _batch(model, micro, length, label_length)
             batch_bytes = tracker.live - param_bytes
             _step(model, opt, batch, precision, tracker)  # creates the optimizer state
@@ -121,6 +144,7 @@ def trace_point(
     with_grads = base + grads_bytes
     return {
         "param_count": param_count,
+        "trainable_count": sum(p.numel() for p in trainable),
         "param_bytes": param_bytes,
         "largest_param": largest,
         "point": {
@@ -138,6 +162,7 @@ def trace_point(
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
     spec = ModelSpec.model_validate(request.get("model") or {})
+    lora = LoraSpec.model_validate(request["lora"]) if request.get("lora") else None
     start = time.perf_counter()
     out: dict[str, Any] = {"points": []}
     for p in request.get("points") or []:
@@ -148,14 +173,16 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             bool(p.get("gradient_checkpointing", False)),
             str(p.get("precision", "fp32")),
             label_length=request.get("label_length"),
+            lora=lora,
         )
-        out.update({k: got[k] for k in ("param_count", "param_bytes", "largest_param")})
+        out.update({k: got[k] for k in ("param_count", "trainable_count", "param_bytes", "largest_param")})
         out["points"].append(got["point"])
     if "param_count" not in out:  # no point asked: the model stats alone
         with FakeTensorMode():
-            params = list(_build(spec).parameters())
+            params = list(_build(spec, lora).parameters())
             out.update(
                 param_count=sum(p.numel() for p in params),
+                trainable_count=sum(p.numel() for p in params if p.requires_grad),
                 param_bytes=sum(p.numel() * 4 for p in params),
                 largest_param=max(p.numel() for p in params),
             )
@@ -166,7 +193,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trials.estimate", description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--request", required=True, help="JSON: {model: ModelSpec, points: [{micro_batch_size, ...}], label_length}"
+        "--request",
+        required=True,
+        help="JSON: {model: ModelSpec, points: [{micro_batch_size, ...}], label_length, lora: LoraSpec | null}",
     )
     ap.add_argument("--out", required=True, help="file to write the trace JSON to")
     args = ap.parse_args(argv)

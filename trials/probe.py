@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from transformers import PreTrainedModel
@@ -313,7 +313,12 @@ class Probe:
                 cuda=self.device.type == "cuda",
                 hidden_size=hidden_size_of_config(load_config(cfg.model)),
             )
-        return build_model(cfg.model, where=where, device=self.device, zero_config=zero_config)
+        model = build_model(cfg.model, where=where, device=self.device, zero_config=zero_config)
+        if cfg.job.lora is not None:  # the user's adapters, before the engine: its optimizer holds only theirs
+            from trials.lora import apply_lora
+
+            return cast(PreTrainedModel, apply_lora(model, cfg.job.lora))  # a PeftModel forwards its API
+        return model
 
     def _tracking(self) -> contextlib.AbstractContextManager[Any]:
         return self.tracker if self.tracker is not None else contextlib.nullcontext()

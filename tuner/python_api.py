@@ -163,8 +163,10 @@ def tune(
     """Runs `tuner search` in this process: the same options as keywords (``budget`` a duration like "30m" or
     seconds; ``space``/``baseline``/``training_args`` files or mappings; ``lengths`` a file or token lengths; the job
     settings ``max_length``, ``max_target_length``, ``precision``, ``eval_batch_size``, ``generate``,
-    ``generation_max_length``, ``num_beams`` as keywords). Returns the best config exported in ``format``, every
-    trial, and why the search stopped. ``probe`` replaces the real probe runner (benchmarks replay recorded tables)."""
+    ``generation_max_length``, ``num_beams``, and for a LoRA job ``lora_r``, ``lora_alpha``, ``lora_dropout``,
+    ``lora_target_modules`` ("q_proj,v_proj" or a list), ``lora_bias`` as keywords). Returns the best config exported
+    in ``format``, every trial, and why the search stopped. ``probe`` replaces the real probe runner (benchmarks
+    replay recorded tables)."""
     import optuna
 
     from tuner.search.driver import Search
@@ -284,13 +286,19 @@ def estimate(
     *,
     world_size: int = 1,
     global_batch: int | None = None,
+    lora_r: int | None = None,
+    lora_alpha: int | None = None,
+    lora_dropout: float | None = None,
+    lora_target_modules: str | Sequence[str] | None = None,
+    lora_bias: str | None = None,
 ) -> Estimate:
     """The predicted peak device memory per rank of one config (``knobs``: micro_batch_size, max_length, zero_stage
     ...), from a fake-tensor trace of one training step plus DeepSpeed's model-state arithmetic, as `tuner
-    estimate` prints it. No GPU needed."""
+    estimate` prints it; with ``lora_r`` (and the other lora_* of ``tune``) for a LoRA job. No GPU needed."""
     from pydantic import ValidationError
 
     from tuner.job.batching import accumulation_steps
+    from tuner.job.lora import check_lora, lora_spec
     from tuner.memory.estimator import Estimator, trace
 
     try:
@@ -305,5 +313,8 @@ def estimate(
             f"micro_batch_size x world_size = {k.micro_batch_size * world_size}"
         )
     spec = resolve_model(model)
-    traced = trace(spec, [(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision)])
+    lora = lora_spec(lora_r, lora_alpha, lora_dropout, lora_target_modules, lora_bias)
+    if lora is not None:
+        check_lora(spec, lora)
+    traced = trace(spec, [(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision)], lora=lora)
     return Estimator(trace=traced, world_size=world_size, global_batch=global_batch).predict(k)

@@ -14,8 +14,10 @@ from trials.contract import Knobs, ModelSpec
 from tuner.cli.app import app
 from tuner.errors import ConfigError
 from tuner.job.batching import accumulation_steps
+from tuner.job.lora import check_lora, lora_spec
 from tuner.job.model_source import resolve_model
 from tuner.memory.estimator import Estimate, Estimator, trace
+from tuner.search.options import cli_option
 from tuner.settings import load_settings
 from tuner.units import parse_size
 
@@ -87,6 +89,11 @@ def estimate(
     ] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="SQLAlchemy URL of the study")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    lora_r: Annotated[int | None, typer.Option("--lora-r", help="a LoRA job: adapters of this rank (peft)")] = None,
+    lora_alpha: Annotated[int | None, typer.Option("--lora-alpha")] = None,
+    lora_dropout: Annotated[float | None, typer.Option("--lora-dropout")] = None,
+    lora_target_modules: Annotated[str | None, typer.Option("--lora-target-modules", help="q_proj,v_proj")] = None,
+    lora_bias: Annotated[str | None, typer.Option("--lora-bias")] = None,
 ) -> None:
     """Predict the peak device memory per rank of one config: a fake-tensor trace of one training step plus DeepSpeed's
     model-state arithmetic, optionally calibrated against a study's measured probes."""
@@ -114,11 +121,14 @@ def estimate(
             f"--micro-batch-size x --world-size = {micro_batch_size * world_size}"
         )
     spec = resolve_model(model)
+    lora = lora_spec(lora_r, lora_alpha, lora_dropout, lora_target_modules, lora_bias, option=cli_option)
+    if lora is not None:
+        check_lora(spec, lora, cli_option)
     capacity = _parse_size(device_memory)
     calib = _calibration_rows(calibrate_from_study, storage, spec, world_size) if calibrate_from_study else []
     wanted = {(knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)}
     wanted |= {(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision) for k, _ in calib}
-    tr = trace(spec, sorted(wanted))
+    tr = trace(spec, sorted(wanted), lora=lora)
     est = Estimator(trace=tr, world_size=world_size, global_batch=global_batch)
     for k, peak in calib:
         est.observe(k, peak)
@@ -140,6 +150,7 @@ def _print(
     if as_json:
         out: dict[str, Any] = {
             "param_count": params,
+            "trainable_count": est.trace.trainable_count,
             "params": result.states.params,
             "grads": result.states.grads,
             "optimizer": result.states.optimizer,
@@ -155,7 +166,9 @@ def _print(
         }
         typer.echo(json.dumps(out))
         return
-    t = Table(title=f"peak device memory per rank ({params / 1e6:,.1f}M params, traced in {trace_s:.1f} s)")
+    trainable = est.trace.trainable_count
+    lora = f", {trainable:,} of them LoRA adapters that train" if trainable is not None and trainable < params else ""
+    t = Table(title=f"peak device memory per rank ({params / 1e6:,.1f}M params{lora}, traced in {trace_s:.1f} s)")
     t.add_column("part")
     t.add_column("MiB", justify="right")
     t.add_column("")

@@ -84,6 +84,15 @@ def search(
         int | None, typer.Option("--generation-max-length", min=1, help="new tokens per eval generate")
     ] = None,
     num_beams: Annotated[int | None, typer.Option("--num-beams", min=1, help="beams per eval generate")] = None,
+    lora_r: Annotated[
+        int | None, typer.Option("--lora-r", help="a LoRA job: adapters of this rank train, the base is frozen (peft)")
+    ] = None,
+    lora_alpha: Annotated[int | None, typer.Option("--lora-alpha", help="LoRA alpha (default 8)")] = None,
+    lora_dropout: Annotated[float | None, typer.Option("--lora-dropout", help="LoRA dropout (default 0)")] = None,
+    lora_target_modules: Annotated[
+        str | None, typer.Option("--lora-target-modules", help="q_proj,v_proj (default: peft's for the model)")
+    ] = None,
+    lora_bias: Annotated[str | None, typer.Option("--lora-bias", help="LoRA bias: none, all, lora_only")] = None,
     estimate: Annotated[
         bool | None,
         typer.Option(
@@ -124,6 +133,11 @@ def search(
             generate=generate,
             generation_max_length=generation_max_length,
             num_beams=num_beams,
+            lora_r=lora_r,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            lora_target_modules=lora_target_modules,
+            lora_bias=lora_bias,
         ),
     )
     request, explicit = prepare_request(options, option=cli_option)

@@ -1,7 +1,8 @@
 """The user's job: what their training run does and must keep doing while the search varies speed-and-memory knobs.
 
-Precision, the lengths (seq2seq: encoder input and labels; causal LM: one), and the evaluation step (eval batch,
-predict_with_generate, generation length, beams) come from the user and stay fixed. Sources, later wins: built-in
+Precision, the lengths (seq2seq: encoder input and labels; causal LM: one), the evaluation step (eval batch,
+predict_with_generate, generation length, beams) and LoRA adapters (tuner.job.lora) come from the user and stay
+fixed. Sources, later wins: built-in
 defaults (for the built-in presets only), the baseline (their training args and DeepSpeed JSON), flags. A real model
 with no known length is an error, never a silent default. The search space then keeps only the job's values of these
 knobs (``fix_space``), except where a space file lists one on purpose. The eval batch is probed at the user's value:
@@ -13,14 +14,15 @@ Pure: no torch, no storage.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trials.contract import JobSettings, Precision
+from trials.contract import JobSettings, LoraSpec, Precision
 from tuner.errors import ConfigError
+from tuner.job.lora import LORA_FLAGS, lora_spec
 from tuner.job.space import Space
 
 
@@ -35,6 +37,7 @@ class Job(BaseModel):
     generation_max_length: int | None = Field(None, ge=1)  # None: the label length
     num_beams: int = Field(1, ge=1)
     max_grad_norm: float = Field(1.0, ge=0)  # clipping of a job without DeepSpeed (TrainingArguments' default)
+    lora: LoraSpec | None = None  # adapters on a frozen base (None: a full fine-tune)
 
     @property
     def evaluates(self) -> bool:
@@ -47,6 +50,7 @@ class Job(BaseModel):
             generation_max_length=self.generation_max_length,
             num_beams=self.num_beams,
             max_grad_norm=self.max_grad_norm,
+            lora=self.lora,
         )
 
     def describe(self) -> str:
@@ -63,6 +67,8 @@ class Job(BaseModel):
             parts.append(f"eval batch {self.eval_batch_size or '(train micro batch)'}{gen}")
         else:
             parts.append("no eval step")
+        if self.lora is not None:
+            parts.append(self.lora.describe())
         return ", ".join(parts)
 
 
@@ -77,6 +83,11 @@ class JobFlags:
     generate: bool | None = None
     generation_max_length: int | None = None
     num_beams: int | None = None
+    lora_r: int | None = None  # LoRA adapters' rank: a LoRA job (tuner.job.lora); the other lora_* need it
+    lora_alpha: int | None = None
+    lora_dropout: float | None = None
+    lora_target_modules: str | Sequence[str] | None = None  # "q_proj,v_proj" or a list; None: peft's default
+    lora_bias: str | None = None
 
 
 HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size's default
@@ -103,10 +114,12 @@ def resolve_job(
     flags: JobFlags = JobFlags(),
     length_hint: str = "pass --max-length (the longest input your job trains on; --max-target-length for seq2seq "
     "labels), or training args with max_source_length / max_seq_length",
+    option: Callable[[str], str] = str,
 ) -> Job:
     """The job from its sources, later wins: built-in defaults (``builtin`` presets only), the baseline (its parsed
-    knobs: precision, eval batch, predict_with_generate; its training args: lengths, generation), then ``flags``.
-    Without a length from any source: a ConfigError saying ``length_hint`` (how this caller's user gives one)."""
+    knobs: precision, eval batch, predict_with_generate; its training args: lengths, generation), then ``flags``
+    (the lora_* flags only from there). Without a length from any source: a ConfigError saying ``length_hint`` (how
+    this caller's user gives one); a bad LoRA flag: one naming it as ``option`` spells it."""
     values: dict[str, Any] = dict(BUILTIN_DEFAULTS) if builtin else {}
     if baseline_knobs is not None:
         values["precision"] = baseline_knobs.get("precision", values.get("precision"))
@@ -117,7 +130,10 @@ def resolve_job(
         found = next((hf_args[k] for k in keys if hf_args and hf_args.get(k) is not None), None)
         if found is not None:
             values[name] = found
-    values.update({k: v for k, v in vars(flags).items() if v is not None})
+    values.update({k: v for k, v in vars(flags).items() if v is not None and k not in LORA_FLAGS})
+    values["lora"] = lora_spec(
+        flags.lora_r, flags.lora_alpha, flags.lora_dropout, flags.lora_target_modules, flags.lora_bias, option=option
+    )
     if values.get("max_length") is None:
         raise ConfigError(f"no sequence length for this model: {length_hint}")
     if values.get("precision") is None:

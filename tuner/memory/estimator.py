@@ -21,7 +21,10 @@ torch   4P               4P               8P (autocast keeps fp32 weights)
 3       w P / N + gather w P / N          12P / N
 ======= ================ ================ ==================================================
 
-w = 2 for bf16/fp16, 4 for fp32. offload_optimizer moves the optimizer column to host memory. ZeRO with
+w = 2 for bf16/fp16, 4 for fp32. A LoRA job (trainable T < P: adapters on a frozen base) keeps the params column
+at P (the base weights once, at the job's precision) and charges the grads and optimizer columns, and the ZeRO-1/2
+all-gather, T instead of P: only the adapters get grads and optimizer states. offload_optimizer moves the optimizer
+column to host memory. ZeRO with
 contiguous_gradients (stage 1 or 2) keeps a reduce bucket of ``reduce_bucket_size`` elements (two with overlap_comm),
 whatever the model size (DeepSpeed 0.19 ``setup_buckets``); ZeRO-1/2
 all-gather updated params in chunks of at most ``allgather_bucket_size`` elements; ZeRO-3 gathers the largest layer.
@@ -42,7 +45,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trials.contract import DS_DEFAULT_BUCKET, Knobs, ModelSpec
+from trials.contract import DS_DEFAULT_BUCKET, Knobs, LoraSpec, ModelSpec
 from tuner.errors import ConfigError, ModelSourceError
 from tuner.job.batching import accumulation_steps
 
@@ -65,6 +68,7 @@ class TracePoint(BaseModel):
 class Trace(BaseModel):
     model_config = ConfigDict(extra="forbid")
     param_count: int
+    trainable_count: int | None = None  # params that train (a LoRA job's adapters); None: all (older traces)
     param_bytes: int  # as built (fp32)
     largest_param: int  # elements of the largest parameter tensor (ZeRO-3 gathers at least this)
     points: list[TracePoint] = Field(default_factory=list)
@@ -96,37 +100,43 @@ class StateBytes:
 
 
 def model_state_bytes(
-    knobs: Knobs, param_count: int, world_size: int = 1, largest_param: int | None = None
+    knobs: Knobs,
+    param_count: int,
+    world_size: int = 1,
+    largest_param: int | None = None,
+    trainable: int | None = None,
 ) -> StateBytes:
-    """DeepSpeed's model-state arithmetic (see the module docstring) for one rank."""
+    """DeepSpeed's model-state arithmetic (see the module docstring) for one rank; ``trainable``: the params that
+    get grads and optimizer states (a LoRA job's adapters; None: all ``param_count``)."""
     if world_size < 1:
         raise ConfigError(f"world size {world_size} must be at least 1")
     p, n = param_count, world_size
+    t = p if trainable is None else min(trainable, p)
     mixed = knobs.precision in ("bf16", "fp16")
     if knobs.engine == "torch":
-        return StateBytes(params=4 * p, grads=4 * p, optimizer=8 * p, buffers=0)
+        return StateBytes(params=4 * p, grads=4 * t, optimizer=8 * t, buffers=0)
     w = 2 if mixed else 4
     stage = knobs.zero_stage
     params = w * p if stage < 3 else math.ceil(w * p / n)
-    grads = w * p if stage < 2 else math.ceil(w * p / n)
+    grads = w * t if stage < 2 else math.ceil(w * t / n)
     if stage == 0:
-        optimizer = (12 if mixed else 8) * p
+        optimizer = (12 if mixed else 8) * t
     else:
-        optimizer = math.ceil(12 * p / n)
+        optimizer = math.ceil(12 * t / n)
     if knobs.offload_optimizer:
         optimizer = 0
     reduce = knobs.reduce_bucket_size or DS_DEFAULT_BUCKET
     allgather = knobs.allgather_bucket_size or DS_DEFAULT_BUCKET
     buffers = 0
     if stage in (1, 2):
-        buffers += w * min(allgather, p)  # all-gather of the updated partitions, in chunks
+        buffers += w * min(allgather, t)  # all-gather of the updated partitions, in chunks
         if knobs.contiguous_gradients:  # DeepSpeed 0.19 allocates the full bucket (stage 1: an fp32 accumulator)
             buffers += (4 if stage == 1 else w) * reduce * (2 if knobs.overlap_comm else 1)
         else:
-            buffers += w * min(reduce, p)
+            buffers += w * min(reduce, t)
     elif stage == 3:
         buffers += w * max(largest_param or 0, min(allgather, p))  # gathered layer / prefetch
-        buffers += w * min(reduce, p) * (2 if knobs.overlap_comm else 1)
+        buffers += w * min(reduce, t) * (2 if knobs.overlap_comm else 1)
     return StateBytes(params=params, grads=grads, optimizer=optimizer, buffers=buffers)
 
 
@@ -147,7 +157,11 @@ def zero_order_sound(param_count: int, world_size: int, space_knobs: list[Knobs]
 
 
 def zero_stage_need(
-    param_count: int, world_size: int, space_knobs: list[Knobs], largest_param: int | None = None
+    param_count: int,
+    world_size: int,
+    space_knobs: list[Knobs],
+    largest_param: int | None = None,
+    trainable: int | None = None,
 ) -> dict[int, int] | None:
     """The order of ZeRO stages by memory need for this model, world size and space — ``Frontier(stage_need=...)`` —
     or None when no single order holds for every config of the space.
@@ -182,7 +196,8 @@ def zero_stage_need(
                     "alloc_conf": None,
                 }
             )
-            totals[sig] = (base.model_dump(), model_state_bytes(k, param_count, world_size, largest_param).total)
+            states = model_state_bytes(k, param_count, world_size, largest_param, trainable)
+            totals[sig] = (base.model_dump(), states.total)
     stages = sorted({sig[0] for sig in totals})
     if len(stages) < 2:
         return None
@@ -263,9 +278,13 @@ class Estimator:
         s = knobs.max_length
         return max(0, int(knobs.micro_batch_size * (a * s + b * s * s)))
 
+    def states(self, knobs: Knobs) -> StateBytes:
+        tr = self.trace
+        return model_state_bytes(knobs, tr.param_count, self.world_size, tr.largest_param, tr.trainable_count)
+
     def predict(self, knobs: Mapping[str, Any] | Knobs) -> Estimate:
         k = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(dict(knobs))
-        states = model_state_bytes(k, self.trace.param_count, self.world_size, self.trace.largest_param)
+        states = self.states(k)
         act = self.activation_bytes(k)
         a, b, c = self._theta
         calibrated = int(a * states.total + b * act + c)
@@ -285,7 +304,7 @@ class Estimator:
         rows: list[tuple[list[float], float]] = []
         for kd, measured in self.observations:
             k = Knobs.model_validate(kd)
-            states = model_state_bytes(k, self.trace.param_count, self.world_size, self.trace.largest_param).total
+            states = self.states(k).total
             act = self.activation_bytes(k)
             scale = float(max(measured, 1))
             rows.append(([states / scale, act / scale, unit / scale], measured / scale))
@@ -348,12 +367,15 @@ def trace(
     timeout_s: float = 600.0,
     python: str | None = None,
     label_length: int | None = None,
+    lora: LoraSpec | None = None,
 ) -> Trace:
     """Traces one training step per (micro, max_length, checkpointing, precision) on CPU fake tensors; seq2seq
-    labels at ``label_length`` (the job's; None: max_length), as the probe pads them."""
+    labels at ``label_length`` (the job's; None: max_length), as the probe pads them; with the job's ``lora``
+    adapters on the model as every probe of a LoRA job runs it."""
     request = {
         "model": model.model_dump(),
         "label_length": label_length,
+        "lora": lora.model_dump(mode="json") if lora is not None else None,
         "points": [
             {"micro_batch_size": m, "max_length": s, "gradient_checkpointing": c, "precision": p}
             for m, s, c, p in points

@@ -30,7 +30,8 @@ def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator
     started = time.monotonic()
     try:
         labels = request.job.max_target_length if request.job is not None else None
-        traced = trace(request.model, trace_points(request.space), timeout_s=timeout_s, label_length=labels)
+        lora = request.job.lora if request.job is not None else None
+        traced = trace(request.model, trace_points(request.space), timeout_s=timeout_s, label_length=labels, lora=lora)
     except (TunerError, RuntimeError, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         return None, f"memory estimate unavailable ({reason}); probing without it"
@@ -43,6 +44,7 @@ def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator
 def stage_order(estimator: Estimator, request: SearchRequest) -> dict[int, int] | None:
     """The ZeRO stages ordered by memory need for this model, world size and space (tuner.memory.estimator), or None
     when no single order holds; the frontier then compares configs across stages too (Frontier(stage_need=...))."""
+    tr = estimator.trace
     return zero_stage_need(
-        estimator.trace.param_count, request.world_size, list(request.space.configs()), estimator.trace.largest_param
+        tr.param_count, request.world_size, list(request.space.configs()), tr.largest_param, tr.trainable_count
     )

@@ -37,7 +37,8 @@ FileOrMapping = Path | str | Mapping[str, Any]
 class SearchOptions:
     """A search as the user gives it: ``budget`` a duration ("30m") or seconds; ``space``, ``baseline`` and
     ``training_args`` files or their contents; ``lengths`` a file or token lengths; ``job_flags`` the job settings
-    given on their own (--max-length, --precision ...). None: not given (the built-in default, or the files')."""
+    given on their own (--max-length, --precision, --lora-r ...). None: not given (the built-in default, or the
+    files')."""
 
     budget: str | float
     model: str = DEFAULT_MODEL
@@ -117,6 +118,10 @@ def prepare_request(
     )
     # the 64-rank and global-batch caps (the GPUs this host shows: check_world_size, before the study is written)
     check_job_limits(request.world_size, request.global_batch, option)
+    if request.job is not None and request.job.lora is not None:  # its target modules are in the model, peft runs
+        from tuner.job.lora import check_lora
+
+        check_lora(request.model, request.job.lora, option)
     return request, explicit_settings(o, baseline_world=loaded[-1].world_size if loaded else None)
 
 

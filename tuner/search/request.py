@@ -117,6 +117,7 @@ def build_request(
         hf_args=base.hf_args if base is not None else None,
         flags=flags,
         **({"length_hint": length_hint} if length_hint else {}),
+        option=option,
     )
     space, job_changes = fix_space(space, job, space_listed)
     base_knobs = None

@@ -134,7 +134,9 @@ def to_summary(
     transformers_version: str | None = None,
     job: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The json format: the flat knobs, the batch arithmetic and every other export in one document."""
+    """The json format: the flat knobs, the batch arithmetic and every other export in one document. A LoRA job's
+    adapters are listed under ``held_fixed`` (every probe trained them; no export sets them, the user's script builds
+    them with peft)."""
     k = validate_knobs(knobs)
     out: dict[str, Any] = {
         "knobs": k.model_dump(),
@@ -149,6 +151,8 @@ def to_summary(
         k.model_dump(), **batch, baseline=baseline, files=files, transformers_version=transformers_version, job=job
     )
     out["env"] = to_env(k.model_dump(), **batch, baseline=baseline)
+    if job and job.get("lora"):
+        out["held_fixed"] = {"lora": dict(job["lora"])}
     return out
 
 

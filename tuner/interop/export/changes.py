@@ -161,7 +161,10 @@ def best_changes(best: BestLike, definition: Mapping[str, Any], baseline: Any | 
     if isinstance(job, Mapping):
         from tuner.job.definition import Job
 
-        fixed = Job.model_validate(job).describe()
+        held = Job.model_validate(job)
+        fixed = held.describe()
+        if held.lora is not None:
+            fixed += "; no export sets the adapters: your script builds them (peft), as every probe did"
         searched = list(definition.get("job_changes") or ())
         if searched:
             fixed += f" (searched on purpose, as the space file lists: {', '.join(searched)})"
