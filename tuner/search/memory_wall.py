@@ -6,8 +6,9 @@ offload of the optimizer) can make room; when activations fill it, only checkpoi
 Two measured peaks of the incumbent's setting at different micro batches split its memory: ``peak = fixed + micro x
 per_sample`` (the two largest micro batches that finished, the ones nearest the wall). The proposer then tries the next
 micro batch up in the settings that change only knobs of the binding kind, the cheapest in throughput first
-(tuner.search.proposers.RELIEF's cost per move), skipping what the frontier rules out, until one fits; then the guide
-takes over. Pure: it reads the evidence."""
+(tuner.search.proposers.RELIEF's cost per move), skipping what the frontier rules out, until one fits. When the one
+that fits does not outrank the incumbent, that setting's next micro batch up is tried once more; then the guide takes
+over. Pure: it reads the evidence."""
 
 from __future__ import annotations
 
@@ -94,9 +95,11 @@ def next_past_wall(
     relief: Mapping[str, tuple[float, float]],
 ) -> Knobs | bool | None:
     """The next config past the incumbent's memory wall: the next micro batch up in a relieving setting (smallest
-    buckets), the cheapest first. ``verdict``: "fits" / "oom" from the measurements and the frontier. Returns the
-    knobs to probe, True when one of them already fits (the wall is passed), or None when there is nothing to do (no
-    wall, no split, no move left)."""
+    buckets), the cheapest first. ``verdict``: "fits" / "oom" from the measurements and the frontier. Once one fits
+    while the incumbent is still the best (one probe of the new setting, noisy, does not outrank it), that setting's
+    next micro batch up, once: the guide explores around the incumbent and would leave the setting that made room
+    with a single point. Returns the knobs to probe, True when the wall is passed (and that step is settled), or None
+    when there is nothing to do (no wall, no split, no move left)."""
 
     def setting(knobs: Mapping[str, Any]) -> str:
         return json.dumps({**knobs, "micro_batch_size": None}, sort_keys=True)
@@ -122,8 +125,13 @@ def next_past_wall(
     options.sort(key=lambda o: o[0])
     for _, knobs_there in options:
         found = verdict(knobs_there)
-        if found == "fits":
-            return True
+        if found == "fits":  # passed; the incumbent is still the best: the relief setting's next micro batch up
+            higher = [
+                k
+                for k in settings[setting(knobs_there.model_dump(mode="json"))]
+                if k.micro_batch_size > knobs_there.micro_batch_size
+            ]
+            return higher[0] if higher and verdict(higher[0]) is None else True
         if found is None:
             return knobs_there
     return None

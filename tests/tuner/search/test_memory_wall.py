@@ -1,7 +1,9 @@
 """Past the memory wall (tuner.search.memory_wall): after the opening, the incumbent's next micro batch up does not
 fit; two measured peaks of its setting say whether model states or activations fill the memory, and the next micro
-batch up is tried in the settings that free that kind, the cheapest in throughput first (pure, no Optuna, no probes)."""
+batch up is tried in the settings that free that kind, the cheapest in throughput first; the setting that fits gets its
+next micro batch up once while it does not outrank the incumbent (pure, no Optuna, no probes)."""
 
+import dataclasses
 import json
 
 from tests.tuner.search.test_proposers_tight import MiB, config, context, evidence
@@ -95,3 +97,20 @@ def test_no_wall_no_split_no_move():
     assert proposers.past_wall(ctx, evidence(ctx, *one)).done
     # nothing measured: nothing to do
     assert proposers.past_wall(ctx, evidence(ctx)).done
+
+
+def test_a_relief_that_fits_but_does_not_outrank_the_incumbent_gets_its_next_micro_batch_up_once():
+    ctx = context()
+    rows = [peak_row(ctx, config(ctx, micro=m), p) for m, p in ((1, 30), (2, 50))]  # activations fill memory
+    rows.append(peak_row(ctx, config(ctx, micro=4), None))
+    relief = proposers.past_wall(ctx, evidence(ctx, *rows)).knobs
+    assert relief is not None and moved(ctx, relief, config(ctx, micro=2)) == {"max_length": 64}
+    # it fits, but measured slower than the incumbent (one noisy probe): the guide would stay around micro 2, so the
+    # relief setting's next micro batch up comes first
+    rows.append(dataclasses.replace(peak_row(ctx, relief, 40), objective=1.0, samples_per_s=1.0))
+    step = proposers.past_wall(ctx, evidence(ctx, *rows))
+    assert step.knobs is not None and step.knobs.micro_batch_size == 8 and not step.done
+    assert moved(ctx, step.knobs, relief) == {}
+    # once that is measured (here: it OOMs), the wall is passed and the guide takes over
+    rows.append(peak_row(ctx, step.knobs, None))
+    assert proposers.past_wall(ctx, evidence(ctx, *rows)).done
