@@ -6,8 +6,11 @@ offload of the optimizer) can make room; when activations fill it, only checkpoi
 Two measured peaks of the incumbent's setting at different micro batches split its memory: ``peak = fixed + micro x
 per_sample`` (the two largest micro batches that finished, the ones nearest the wall). The proposer then tries the next
 micro batch up in the settings that change only knobs of the binding kind, the cheapest in throughput first
-(tuner.search.proposers.RELIEF's cost per move), skipping what the frontier rules out, until one fits; then the guide
-takes over. Pure: it reads the evidence."""
+(tuner.search.proposers.RELIEF's cost per move), skipping what the frontier rules out, until one fits; a setting
+that turns offload on at a lower ZeRO stage counts as a model-state move when the prior says it frees memory on net
+(offload is cheaper at a lower stage). The incumbent's setting is then climbed while its next micro batch up is
+unsettled; a relief that fits without outranking the incumbent gets its next micro batch up once. Then the guide takes
+over. Pure: it reads the evidence."""
 
 from __future__ import annotations
 
@@ -74,6 +77,25 @@ def relieving(here: Mapping[str, Any], there: Mapping[str, Any], knobs: Sequence
     return moved
 
 
+def trades_stage_for_offload(
+    here: Mapping[str, Any],
+    there: Mapping[str, Any],
+    knobs: Sequence[str],
+    relief: Mapping[str, tuple[float, float]],
+    world_size: int,
+) -> bool:
+    """Whether ``there`` turns the optimizer's offload on at a lower ZeRO stage than ``here`` (and changes nothing
+    else but buckets and the micro batch), freeing model-state memory on net by ``relief``'s prior (offload's freed
+    against the stages' freed, scaled by 1 - 1/world_size): offload costs less at a lower stage."""
+    if tuple(knobs) != MODEL_STATE_KNOBS or here.get("offload_optimizer") or not there.get("offload_optimizer"):
+        return False
+    if any(here.get(n) != there.get(n) for n in set(here) | set(there) if n not in (*BUCKET_KNOBS, *knobs)):
+        return False
+    down = int(here.get("zero_stage") or 0) - int(there.get("zero_stage") or 0)
+    stage_freed = relief["zero_stage"][0] * (1 - 1 / world_size)
+    return down > 0 and relief["offload_optimizer"][0] > down * stage_freed
+
+
 def cost(here: Mapping[str, Any], there: Mapping[str, Any], relief: Mapping[str, tuple[float, float]]) -> float:
     """The prior throughput lost (log units, ``relief``'s second number) of the moves from ``here`` to ``there``."""
     lost = 0.0
@@ -92,19 +114,29 @@ def next_past_wall(
     verdict: Callable[[Knobs], str | None],
     limit: float,
     relief: Mapping[str, tuple[float, float]],
+    world_size: int,
 ) -> Knobs | bool | None:
     """The next config past the incumbent's memory wall: the next micro batch up in a relieving setting (smallest
-    buckets), the cheapest first. ``verdict``: "fits" / "oom" from the measurements and the frontier. Returns the
-    knobs to probe, True when one of them already fits (the wall is passed), or None when there is nothing to do (no
-    wall, no split, no move left)."""
+    buckets; ``relieving`` or ``trades_stage_for_offload``), the cheapest first. ``verdict``: "fits" / "oom" from
+    the measurements and the frontier. While the incumbent's next micro batch up is unsettled, that one (a climb: once
+    a relief outranks the old incumbent, its setting is climbed until its own wall). When a relief fits but does not
+    outrank the incumbent (one noisy probe), its setting's next micro batch up, once: the guide explores around the
+    incumbent and would leave the setting that made room with a single point. Returns the knobs to probe, True when
+    the wall is passed (and that step is settled), or None when there is nothing to do (no wall, no split, no move
+    left)."""
 
     def setting(knobs: Mapping[str, Any]) -> str:
         return json.dumps({**knobs, "micro_batch_size": None}, sort_keys=True)
 
     home = setting(incumbent.model_dump(mode="json"))
     above = [k for k in settings.get(home, []) if k.micro_batch_size > incumbent.micro_batch_size]
-    if not above or verdict(above[0]) != "oom":
-        return None  # no wall: nothing larger here, or the next micro batch up may still fit
+    if not above:
+        return None  # nothing larger here
+    ahead = verdict(above[0])
+    if ahead is None:
+        return above[0]  # climb: the setting that made room (or any unsettled one) is settled upwards
+    if ahead != "oom":
+        return None  # no wall: the next micro batch up fits (and does not outrank the incumbent)
     memory = split(rows, setting, home)
     if memory is None:
         return None
@@ -114,7 +146,8 @@ def next_past_wall(
     options: list[tuple[float, Knobs]] = []
     for other, configs in settings.items():
         there = json.loads(other)
-        if not relieving(here, there, knobs) or not _smallest_buckets(there, settings):
+        moves = relieving(here, there, knobs) or trades_stage_for_offload(here, there, knobs, relief, world_size)
+        if not moves or not _smallest_buckets(there, settings):
             continue
         at = [k for k in configs if k.micro_batch_size == target]
         if at:
@@ -122,8 +155,13 @@ def next_past_wall(
     options.sort(key=lambda o: o[0])
     for _, knobs_there in options:
         found = verdict(knobs_there)
-        if found == "fits":
-            return True
+        if found == "fits":  # passed; the incumbent is still the best: the relief setting's next micro batch up
+            higher = [
+                k
+                for k in settings[setting(knobs_there.model_dump(mode="json"))]
+                if k.micro_batch_size > knobs_there.micro_batch_size
+            ]
+            return higher[0] if higher and verdict(higher[0]) is None else True
         if found is None:
             return knobs_there
     return None

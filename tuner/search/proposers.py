@@ -226,7 +226,13 @@ def past_wall(ctx: Context, ev: Evidence) -> Proposed:
         return "oom" if found is None and ctx.key(k) in known else found
 
     found = next_past_wall(
-        Knobs.model_validate(best.knobs), _settings(ctx.grid), ev.rows, verdict, ctx.headroom * capacity, RELIEF
+        Knobs.model_validate(best.knobs),
+        _settings(ctx.grid),
+        ev.rows,
+        verdict,
+        ctx.headroom * capacity,
+        RELIEF,
+        ctx.world_size,
     )
     if isinstance(found, Knobs):
         return Proposed(found)

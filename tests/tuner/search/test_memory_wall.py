@@ -1,7 +1,10 @@
 """Past the memory wall (tuner.search.memory_wall): after the opening, the incumbent's next micro batch up does not
 fit; two measured peaks of its setting say whether model states or activations fill the memory, and the next micro
-batch up is tried in the settings that free that kind, the cheapest in throughput first (pure, no Optuna, no probes)."""
+batch up is tried in the settings that free that kind, the cheapest in throughput first; the incumbent's setting is
+climbed while its next micro batch up is unsettled, and a relief that fits without outranking the incumbent gets its
+next micro batch up once (pure, no Optuna, no probes)."""
 
+import dataclasses
 import json
 
 from tests.tuner.search.test_proposers_tight import MiB, config, context, evidence
@@ -31,6 +34,10 @@ def peak_row(ctx, knobs: Knobs, peak_mib: float | None, stable=True) -> ProbeRow
 
 def setting(knobs: dict) -> str:
     return proposers._setting(Knobs.model_validate(knobs))
+
+
+def setting_of_knobs(knobs: Knobs) -> str:
+    return proposers._setting(knobs)
 
 
 def moved(ctx, knobs: Knobs, start: Knobs) -> dict:
@@ -71,9 +78,45 @@ def test_model_states_fill_memory_so_zero_and_offload_come_first():
     rows.append(peak_row(ctx, step.knobs, None))
     step = proposers.past_wall(ctx, evidence(ctx, *rows))
     assert moved(ctx, step.knobs, start) == {"zero_stage": 1, "offload_optimizer": True}
-    # that fits: the wall is passed, the guide takes over
-    rows.append(peak_row(ctx, step.knobs, 60))
+    # that fits and outranks the old incumbent: its setting is climbed (micro 8 there), until its own wall
+    passed = step.knobs
+    rows.append(peak_row(ctx, passed, 60))
+    step = proposers.past_wall(ctx, evidence(ctx, *rows))
+    assert step.knobs is not None and step.knobs.micro_batch_size == 8 and moved(ctx, step.knobs, passed) == {}
+    # micro 8 OOMs there and one peak of that setting is no split: the guide takes over
+    rows.append(peak_row(ctx, step.knobs, None))
     assert proposers.past_wall(ctx, evidence(ctx, *rows)).done
+
+
+def test_offload_at_a_lower_zero_stage_is_a_model_state_move_where_it_frees_memory_on_net():
+    ctx = context(world_size=2)
+    home = dict(zero_stage=2, gradient_checkpointing=True)
+    rows = [peak_row(ctx, config(ctx, micro=m, **home), p) for m, p in ((1, 80), (2, 81))]  # model states fill it
+    rows.append(peak_row(ctx, config(ctx, micro=4, **home), None))
+    start = config(ctx, micro=2, **home)
+    step = proposers.past_wall(ctx, evidence(ctx, *rows))
+    # offload at stage 1 costs less than offload at stage 2 and frees more (0.3) than one stage (0.3 x 1/2) by the
+    # prior: it comes first; offload at stage 0 does not exist in this space
+    assert step.knobs is not None and step.knobs.micro_batch_size == 4
+    assert moved(ctx, step.knobs, start) == {"zero_stage": 1, "offload_optimizer": True}
+    rows.append(peak_row(ctx, step.knobs, None))
+    step = proposers.past_wall(ctx, evidence(ctx, *rows))
+    assert step.knobs is not None and moved(ctx, step.knobs, start) == {"offload_optimizer": True}
+    here, there = json.loads(setting_of_knobs(start)), json.loads(setting_of_knobs(step.knobs))
+    # on one rank a stage frees nothing, so any stage down with offload on frees on net; never without offload
+    relief = proposers.RELIEF
+    stage_one = {**there, "zero_stage": 1}
+    assert memory_wall.trades_stage_for_offload(here, stage_one, memory_wall.MODEL_STATE_KNOBS, relief, 1)
+    assert not memory_wall.trades_stage_for_offload(
+        here, {**here, "zero_stage": 1}, memory_wall.MODEL_STATE_KNOBS, relief, 2
+    )
+    # three stages down at 2 ranks (0.45 freed) outweigh offload (0.3): not a relief
+    high = {**here, "zero_stage": 3}
+    assert not memory_wall.trades_stage_for_offload(
+        high, {**there, "zero_stage": 0}, memory_wall.MODEL_STATE_KNOBS, relief, 2
+    )
+    # activations fill memory: never a model-state trade
+    assert not memory_wall.trades_stage_for_offload(here, stage_one, memory_wall.ACTIVATION_KNOBS, relief, 1)
 
 
 def test_activations_fill_memory_so_checkpointing_or_a_shorter_length():
@@ -87,11 +130,31 @@ def test_activations_fill_memory_so_checkpointing_or_a_shorter_length():
 
 def test_no_wall_no_split_no_move():
     ctx = context()
-    # the next micro batch up was never probed: no wall (the opening or the guide settles it)
+    # the next micro batch up was never probed: no wall yet, the incumbent's setting is climbed
     rows = [peak_row(ctx, config(ctx, micro=m), p) for m, p in ((1, 30), (2, 50))]
+    assert proposers.past_wall(ctx, evidence(ctx, *rows)).knobs == config(ctx, micro=4)
+    # it fits without outranking the incumbent: no wall, nothing to do
+    rows.append(dataclasses.replace(peak_row(ctx, config(ctx, micro=4), 70), objective=1.0, samples_per_s=1.0))
     assert proposers.past_wall(ctx, evidence(ctx, *rows)).done
     # one peak: no split
     one = [peak_row(ctx, config(ctx, micro=2), 50), peak_row(ctx, config(ctx, micro=4), None)]
     assert proposers.past_wall(ctx, evidence(ctx, *one)).done
     # nothing measured: nothing to do
     assert proposers.past_wall(ctx, evidence(ctx)).done
+
+
+def test_a_relief_that_fits_but_does_not_outrank_the_incumbent_gets_its_next_micro_batch_up_once():
+    ctx = context()
+    rows = [peak_row(ctx, config(ctx, micro=m), p) for m, p in ((1, 30), (2, 50))]  # activations fill memory
+    rows.append(peak_row(ctx, config(ctx, micro=4), None))
+    relief = proposers.past_wall(ctx, evidence(ctx, *rows)).knobs
+    assert relief is not None and moved(ctx, relief, config(ctx, micro=2)) == {"max_length": 64}
+    # it fits, but measured slower than the incumbent (one noisy probe): the guide would stay around micro 2, so the
+    # relief setting's next micro batch up comes first
+    rows.append(dataclasses.replace(peak_row(ctx, relief, 40), objective=1.0, samples_per_s=1.0))
+    step = proposers.past_wall(ctx, evidence(ctx, *rows))
+    assert step.knobs is not None and step.knobs.micro_batch_size == 8 and not step.done
+    assert moved(ctx, step.knobs, relief) == {}
+    # once that is measured (here: it OOMs), the wall is passed and the guide takes over
+    rows.append(peak_row(ctx, step.knobs, None))
+    assert proposers.past_wall(ctx, evidence(ctx, *rows)).done
