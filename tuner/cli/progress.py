@@ -94,7 +94,9 @@ class LiveProgress:
     ) -> None:
         self.console = console
         self.job = job  # the job's values (held fixed, printed once above the stream) are left out of each label
-        self.oom_trials: dict[str, int] = {}  # a measured OOM's label -> its trial number (ruled-out lines cite it)
+        self.trials: dict[str, tuple[int, ProbeStatus]] = {}  # a probed config's label -> its trial and status
+        self.cited: set[str] = set()  # the reasons already printed: later configs they rule out are only counted
+        self.held: tuple[Proposal, ProbeRow] | None = None  # the last probe, printed with what it rules out
         self.deadline = deadline
         self.objective = objective
         self.study = study
@@ -103,6 +105,7 @@ class LiveProgress:
         self.current: tuple[Proposal, float] | None = None
         self.recent: list[ProbeRow] = []
         self.pending: list[ProbeRow] = []  # inferred rows not printed yet (grouped by why they were ruled out)
+        self.quiet = 0  # configs ruled out for a reason already printed
         self.live = Live(self, console=console, refresh_per_second=2, transient=True)
 
     def __enter__(self) -> LiveProgress:
@@ -110,16 +113,19 @@ class LiveProgress:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._flush_inferred()
+        self._flush()
         self.live.__exit__(*exc)
 
     # -- Listener ----------------------------------------------------------------------------------------------------
+    # A probe's line waits for the configs its result rules out (the strategy's next proposal, a moment later: the
+    # driver reports them before it starts the next probe), so the line can say how many; configs ruled out for a
+    # reason printed before are counted, not printed again (`tuner trials --all` lists every one).
     def started(self, proposal: Proposal) -> None:
-        self._flush_inferred()
+        self._flush()
         self.current = (proposal, time.monotonic())
 
     def finished(self, proposal: Proposal, outcome: Outcome) -> None:
-        self._flush_inferred()
+        self._flush()
         self.current = None
         row = outcome.row
         self.counts["probed"] += 1
@@ -136,23 +142,37 @@ class LiveProgress:
         if row.stable and row.objective is not None and (self.best is None or row.objective > self.best[0]):
             self.best = (row.objective, row.knobs)
         self.recent = ([row, *self.recent])[:RECENT]
-        if status == ProbeStatus.OOM and proposal.trial_number is not None:
-            self.oom_trials[compact(row.knobs, self.job)] = proposal.trial_number
-        self.console.print(probe_line(proposal.trial_number, proposal.fidelity, row, self.objective.unit, self.job))
+        if proposal.trial_number is not None:
+            self.trials[compact(row.knobs, self.job)] = (proposal.trial_number, status)
+        self.held = (proposal, row)
 
     def inferred(self, row: ProbeRow) -> None:
-        """Configs ruled out without running are one line per decision (printed before the next probe line)."""
+        """Configs ruled out without running: counted on the line of the probe that rules them out, or one line per
+        reason (printed before the next probe starts)."""
         self.counts["inferred"] += 1
         self.pending.append(row)
 
     def note(self, message: str) -> None:
-        self._flush_inferred()
+        self._flush()
         self.console.print(Text(message))  # the search's notes quote stored and storage text: never markup
 
-    def _flush_inferred(self) -> None:
-        for line in ruled_out_lines(self.pending, self.job, self.oom_trials):
+    def _flush(self) -> None:
+        rows, self.pending = self.pending, []
+        if self.held is not None:
+            proposal, row = self.held
+            self.held = None
+            label = compact(row.knobs, self.job)
+            own = [r for r in rows if cause_label(r.cause, self.job) == label]
+            rows = [r for r in rows if r not in own]
+            line = probe_line(proposal.trial_number, proposal.fidelity, row, self.objective.unit, self.job)
+            if own:
+                self.cited.add(_reason(own[0].cause, self.job, self.trials))
+            self.console.print(line + (f"  [dim](rules out {len(own)})[/]" if own else ""))
+        fresh = [r for r in rows if _reason(r.cause, self.job, self.trials) not in self.cited]
+        self.quiet += len(rows) - len(fresh)
+        for line in ruled_out_lines(fresh, self.job, self.trials):
             self.console.print(Text(line, style="dim"))
-        self.pending = []
+        self.cited.update(_reason(r.cause, self.job, self.trials) for r in fresh)
 
     # -- rendering ---------------------------------------------------------------------------------------------------
     def __rich__(self) -> Panel:
@@ -220,37 +240,49 @@ def brief_cause(status: ProbeStatus, cause: str | None, width: int = 17) -> str:
     return first if len(first) <= width else first[: width - 1] + "\u2026"
 
 
-def _reason(cause: str | None, job: Mapping[str, Any] | None, trials: Mapping[str, int]) -> str:
-    """Why a config was ruled out, as one group: the measured OOM it needs at least as much as (cited by its trial
-    number when the stream printed it), or the estimate."""
+MEASURED = "inferred-oom from measured "
+
+
+def cause_label(cause: str | None, job: Mapping[str, Any] | None) -> str | None:
+    """The label of the measured config an inferred row's cause names (None: another cause, e.g. the estimate)."""
+    if not cause or not cause.startswith(MEASURED):
+        return None
+    return compact(parse_label(cause[len(MEASURED) :]), job)
+
+
+def _reason(cause: str | None, job: Mapping[str, Any] | None, trials: Mapping[str, tuple[int, ProbeStatus]]) -> str:
+    """Why a config was ruled out, as one group: the measured config whose memory it needs at least (an OOM, or a
+    peak over the headroom; cited by its trial number when the stream printed it), or the estimate."""
     text = cause or "inferred-oom"
-    if text.startswith("inferred-oom from measured "):
-        label = compact(parse_label(text[len("inferred-oom from measured ") :]), job)
-        if label in trials:  # the trial's own line is just above
-            return f"each needs at least trial {trials[label]}'s memory (an OOM)"
-        return f"each needs at least the memory of {label} (an OOM)"
+    label = cause_label(text, job)
+    if label is not None:
+        if label in trials:
+            number, status = trials[label]
+            what = "an OOM" if status.out_of_memory else "over the headroom"
+            return f"each needs at least trial {number}'s memory ({what})"
+        return f"each needs at least the memory of {label}, which did not fit"
     if text.startswith("inferred-oom: estimated peak"):
         return "the memory estimate puts each far over the device memory"
     return text
 
 
 def ruled_out_lines(
-    rows: Sequence[ProbeRow], job: Mapping[str, Any] | None = None, trials: Mapping[str, int] | None = None
+    rows: Sequence[ProbeRow],
+    job: Mapping[str, Any] | None = None,
+    trials: Mapping[str, tuple[int, ProbeStatus]] | None = None,
 ) -> list[str]:
-    """The inferred rows of one decision (between two probes) as one line: how many configs, their micro batch
-    span, why (the reason shared by most of them; `tuner trials --all` lists each with its own cause)."""
-    if not rows:
-        return []
-    reasons: dict[str, int] = {}
+    """The inferred rows of one decision (between two probes), one line per reason: how many configs, their micro
+    batch span, why (`tuner trials --all` lists each with its own cause)."""
+    groups: dict[str, list[ProbeRow]] = {}
     for row in rows:
-        why = _reason(row.cause, job, trials or {})
-        reasons[why] = reasons.get(why, 0) + 1
-    micros = sorted({int(r.knobs.get("micro_batch_size") or 0) for r in rows})
-    span = f"micro {micros[0]}" + (f"-{micros[-1]}" if len(micros) > 1 else "")
-    n = len(rows)
-    main, count = max(reasons.items(), key=lambda item: item[1])
-    more = f" ({count} of them; the others likewise)" if count < n else ""
-    return [f"ruled out {n} config{'s' if n > 1 else ''} ({span}) without running: {main}{more}"]
+        groups.setdefault(_reason(row.cause, job, trials or {}), []).append(row)
+    lines = []
+    for why, group in groups.items():
+        micros = sorted({int(r.knobs.get("micro_batch_size") or 0) for r in group})
+        span = f"micro {micros[0]}" + (f"-{micros[-1]}" if len(micros) > 1 else "")
+        n = len(group)
+        lines.append(f"ruled out {n} config{'s' if n > 1 else ''} ({span}) without running: {why}")
+    return lines
 
 
 def summary_table(summary: SearchSummary, objective: Objective, job: Mapping[str, Any] | None = None) -> Group:
@@ -259,11 +291,10 @@ def summary_table(summary: SearchSummary, objective: Objective, job: Mapping[str
     c = summary.counts
     inferred = c.get("inferred-oom", 0)
     lines = [
-        f"study {summary.study_name}: {summary.stop_reason} after {format_duration(summary.elapsed_s)}; "
-        f"{summary.trials} trials: {summary.probes_run} probed ({summary.probe_seconds:.0f} probe-seconds), "
-        f"{inferred} ruled out without running",
-        f"probes: {c.get('ok', 0)} ok, {c.get('oom', 0)} out of memory, {c.get('timeout', 0)} timed out, "
-        f"{c.get('error', 0)} failed",
+        f"study {summary.study_name}: {summary.stop_reason} after {format_duration(summary.elapsed_s)}",
+        f"{summary.probes_run} probes in {summary.probe_seconds:.0f} probe-seconds: {c.get('ok', 0)} ok, "
+        f"{c.get('oom', 0)} OOM, {c.get('timeout', 0)} timed out, {c.get('error', 0)} failed; {inferred} ruled out "
+        "without running",
     ]
     best, base = summary.best, summary.baseline
     if base is not None:

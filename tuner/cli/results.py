@@ -230,9 +230,8 @@ def trials(
         return
     job = definition.get("job") if isinstance(definition.get("job"), Mapping) else None
     out = table_console()
-    out.print(Text(f"study {name}: objective {objective.unit}"))
-    if job:
-        out.print(Text(f"your job (held fixed, not repeated below): {Job.model_validate(job).describe()}"))
+    held = f"; held fixed, not shown: {Job.model_validate(job).describe()}" if job else ""
+    out.print(Text(f"study {name} ({objective.unit}){held}"))
     table = Table(box=None, pad_edge=False)
     for col in ("trial", "status", objective.unit, "peak", "s"):  # the Optuna state: --json
         table.add_column(col, no_wrap=True)

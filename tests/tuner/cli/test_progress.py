@@ -1,6 +1,7 @@
 """The live display's content (rendered to text) and the final summary table."""
 
 import io
+import types
 
 from rich.console import Console
 
@@ -43,6 +44,12 @@ def _proposal(micro):
     return Proposal(config=config, fidelity="short", config_key=f"k{micro}", trial=None, expected_s=6.0)
 
 
+def _numbered(micro, number):
+    """A proposal of trial ``number`` (the stream reads only the trial's number)."""
+    trial = types.SimpleNamespace(number=number)
+    return Proposal(config=_proposal(micro).config, fidelity="short", config_key=f"k{micro}", trial=trial, expected_s=6)
+
+
 def test_live_panel_counts_ooms_inferred_and_the_best():
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=160, color_system=None)
@@ -54,14 +61,42 @@ def test_live_panel_counts_ooms_inferred_and_the_best():
     why = "inferred-oom from measured micro=32 len=128"
     for micro in (64, 128, 256):
         progress.inferred(_row("inferred-oom", micro=micro, trial_number=micro, fidelity="inferred", cause=why))
-    progress.started(_proposal(2))  # the ruled-out configs are one line, before the next probe
+    progress.started(_proposal(2))  # the OOM's line, with what it rules out, before the next probe
     now[0] = 60.0
     console.print(progress.__rich__())
     text = out.getvalue()
     assert "OOM-pruned 1" in text and "inferred 3" in text and "stable 1" in text
     assert "best so far: 12.5 samples/s" in text and "time left 2m00s" in text
-    line = "ruled out 3 configs (micro 64-256) without running: each needs at least the memory of micro=32 len=128"
-    assert text.count("ruled out") == 1 and line in text
+    oom = next(line for line in text.splitlines() if " oom " in line)
+    assert oom.endswith("micro=32 len=128  (rules out 3)") and "ruled out" not in text
+
+
+def test_a_reason_is_printed_once_then_counted():
+    """The OOM's own line counts what it rules out; later configs ruled out by that same OOM are only counted;
+    a reason not printed before (an earlier probe's peak over the headroom) gets one line."""
+    out = io.StringIO()
+    console = Console(file=out, width=200, color_system=None)
+    progress = LiveProgress(console, Deadline(180, clock=lambda: 0.0), Objective(), "demo", JOB)
+    big = _row("ok", 9.0, False, micro=16)  # over the headroom
+    progress.finished(_numbered(16, 7), Outcome(row=big, state=None, objective=9.0, stable=False))
+    progress.finished(_numbered(32, 8), Outcome(row=_row("oom", micro=32), state=None, objective=None, stable=False))
+    oom_cause, big_cause = "inferred-oom from measured micro=32 len=128", "inferred-oom from measured micro=16 len=128"
+    for micro in (64, 128):
+        progress.inferred(_row("inferred-oom", micro=micro, fidelity="inferred", cause=oom_cause))
+    progress.inferred(_row("inferred-oom", micro=24, fidelity="inferred", cause=big_cause))
+    progress.started(_proposal(2))
+    progress.finished(
+        _numbered(2, 9), Outcome(row=_row("ok", 3.0, True, micro=2), state=None, objective=3.0, stable=True)
+    )
+    progress.inferred(_row("inferred-oom", micro=256, fidelity="inferred", cause=oom_cause))  # counted only
+    progress.started(_proposal(1))
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("trial   7  ok unstable") and lines[0].endswith("micro=16")
+    assert lines[1].startswith("trial   8  oom") and lines[1].endswith("micro=32  (rules out 2)")
+    assert lines[2] == (
+        "ruled out 1 config (micro 24) without running: each needs at least trial 7's memory (over the headroom)"
+    )
+    assert lines[3].startswith("trial   9  ok") and len(lines) == 4 and progress.quiet == 1
 
 
 def test_summary_table_shows_best_and_baseline_speedup():
@@ -172,8 +207,8 @@ def test_ruled_out_lines_cite_the_oom_by_its_label_without_a_trial_number():
     cause = "inferred-oom from measured micro=8 len=128 zero_stage=3 reduce_bucket_size=50000000"
     rows = [_row("inferred-oom", micro=m, fidelity="inferred", cause=cause) for m in (16, 32)]
     assert ruled_out_lines(rows, JOB) == [
-        "ruled out 2 configs (micro 16-32) without running: each needs at least the memory of micro=8 z3 reduce=5e7"
-        " (an OOM)"
+        "ruled out 2 configs (micro 16-32) without running: each needs at least the memory of micro=8 z3 reduce=5e7,"
+        " which did not fit"
     ]
-    cited = ruled_out_lines(rows, JOB, {"micro=8 z3 reduce=5e7": 10})[0]  # the stream printed it as trial 10
+    cited = ruled_out_lines(rows, JOB, {"micro=8 z3 reduce=5e7": (10, ProbeStatus.OOM)})[0]  # printed: trial 10
     assert cited.endswith("each needs at least trial 10's memory (an OOM)") and len(cited) <= 100
