@@ -16,4 +16,8 @@ if [ "${TUNER_TEST_POSTGRES:-}" != skip ] && ! .venv/bin/python -c \
   eval "$exports"
   trap 'scripts/throwaway-pg.sh stop "$TUNER_THROWAWAY_PG"' EXIT
 fi
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
+# The venv through its real path: where .venv is a symlink (a worktree sharing another checkout's venv) the `tuner`
+# entry script's shebang names the real path while .venv/bin/python would name the link, and torch's JIT writes the
+# path it was started from into each op's build.ninja, so probes started both ways rebuilt cpu_adam and shm comm
+# in turns (minutes each, inside budgeted searches). A plain .venv directory resolves to itself.
+"$(cd .venv && pwd -P)/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "$@"

@@ -24,9 +24,21 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def one_rank_env(**extra: str) -> dict[str, str]:
     """This environment plus a one-rank process group (RANK ... MASTER_PORT on a free port): what the HF Trainer's
-    DeepSpeed integration needs to run in a plain `python` process, no launcher."""
+    DeepSpeed integration needs to run in a plain `python` process, no launcher.
+
+    DeepSpeed JIT-compiles its ops (shm comm, cpu_adam) where TORCH_EXTENSIONS_DIR points: here the probes' own op
+    cache (``Settings.torch_extensions_dir``), which the search before the run has just filled, and the venv's ninja
+    first on PATH (another ninja invalidates that cache). Left at torch's default (~/.cache/torch_extensions) each such
+    run compiled shm comm again, a minute or more on 2 cores, and again whenever another checkout's venv had been there.
+    """
+    from tuner.settings import load_settings
+
     group = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    return {**os.environ, **group, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", **extra}
+    ops = {
+        "TORCH_EXTENSIONS_DIR": str(load_settings().torch_extensions_dir),
+        "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    return {**os.environ, **group, **ops, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", **extra}
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:

@@ -12,17 +12,24 @@ from pathlib import Path
 
 import pytest
 
+from tuner.settings import load_settings
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_the_gpu_check_dry_run_passes_on_cpu(tmp_path: Path) -> None:
+    settings = load_settings()
     env = {
         **os.environ,
         "DRY_RUN": "1",
         "KIT_SITE": site.getsitepackages()[0],
         "PYTHON": sys.executable,
         "GPU_CHECK_WORK": str(tmp_path),
+        # the suite's op cache (scripts/test.sh exports TUNER_CACHE_DIR) for the script's probes and for its Trainer
+        # run, which otherwise compiled DeepSpeed's shm comm again into torch's default ~/.cache/torch_extensions
+        "TUNER_CACHE_DIR": str(settings.cache_dir),
+        "TORCH_EXTENSIONS_DIR": str(settings.torch_extensions_dir),
     }
     proc = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True, text=True, timeout=600

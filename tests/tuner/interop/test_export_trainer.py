@@ -7,15 +7,12 @@ here: DeepSpeedCPUAdam compiles on first use (minutes on a loaded 2-core box); t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from servers import one_rank_env
-
-from tuner.settings import load_settings
 
 SCRIPT = r"""
 import json, sys, tempfile
@@ -55,12 +52,8 @@ with open(sys.argv[3], "w") as f:
 
 
 def trainer_env() -> dict[str, str]:
-    """A one-rank process group for the Trainer's DeepSpeed integration, and the probes' op cache."""
-    env = one_rank_env(TOKENIZERS_PARALLELISM="false")
-    # the probes' op cache and the venv's ninja first (another ninja invalidates the cache: a rebuild of minutes)
-    env["TORCH_EXTENSIONS_DIR"] = str(load_settings().torch_extensions_dir)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return env
+    """A one-rank process group for the Trainer's DeepSpeed integration, and the probes' op cache (one_rank_env)."""
+    return one_rank_env(TOKENIZERS_PARALLELISM="false")
 
 
 def run_trainer(tmp_path: Path, knobs: dict, accum: int) -> dict:
