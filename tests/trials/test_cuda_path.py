@@ -16,9 +16,10 @@ from trials.contract import (
     memory_need,
     stderr_status,
 )
+from trials.measure import MemoryWindow, StepClock, split_steps, step_stats
 from trials.memory import memory_failure, traceback_frames
 from trials.models import placement
-from trials.probe import DeviceBusy, MemoryWindow, StepClock, classify, split_steps, step_stats
+from trials.outcome import DeviceBusy, classify
 
 GiB = 1 << 30
 

@@ -89,7 +89,7 @@ def test_hidden_size_of_t5_and_llama_configs() -> None:
 
 
 def test_a_probe_cause_names_the_error_behind_the_error() -> None:
-    from trials.probe import one_line
+    from trials.outcome import one_line
 
     try:
         try:
