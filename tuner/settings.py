@@ -73,8 +73,10 @@ class SettingsError(ConfigError):
 
 
 def _environment_tag() -> str:
-    """py311-<hash of the interpreter's prefix>: tells virtualenvs apart without importing torch."""
-    digest = hashlib.sha1(os.path.realpath(sys.prefix).encode()).hexdigest()[:10]
+    """py311-<hash of the interpreter's prefix>: tells virtualenvs apart without importing torch. The prefix as the
+    interpreter was reached, not resolved: torch writes that path into each op's build.ninja, so one venv reached
+    through a symlink and directly would otherwise share a folder and rebuild each other's ops in turns."""
+    digest = hashlib.sha1(os.path.abspath(sys.prefix).encode()).hexdigest()[:10]
     return f"py{sys.version_info.major}{sys.version_info.minor}-{digest}"
 
 

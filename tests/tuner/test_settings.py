@@ -5,6 +5,7 @@ traceback), and from the API's app factory."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,16 @@ def test_serve_with_the_port_option_ignores_a_bad_port_variable(sqlite_url: str)
         "serve", "--storage", sqlite_url, "--port", str(free_port()), "--host", "0.0.0.0", env={"TUNER_PORT": "abc"}
     )
     assert out.returncode == 2 and "refusing to serve" in out.stderr and "TUNER_PORT" not in out.stderr, out.stderr
+
+
+def test_a_venv_reached_through_a_symlink_has_its_own_op_cache(tmp_path, monkeypatch):
+    """torch writes the interpreter's path into each op's build.ninja: the venv reached directly and through a link
+    must not share an op folder (they rebuilt each other's ops in turns, 1.5-2.5 min a build)."""
+    real = tmp_path / "venv"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    folders = set()
+    for prefix in (real, tmp_path / "link", real):
+        monkeypatch.setattr(sys, "prefix", str(prefix))
+        folders.add(load_settings(cache_dir=str(tmp_path / "cache")).torch_extensions_dir)
+    assert len(folders) == 2
