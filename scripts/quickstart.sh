@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 scripts/install.sh test
 .venv/bin/tuner prepare   # one-off DeepSpeed op compiles, outside the search budget
 .venv/bin/tuner search --budget "${BUDGET:-2m}" --study quickstart --device-memory "${DEVICE_MEMORY:-160MiB}" "$@"
-.venv/bin/tuner trials --study quickstart --top 5   # --all: every trial, ruled-out ones too
+.venv/bin/tuner trials --study quickstart --top 3   # --all: every trial, ruled-out ones too
 .venv/bin/tuner best --study quickstart --format deepspeed
