@@ -229,6 +229,7 @@ def test_the_motivating_teams_files_fix_the_job_every_probe_runs(tmp_path):
             "generation_max_length": None,
             "num_beams": 1,
             "max_grad_norm": 1.0,
+            "lora": None,  # a full fine-tune: their files name no adapters
         }
         # the probe ran their DeepSpeed JSON: their optimizer (lr from their args), scheduler, reduce_scatter ...
         ds = r.config["deepspeed"]
