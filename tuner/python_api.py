@@ -53,19 +53,21 @@ def check_world_size(request: SearchRequest) -> None:
 
 
 def check_host(request: SearchRequest, store: Store, resumed: bool) -> None:
-    """Before the first probe on a GPU host: a resumed study's GPU type must be this host's (unless its device
-    memory is fixed: a frontier learned on one device's limits must not rule another's), and a multi-rank search
-    passes the NCCL preflight (all ranks, one all_reduce and a barrier, 90 s). ConfigError with one line if not."""
+    """Before the first probe: the study's host record (GPU and library versions, tuner.search.host_record) must
+    match this host's; a study from before the record is compared by its first probe's GPU type instead (unless
+    its device memory is fixed: a frontier learned on one device's limits must not rule another's); a multi-rank
+    search on GPUs passes the NCCL preflight (all ranks, one all_reduce and a barrier, 90 s). ConfigError with one
+    line if not."""
     import tempfile
 
     from tuner.probing import gpus
     from tuner.search.host_record import check_host_record
 
-    check_host_record(store, request.study_name, request.device_memory is not None, resumed)  # GPU and versions
+    recorded = check_host_record(store, request.study_name, request.device_memory is not None, resumed)
     visible, physical, _ = gpus.host_visible_devices()
     if not (physical and visible):
         return
-    if resumed:
+    if resumed and not recorded:
         first = next((row for row in store.probes(request.study_name, limit=5) if row.result), None)
         stored = (first.result or {}).get("fingerprint") if first is not None else None
         here = gpus.gpu_name(gpus.first_visible_index(visible))

@@ -125,20 +125,21 @@ def this_host() -> HostRecord:
 
 def check_host_record(
     store: Store, study: str, device_memory_given: bool, resumed: bool, here: HostRecord | None = None
-) -> None:
+) -> bool:
     """Before the first probe of this worker: records this host on a study that has no record and no probe row yet
     (the first worker of a new study, or of one defined through the API), else compares it with the stored record.
-    ConfigError with one line naming the field when they differ; a study from before the record (probe rows, no
-    record) resumes as before."""
+    ConfigError with one line naming the field when they differ. False for a study from before the record (probe
+    rows, no record): it resumes as before, and only its first probe's GPU type can be compared."""
     here = here or this_host()
     stored = (store.study_definition(study) or {}).get(KEY)
     if stored is None:
         if resumed and store.probes(study, limit=1):
-            return
+            return False
         stored = store.record_in_definition(study, KEY, here.to_dict())  # another worker's, when it came first
     line = mismatch(study, stored, here, device_memory_given)
     if line:
         raise ConfigError(line)
+    return True
 
 
 __all__ = ["KEY", "HostRecord", "check_host_record", "mismatch", "this_host", "torch_cuda"]

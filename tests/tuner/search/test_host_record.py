@@ -76,7 +76,7 @@ def test_a_new_study_records_its_host_and_resumes_on_the_same_one(storage_url: s
     check_host_record(store, "s", False, resumed=False, here=HERE)
     assert store.require_study("s")[KEY] == HERE.to_dict()
     _probe(store)
-    check_host_record(store, "s", False, resumed=True, here=HERE)  # the same host: resumes
+    assert check_host_record(store, "s", False, resumed=True, here=HERE)  # the same host: resumes, compared
     with pytest.raises(ConfigError, match=r"measured with torch 2\.13\.0 but this host has 2\.14\.0.*--study"):
         check_host_record(store, "s", False, resumed=True, here=dataclasses.replace(HERE, torch="2.14.0"))
     assert store.require_study("s")[KEY] == HERE.to_dict()  # the refused host recorded nothing
@@ -85,7 +85,7 @@ def test_a_new_study_records_its_host_and_resumes_on_the_same_one(storage_url: s
 def test_a_study_from_before_the_record_resumes_as_before(storage_url: str) -> None:
     store = _store(storage_url)
     _probe(store)
-    check_host_record(store, "s", False, resumed=True, here=dataclasses.replace(HERE, torch="0.1"))
+    assert not check_host_record(store, "s", False, resumed=True, here=dataclasses.replace(HERE, torch="0.1"))
     assert KEY not in store.require_study("s")  # no field, no comparison, nothing written
 
 
