@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.job.space import MAX_GLOBAL_BATCH, MAX_WORLD_SIZE
-from tuner.search.rows import DEFAULT_HEADROOM
+from tuner.records import DEFAULT_HEADROOM
 
 STUDY_NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 STUDY_NAME_MAX = 128

@@ -28,11 +28,11 @@ from api.schemas import (
 from tuner.errors import NoStableConfig
 from tuner.interop.export import best_export_args, render_best
 from tuner.interop.export.changes import best_changes
+from tuner.records import DEFAULT_HEADROOM, Candidate, Fidelity, ProbeRow, ProbeStatus
 from tuner.reporting.production import ProductionRun, production_runs
 from tuner.reporting.trials import join_trials
 from tuner.search.liveness import run_is_live
-from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow, ProbeStatus
-from tuner.search.selection import Candidate, best_stable
+from tuner.search.selection import best_stable
 from tuner.storage import Store
 
 END_STATES = ("finished", "interrupted", "failed")

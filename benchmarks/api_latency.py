@@ -47,7 +47,7 @@ def populate(url: str, n_probes: int, seed: int = 0) -> None:
     from optuna.trial import TrialState
 
     from trials.contract import Knobs, ProbeConfig
-    from tuner.search.rows import ProbeRow
+    from tuner.records import ProbeRow
     from tuner.storage import Store, optuna_storage
 
     rng = random.Random(seed)

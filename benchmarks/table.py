@@ -19,7 +19,7 @@ from trials.contract import Knobs, ModelSpec, ProbeResult
 from tuner.job.objective import Objective
 from tuner.job.space import Space, knobs_key
 from tuner.memory.estimator import Estimator, Trace
-from tuner.search.rows import is_stable
+from tuner.records import is_stable
 from tuner.search.schedule import Schedule
 from tuner.search.strategy import SearchSetup
 

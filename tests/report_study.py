@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 
 from trials.contract import Knobs, ProbeConfig, ProbeResult, RankMemory, StepStats
-from tuner.search.rows import ProbeRow, is_stable
+from tuner.records import ProbeRow, is_stable
 from tuner.storage.db import optuna_storage
 from tuner.storage.store import Store
 

@@ -18,16 +18,16 @@ from trials.contract import Knobs, ProbeConfig, ProbeResult
 from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
 from tuner.job.definition import JobFlags
 from tuner.job.model_source import resolve_model
+from tuner.records import DEFAULT_HEADROOM, Fidelity, ProbeRow
 from tuner.search.options import DEFAULT_MODEL, SearchOptions, prepare_request
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
-from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow
 from tuner.settings import load_settings, redact_url
 from tuner.storage import Store
 
 if TYPE_CHECKING:
     from tuner.memory.estimator import Estimate
+    from tuner.records import Candidate
     from tuner.search.driver import Listener, Search, SearchSummary
-    from tuner.search.selection import Candidate
 
 __all__ = ["DEFAULT_MODEL", "BestConfig", "TuneResult", "best_config", "estimate", "tune"]
 Probe = Callable[[ProbeConfig], ProbeResult]

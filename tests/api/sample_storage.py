@@ -13,7 +13,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from trials.contract import Knobs, ProbeConfig, ProbeResult, RankMemory, StepStats
-from tuner.search.rows import ProbeRow
+from tuner.records import ProbeRow
 from tuner.storage import Store, optuna_storage
 
 MiB = 1 << 20

@@ -17,7 +17,7 @@ from sample_storage import DIST, populate
 from api.app import create_app
 from api.trial_counts import Tally, TrialCounts, fold
 from api.trial_reads import TRIALS
-from tuner.search.rows import ProbeRow
+from tuner.records import ProbeRow
 from tuner.settings import Settings
 from tuner.storage import Store, optuna_storage
 

@@ -175,7 +175,7 @@ def _grow(url: str, study: str, n: int) -> None:
     import optuna
     from optuna.distributions import IntDistribution
 
-    from tuner.search.rows import ProbeRow
+    from tuner.records import ProbeRow
     from tuner.storage import optuna_storage
 
     store = Store(url)

@@ -7,8 +7,8 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from trials.contract import ModelSpec
+from tuner.records import ProbeRow
 from tuner.search.request import SearchRequest, request_from_definition
-from tuner.search.rows import ProbeRow
 from tuner.settings import Settings
 from tuner.storage import Store
 

@@ -15,9 +15,8 @@ from rich.text import Text
 
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
+from tuner.records import Candidate, ProbeRow, ProbeStatus
 from tuner.search.driver import SearchSummary
-from tuner.search.rows import ProbeRow, ProbeStatus
-from tuner.search.selection import Candidate
 from tuner.search.strategy import Outcome, Proposal
 from tuner.units import Deadline, format_duration, format_size
 

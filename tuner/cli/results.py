@@ -19,8 +19,8 @@ from tuner.job.definition import Job
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
 from tuner.python_api import pick_study
+from tuner.records import Fidelity, ProbeStatus
 from tuner.reporting.trials import join_trials
-from tuner.search.rows import Fidelity, ProbeStatus
 from tuner.search.selection import best_stable
 from tuner.settings import load_settings
 from tuner.storage import Store

@@ -17,9 +17,9 @@ from tuner.cli.progress import LiveProgress, summary_table
 from tuner.errors import ConfigError
 from tuner.job.definition import JobFlags
 from tuner.python_api import attach_estimate, check_host, check_world_size, real_probe, resolve
+from tuner.records import DEFAULT_HEADROOM
 from tuner.search.driver import Search
 from tuner.search.options import DEFAULT_MODEL, SearchOptions, cli_option, prepare_request
-from tuner.search.rows import DEFAULT_HEADROOM
 from tuner.storage import Store
 
 console = Console(highlight=False, soft_wrap=True)

@@ -27,7 +27,7 @@ from trials.contract import Knobs
 from tuner.errors import ConfigError
 from tuner.job.space import config_key
 from tuner.python_api import BestConfig, best_config
-from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus, is_stable
+from tuner.records import Fidelity, ProbeRow, ProbeStatus, is_stable
 from tuner.settings import load_settings
 from tuner.storage import Store
 

@@ -9,7 +9,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from tuner.memory.imbalance import probe_imbalance
-from tuner.search.rows import ProbeRow, ProbeStatus
+from tuner.records import ProbeRow, ProbeStatus
 
 MiB = float(1 << 20)
 OOM_STATUSES = (ProbeStatus.OOM, ProbeStatus.INFERRED_OOM)

@@ -15,9 +15,9 @@ import plotly.graph_objects as go
 
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.memory.imbalance import probe_imbalance
+from tuner.records import DEFAULT_HEADROOM, Candidate, Fidelity, ProbeRow
 from tuner.reporting import figures as figs
-from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow
-from tuner.search.selection import Candidate, best_stable
+from tuner.search.selection import best_stable
 from tuner.storage.store import Store
 
 MiB = float(1 << 20)

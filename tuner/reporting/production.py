@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tuner.memory.frontier import describe
-from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus
+from tuner.records import Fidelity, ProbeRow, ProbeStatus
 from tuner.units import format_size
 
 

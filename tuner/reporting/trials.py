@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tuner.search.rows import ProbeRow, ProbeStatus
+from tuner.records import ProbeRow, ProbeStatus
 
 
 class _State(Protocol):

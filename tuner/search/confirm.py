@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from tuner.records import Candidate
 from tuner.search.schedule import Schedule
-from tuner.search.selection import Candidate
 
 
 def next_finalist(found: Sequence[Candidate], claimed: Collection[str], schedule: Schedule) -> Candidate | None:

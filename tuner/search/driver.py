@@ -34,12 +34,12 @@ from tuner.errors import StorageError
 from tuner.memory.estimator import Estimator
 from tuner.memory.frontier import Frontier
 from tuner.memory.tracing import stage_order
+from tuner.records import Candidate, Fidelity, ProbeRow
 from tuner.search.evidence import EstimatorLike
 from tuner.search.liveness import run_is_live
 from tuner.search.recovery import fail_stale_trials, open_study, reap_dead_local_workers, replay_journals, worker_name
 from tuner.search.request import SearchRequest
-from tuner.search.rows import Fidelity, ProbeRow
-from tuner.search.selection import Candidate, best_stable
+from tuner.search.selection import best_stable
 from tuner.search.strategy import Outcome, Proposal, SearchSetup, Strategy
 from tuner.search.study import retell, tell_skipped
 from tuner.settings import load_settings

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 from trials.contract import Knobs
 from tuner.errors import TunerError
 from tuner.memory.frontier import Frontier, device_fits
-from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus
-from tuner.search.selection import Candidate, best_stable
+from tuner.records import Candidate, Fidelity, ProbeRow, ProbeStatus
+from tuner.search.selection import best_stable
 
 
 class EstimatorLike(Protocol):

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from trials.contract import BUCKET_KNOBS, Knobs
 from tuner.memory.frontier import Frontier
+from tuner.records import ProbeRow, ProbeStatus
 from tuner.search.regression import NOISE_FLOOR, SPEED_SLOPES, Featurizer, Model
-from tuner.search.rows import ProbeRow, ProbeStatus
 from tuner.search.selection import candidates
 
 PEAK_NOISE_FLOOR = 0.03  # the same for log peak memory: measured peaks are deterministic, only the model misfits

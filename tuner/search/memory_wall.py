@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trials.contract import BUCKET_KNOBS, Knobs
-from tuner.search.rows import ProbeRow, ProbeStatus
+from tuner.records import ProbeRow, ProbeStatus
 
 MODEL_STATE_KNOBS = ("zero_stage", "offload_optimizer")
 ACTIVATION_KNOBS = ("gradient_checkpointing", "max_length")

@@ -19,9 +19,9 @@ from tuner.job.definition import JobFlags
 from tuner.job.model_source import resolve_model
 from tuner.job.objective import load_lengths
 from tuner.job.space import Space, check_job_limits, inline_space, load_space, space_file_knobs
+from tuner.records import DEFAULT_HEADROOM
 from tuner.search.request import SearchRequest
 from tuner.search.request import build_request as build_search_request
-from tuner.search.rows import DEFAULT_HEADROOM
 from tuner.search.schedule import Schedule
 from tuner.settings import load_settings
 from tuner.units import parse_duration, parse_size

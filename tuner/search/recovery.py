@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.probing.forkserver import pid_alive
-from tuner.search.rows import ProbeRow
+from tuner.records import ProbeRow
 from tuner.search.sampling import make_sampler
 from tuner.search.study import retell
 from tuner.storage import Store, optuna_storage

@@ -17,7 +17,7 @@ from tuner.job.batching import default_global_batch, require_reachable
 from tuner.job.definition import BUILTIN_DEFAULTS, Job, JobFlags, fix_space, resolve_job
 from tuner.job.objective import Objective, objective_for
 from tuner.job.space import Space, space_from_definition
-from tuner.search.rows import DEFAULT_HEADROOM
+from tuner.records import DEFAULT_HEADROOM
 from tuner.search.schedule import Schedule
 
 if TYPE_CHECKING:

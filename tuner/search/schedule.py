@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trials.contract import Knobs
-from tuner.search.rows import Fidelity, ProbeRow
+from tuner.records import Fidelity, ProbeRow
 
 Rows = Sequence[ProbeRow]
 

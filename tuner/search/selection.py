@@ -14,38 +14,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
 
 from trials.contract import Knobs
+from tuner.records.candidate import Candidate
+from tuner.records.probe import Fidelity, ProbeRow, ProbeStatus
 from tuner.search.regression import SPEED_SLOPES, Featurizer, Model
-from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus
 
 CONFIG_SPREAD = 0.05  # prior std of a config's log throughput around the model's prediction (what the model misses)
 REPEAT_NOISE = 0.05  # prior guess of the std of log throughput between repeat probes of one config
 REPEAT_NOISE_WEIGHT = 1.0  # ... worth this many repeat pairs, until measured repeats outweigh it
-
-
-@dataclass(frozen=True)
-class Candidate:
-    config_key: str
-    knobs: dict[str, Any]
-    config: dict[str, Any]
-    objective: float  # measured, conservative: the lower of median and (mean - 1 std) over its measurements
-    samples_per_s: float
-    peak_allocated: int
-    capacity: int | None
-    confirmed: bool
-    measurements: int
-    trial_number: int | None
-    rows: list[ProbeRow] = field(default_factory=list, repr=False)
-    score: float = 0.0  # the rank: lower bound of log throughput given the model of every probe and its own
-    upper: float = 0.0  # the matching upper bound (posterior mean + 1 std): could it still beat the leader?
-
-    @property
-    def fingerprints(self) -> list[dict[str, Any]]:
-        """The hardware/environment fingerprint of each of its probes (trials.fingerprint)."""
-        return [dict(r.result.get("fingerprint") or {}) for r in self.rows if r.result]
 
 
 def failed_in_production(rows: Iterable[ProbeRow]) -> set[str]:

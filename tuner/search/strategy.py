@@ -31,12 +31,13 @@ from tuner.job.objective import Objective
 from tuner.job.space import Space, config_key
 from tuner.memory.frontier import Frontier
 from tuner.probing.config import probe_config
+from tuner.records import DEFAULT_HEADROOM, Candidate, Fidelity, ProbeRow
 from tuner.search import confirm, proposers
 from tuner.search.evidence import EstimatorLike, Evidence
-from tuner.search.rows import DEFAULT_HEADROOM, Fidelity, ProbeRow, inferred_row, probe_row
+from tuner.search.observation import inferred_row, probe_row
 from tuner.search.sampling import fixed_params
 from tuner.search.schedule import Schedule, budgeted_seconds, expected_seconds, timeout_for
-from tuner.search.selection import Candidate, candidates
+from tuner.search.selection import candidates
 from tuner.search.study import tell, tell_skipped
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from tuner.search.rows import ProbeRow, ProbeStatus
+from tuner.records import ProbeRow, ProbeStatus
 
 OOM_CONSTRAINT = 1.0  # the "memory" constraint of an OOM (> 0 is infeasible for TPE)
 

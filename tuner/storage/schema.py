@@ -74,13 +74,13 @@ probes = Table(
     Column("study_name", String(128), nullable=False, index=True),
     Column("trial_number", Integer, nullable=True),  # the Optuna trial this probe belongs to
     Column("run_id", Integer, ForeignKey("tuner_search_runs.id"), nullable=True),
-    Column("fidelity", String(16), nullable=False),  # tuner.search.rows.Fidelity: baseline | short | confirm | inferred
+    Column("fidelity", String(16), nullable=False),  # tuner.records.Fidelity: baseline | short | confirm | inferred
     Column("config_key", String(64), nullable=False, index=True),  # hash of the knobs + world size + accumulation
     Column("knobs", JSON, nullable=False),
     Column("config", JSON, nullable=False),  # the full ProbeConfig sent
     Column(
         "status", String(16), nullable=False
-    ),  # tuner.search.rows.ProbeStatus: ok | oom | timeout | error | inferred-oom
+    ),  # tuner.records.ProbeStatus: ok | oom | timeout | error | inferred-oom
     Column("cause", Text, nullable=True),
     Column("samples_per_s", Float, nullable=True),
     Column("tokens_per_s", Float, nullable=True),

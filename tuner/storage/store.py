@@ -11,7 +11,7 @@ from sqlalchemy import DateTime
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tuner.errors import StorageError, StudyNotFound
-from tuner.search.rows import ProbeRow
+from tuner.records import ProbeRow
 from tuner.storage.db import _unreachable, ensure_schema
 from tuner.storage.schema import claims, probes, search_runs, studies
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuner.search.rows import ProbeRow
+from tuner.records import ProbeRow
 from tuner.storage import Store
 
 TUNER = [sys.executable, "-c", "from tuner.cli import main; main()"]

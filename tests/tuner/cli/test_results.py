@@ -42,7 +42,7 @@ def test_tuner_trials_prints_stored_causes_verbatim(url: str, monkeypatch, capsy
     """Issue 13: a cause is stored text ("[stderr: ...]" from the runner, anything from a probe's message); rich
     read it as markup and dropped the bracketed part, or raised on "[/]"."""
     from tuner.cli import main as tuner_main
-    from tuner.search.rows import ProbeRow
+    from tuner.records import ProbeRow
 
     populate_study(url, "causes")
     cause = "RuntimeError: NCCL failed [stderr: rank 1 exited] [/] [bold]x[/bold]"

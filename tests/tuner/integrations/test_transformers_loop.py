@@ -18,7 +18,7 @@ from servers import one_rank_env
 import tuner
 from tuner.errors import ConfigError, NoStableConfig
 from tuner.integrations.transformers import tuned_changes
-from tuner.search.rows import Fidelity
+from tuner.records import Fidelity
 from tuner.storage import Store
 
 SPACE = {"micro_batch_size": [2, 32], "zero_stage": [0], "gradient_checkpointing": [False]}

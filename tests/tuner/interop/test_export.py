@@ -254,7 +254,7 @@ def test_export_package_imports_no_torch() -> None:
 
 
 @dataclass(frozen=True)
-class _Best:  # the shape of tuner.search.selection.Candidate that an export reads
+class _Best:  # the shape of tuner.records.Candidate that an export reads
     knobs: dict[str, object]
     config: dict[str, object]
     fingerprints: list[dict[str, object]] = dataclasses.field(default_factory=list)

@@ -13,7 +13,7 @@ from trials.contract import Knobs
 from tuner.errors import ConfigError
 from tuner.memory.estimator import Estimator, Trace, TracePoint, model_state_bytes, zero_order_sound, zero_stage_need
 from tuner.probing.config import probe_config
-from tuner.search.rows import ProbeRow
+from tuner.records import ProbeRow
 
 P = 1_000_000
 MiB = 1 << 20

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from tuner.records import ProbeRow
 from tuner.reporting.trials import TrialRecord, join_trials, trial_cause
-from tuner.search.rows import ProbeRow
 
 
 class State(Enum):

@@ -7,9 +7,9 @@ from pathlib import Path
 from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
 from tuner.job.objective import objective_for
 from tuner.job.space import space_from_dict
+from tuner.records import Fidelity, ProbeRow
 from tuner.search.driver import Search
 from tuner.search.request import SearchRequest
-from tuner.search.rows import Fidelity, ProbeRow
 from tuner.search.strategy import Proposal
 from tuner.storage import Store
 

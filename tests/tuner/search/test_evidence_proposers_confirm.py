@@ -4,11 +4,10 @@ import dataclasses
 import random
 
 from tuner.job.space import space_from_dict
+from tuner.records import Candidate, Fidelity, ProbeRow, ProbeStatus
 from tuner.search import confirm, proposers
 from tuner.search.evidence import Evidence, fits
-from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus
 from tuner.search.schedule import Schedule
-from tuner.search.selection import Candidate
 
 MiB = 2**20
 SPACE = {

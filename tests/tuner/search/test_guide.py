@@ -5,8 +5,8 @@ import math
 import pytest
 
 from trials.contract import Knobs
+from tuner.records import ProbeRow
 from tuner.search.guide import Featurizer, Model, PeakModel, _need, expected_improvement, next_config, p_stable
-from tuner.search.rows import ProbeRow
 
 
 def k(micro, length=128, stage=0, ckpt=False):

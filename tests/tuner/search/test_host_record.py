@@ -13,8 +13,8 @@ import threading
 import pytest
 
 from tuner.errors import ConfigError
+from tuner.records import ProbeRow
 from tuner.search.host_record import KEY, HostRecord, check_host_record, mismatch, this_host, torch_cuda
-from tuner.search.rows import ProbeRow
 from tuner.storage import Store
 
 HERE = HostRecord(

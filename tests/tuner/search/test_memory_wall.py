@@ -9,8 +9,8 @@ import json
 
 from tests.tuner.search.test_proposers_tight import MiB, config, context, evidence
 from trials.contract import Knobs
+from tuner.records import ProbeRow
 from tuner.search import memory_wall, proposers
-from tuner.search.rows import ProbeRow
 
 
 def peak_row(ctx, knobs: Knobs, peak_mib: float | None, stable=True) -> ProbeRow:

@@ -7,9 +7,9 @@ import random
 
 from trials.contract import Knobs
 from tuner.job.space import space_from_dict
+from tuner.records import ProbeRow
 from tuner.search import proposers
 from tuner.search.evidence import Evidence
-from tuner.search.rows import ProbeRow
 from tuner.search.schedule import Schedule
 
 MiB = 2**20

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from tuner.search.rows import ProbeRow, is_stable
+from tuner.records import ProbeRow, is_stable
 from tuner.search.selection import REPEAT_NOISE, best_stable, candidates, repeat_noise
 
 MiB = 2**20

@@ -7,8 +7,9 @@ from trials.contract import Knobs, ProbeResult, RankMemory
 from tuner.job.objective import Objective
 from tuner.memory.frontier import Frontier, device_fits
 from tuner.probing.config import probe_config
+from tuner.records import Fidelity, ProbeRow, ProbeStatus, is_stable
 from tuner.search.evidence import Evidence, fits
-from tuner.search.rows import Fidelity, ProbeRow, ProbeStatus, is_stable, probe_row
+from tuner.search.observation import probe_row
 from tuner.search.study import memory_constraint
 
 GiB = 1 << 30

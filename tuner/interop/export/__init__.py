@@ -189,7 +189,7 @@ def render(
 
 
 class BestLike(Protocol):
-    """What an export needs of a study's best config (tuner.search.selection.Candidate has it): the knobs, the probe
+    """What an export needs of a study's best config (tuner.records.Candidate has it): the knobs, the probe
     config it was measured with (world_size, gradient_accumulation_steps) and the fingerprints of its probes."""
 
     @property

@@ -1,6 +1,7 @@
 """The probe row: one typed record per probe that ran (or was ruled out without running), as tuner_probes stores it
 and as selection, the frontier, the guide and the time model read it. Statuses and fidelities are enums, as optuna's
-``FrozenTrial`` has ``TrialState``. The builders are pure; tuner.search.study tells Optuna what a row means."""
+``FrozenTrial`` has ``TrialState``. The builders of a row from a probe's result are tuner.search.observation's;
+tuner.search.study tells Optuna what a row means."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from trials.contract import ProbeConfig, ProbeResult, memory_need
-from tuner.job.objective import Objective
-from tuner.memory.frontier import describe
+from trials.contract import memory_need
 
 
 class ProbeStatus(str, Enum):
@@ -157,74 +156,4 @@ def is_stable(status: str, need: int | None, capacity: int | None, headroom: flo
     return not alloc_retries
 
 
-def probe_row(
-    config: ProbeConfig,
-    result: ProbeResult,
-    *,
-    trial_number: int | None,
-    fidelity: Fidelity,
-    config_key: str,
-    estimate_bytes: int | None,
-    objective: Objective,
-    device_memory: int | None,
-    headroom: float,
-) -> ProbeRow:
-    """The row of a finished probe: status, throughput and objective, peaks, whether it is stable, the whole result."""
-    knobs = config.knobs
-    capacity = result.capacity or device_memory
-    return ProbeRow(
-        trial_number=trial_number,
-        fidelity=Fidelity(fidelity),
-        config_key=config_key,
-        knobs=knobs.model_dump(mode="json"),
-        config=config.model_dump(mode="json"),
-        status=ProbeStatus(result.status),
-        cause=result.cause,
-        samples_per_s=result.samples_per_s,
-        tokens_per_s=result.tokens_per_s,
-        objective=objective.of(result, knobs.max_length),
-        peak_allocated=result.peak_allocated,
-        peak_reserved=result.peak_reserved,
-        capacity=capacity,
-        alloc_retries=result.alloc_retries,
-        stable=is_stable(result.status, result.memory_need, capacity, headroom, result.alloc_retries),
-        estimate_bytes=estimate_bytes,
-        probe_seconds=result.wall_s,
-        setup_s=result.setup_s,
-        result=result.model_dump(mode="json"),
-    )
-
-
-def inferred_row(
-    trial_number: int,
-    config: ProbeConfig,
-    config_key: str,
-    cause: str | None,
-    estimate: int | None,
-    capacity: int | None,
-) -> ProbeRow:
-    """The row of a config the frontier or the memory estimate says must OOM: recorded, never run."""
-    return ProbeRow(
-        trial_number=trial_number,
-        fidelity=Fidelity.INFERRED,
-        config_key=config_key,
-        knobs=config.knobs.model_dump(mode="json"),
-        config=config.model_dump(mode="json"),
-        status=ProbeStatus.INFERRED_OOM,
-        cause=cause or f"inferred-oom: {describe(config.knobs.model_dump())}",
-        stable=False,
-        estimate_bytes=estimate,
-        capacity=capacity,
-    )
-
-
-__all__ = [
-    "DEFAULT_HEADROOM",
-    "MEASURED",
-    "Fidelity",
-    "ProbeRow",
-    "ProbeStatus",
-    "inferred_row",
-    "is_stable",
-    "probe_row",
-]
+__all__ = ["DEFAULT_HEADROOM", "MEASURED", "Fidelity", "ProbeRow", "ProbeStatus", "is_stable"]
