@@ -424,7 +424,7 @@ def test_resume_with_a_contradicting_option_names_the_field(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from tuner.python_api import resolve
-    from tuner.search.options import SearchOptions, cli_option, prepare_request
+    from tuner.session.options import SearchOptions, cli_option, prepare_request
     from tuner.storage.store import Store
 
     db = tmp_path / "resume.db"
@@ -452,13 +452,13 @@ def test_resume_with_a_contradicting_option_names_the_field(
 def test_resume_on_another_library_version_names_it_and_exits_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The study records the host it was measured on (tuner.search.host_record); a worker with another torch is
+    """The study records the host it was measured on (tuner.session.host_record); a worker with another torch is
     refused before its first probe, in one line naming the field, both versions and --study."""
     import dataclasses
 
     from tuner.python_api import resolve
-    from tuner.search.host_record import KEY, this_host
-    from tuner.search.options import SearchOptions, cli_option, prepare_request
+    from tuner.session.host_record import KEY, this_host
+    from tuner.session.options import SearchOptions, cli_option, prepare_request
     from tuner.storage.store import Store
 
     db = tmp_path / "host.db"

@@ -1,7 +1,7 @@
 """The Python API: ``tuner.tune(...)``, ``tuner.best_config(...)``, ``tuner.estimate(...)``.
 
 `tuner search`, `tuner best` and `tuner estimate` are thin layers over these: the CLI parses its options into the
-same record (tuner.search.options.SearchOptions) and calls ``resolve`` / ``check_host`` / ``real_probe`` from here.
+same record (tuner.session.options.SearchOptions) and calls ``resolve`` / ``check_host`` / ``real_probe`` from here.
 Every mistake is a typed exception from tuner.errors with the one line the CLI prints. ``tune`` is named so because
 ``tuner.search`` is the search package.
 """
@@ -19,7 +19,7 @@ from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
 from tuner.job.definition import JobFlags
 from tuner.job.model_source import resolve_model
 from tuner.records import DEFAULT_HEADROOM, Fidelity, ProbeRow
-from tuner.search.options import DEFAULT_MODEL, SearchOptions, prepare_request
+from tuner.session.options import DEFAULT_MODEL, SearchOptions, prepare_request
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
 from tuner.settings import load_settings, redact_url
 from tuner.storage import Store
@@ -27,7 +27,7 @@ from tuner.storage import Store
 if TYPE_CHECKING:
     from tuner.memory.estimator import Estimate
     from tuner.records import Candidate
-    from tuner.search.driver import Listener, Search, SearchSummary
+    from tuner.session.driver import Listener, Search, SearchSummary
 
 __all__ = ["DEFAULT_MODEL", "BestConfig", "TuneResult", "best_config", "estimate", "tune"]
 Probe = Callable[[ProbeConfig], ProbeResult]
@@ -53,7 +53,7 @@ def check_world_size(request: SearchRequest) -> None:
 
 
 def check_host(request: SearchRequest, store: Store, resumed: bool) -> None:
-    """Before the first probe: the study's host record (GPU and library versions, tuner.search.host_record) must
+    """Before the first probe: the study's host record (GPU and library versions, tuner.session.host_record) must
     match this host's; a study from before the record is compared by its first probe's GPU type instead (unless
     its device memory is fixed: a frontier learned on one device's limits must not rule another's); a multi-rank
     search on GPUs passes the NCCL preflight (all ranks, one all_reduce and a barrier, 90 s). ConfigError with one
@@ -61,7 +61,7 @@ def check_host(request: SearchRequest, store: Store, resumed: bool) -> None:
     import tempfile
 
     from tuner.probing import gpus
-    from tuner.search.host_record import check_host_record
+    from tuner.session.host_record import check_host_record
 
     recorded = check_host_record(store, request.study_name, request.device_memory is not None, resumed)
     visible, physical, _ = gpus.host_visible_devices()
@@ -171,7 +171,7 @@ def tune(
     replay recorded tables)."""
     import optuna
 
-    from tuner.search.driver import Search
+    from tuner.session.driver import Search
 
     unknown = sorted(set(job) - set(JobFlags.__dataclass_fields__))
     if unknown:

@@ -1,7 +1,7 @@
 """Ours: tuner.search.strategy.Strategy as `tuner search` drives it, on an in-memory Optuna study with the table as the
 probe and probe-seconds as the clock. The opening at the plainest config, then the guide (tuner.search.guide: a
 throughput model fitted to the measured probes, constrained expected improvement), the feasibility frontier (ZeRO stages
-ordered by tuner.memory.estimator.zero_stage_need when the estimate is on, as tuner.search.driver does), the memory
+ordered by tuner.memory.estimator.zero_stage_need when the estimate is on, as tuner.session.driver does), the memory
 estimate from the trace `tuner search` runs for this space (tuner.memory.tracing.trace_points; its recorded seconds are
 charged before the first probe), and short->confirm finalists. Confirm probes draw a fresh recorded repeat, charged
 setup + measuring time x (confirm steps / short steps). The pick is Strategy.best() (confirmed finalists first, on a
@@ -36,7 +36,7 @@ def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
             return
     study = optuna.create_study(direction="maximize", sampler=make_sampler(env.seed))
     strategy = Strategy(study, t.search_setup(schedule, seed=env.seed), estimator=estimator)
-    if estimator is not None:  # as tuner.search.driver.Search.attach_estimator: the frontier then orders ZeRO stages
+    if estimator is not None:  # as tuner.session.driver.Search.attach_estimator: the frontier then orders ZeRO stages
         need = zero_stage_need(
             estimator.trace.param_count, t.world_size, list(t.space.configs()), estimator.trace.largest_param
         )

@@ -250,7 +250,7 @@ def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: 
     from tuner.job.objective import objective_for
     from tuner.job.space import load_space
     from tuner.probing.runner import run_probe
-    from tuner.search.driver import Search
+    from tuner.session.driver import Search
     from tuner.search.request import SearchRequest
     from tuner.search.schedule import Schedule
 

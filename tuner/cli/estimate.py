@@ -17,7 +17,7 @@ from tuner.job.batching import accumulation_steps
 from tuner.job.lora import check_lora, lora_spec
 from tuner.job.model_source import resolve_model
 from tuner.memory.estimator import Estimate, Estimator, trace
-from tuner.search.options import cli_option
+from tuner.session.options import cli_option
 from tuner.settings import load_settings
 from tuner.units import parse_size
 

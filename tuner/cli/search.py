@@ -18,8 +18,8 @@ from tuner.errors import ConfigError
 from tuner.job.definition import JobFlags
 from tuner.python_api import attach_estimate, check_host, check_world_size, real_probe, resolve
 from tuner.records import DEFAULT_HEADROOM
-from tuner.search.driver import Search
-from tuner.search.options import DEFAULT_MODEL, SearchOptions, cli_option, prepare_request
+from tuner.session.driver import Search
+from tuner.session.options import DEFAULT_MODEL, SearchOptions, cli_option, prepare_request
 from tuner.storage import Store
 
 console = Console(highlight=False, soft_wrap=True)
@@ -143,7 +143,7 @@ def search(
     request, explicit = prepare_request(options, option=cli_option)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if dry_run:
-        from tuner.search.plan import plan
+        from tuner.session.plan import plan
 
         with console.status("tracing one training step for the memory estimate ..."):
             found = plan(request, estimate)

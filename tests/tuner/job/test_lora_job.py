@@ -12,7 +12,7 @@ from tuner.errors import ConfigError
 from tuner.job.definition import Job, JobFlags, resolve_job
 from tuner.job.lora import check_lora, lora_spec
 from tuner.job.space import default_space
-from tuner.search.options import cli_option
+from tuner.session.options import cli_option
 from tuner.search.request import build_request, check_resume
 
 

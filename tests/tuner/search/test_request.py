@@ -124,7 +124,7 @@ def test_cli_options_and_an_api_body_build_the_same_definition(tmp_path: Path) -
     """The same settings through `tuner search`'s parsing and through POST /studies' parsing: one definition."""
     from api.definitions import definition
     from api.schemas import StudyCreate
-    from tuner.search.options import SearchOptions, cli_option, prepare_request
+    from tuner.session.options import SearchOptions, cli_option, prepare_request
 
     ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}}
     (tmp_path / "ds.json").write_text(json.dumps(ds))

@@ -1,4 +1,4 @@
-"""tuner.search.driver claims: a gone worker's claim is taken over only when it did not finish the probe."""
+"""tuner.session.driver claims: a gone worker's claim is taken over only when it did not finish the probe."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
 from tuner.job.objective import objective_for
 from tuner.job.space import space_from_dict
 from tuner.records import Fidelity, ProbeRow
-from tuner.search.driver import Search
+from tuner.session.driver import Search
 from tuner.search.request import SearchRequest
 from tuner.search.strategy import Proposal
 from tuner.storage import Store

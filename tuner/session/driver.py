@@ -3,7 +3,7 @@
 Everything with a side effect lives here: the Optuna RDB study, the project's tables (study definition, search run,
 claims, probe rows), the local journal of unstored rows, the probe runner and the trial heartbeat. The decisions are
 tuner.search.strategy's; what a run recovers first of gone workers (journals, dead local workers) is
-tuner.search.recovery's.
+tuner.session.recovery's.
 
 A finished probe's row goes to the journal (tuner.storage.journal), then to the database, and only then is Optuna
 told: a kill -9 or an outage at any instant loses no finished measurement (the next run on this host replays the
@@ -37,7 +37,7 @@ from tuner.memory.tracing import stage_order
 from tuner.records import Candidate, Fidelity, ProbeRow
 from tuner.search.evidence import EstimatorLike
 from tuner.search.liveness import run_is_live
-from tuner.search.recovery import fail_stale_trials, open_study, reap_dead_local_workers, replay_journals, worker_name
+from tuner.session.recovery import fail_stale_trials, open_study, reap_dead_local_workers, replay_journals, worker_name
 from tuner.search.request import SearchRequest
 from tuner.search.selection import best_stable
 from tuner.search.strategy import Outcome, Proposal, SearchSetup, Strategy

@@ -15,8 +15,8 @@ from tuner.job.objective import objective_for
 from tuner.job.space import config_key, space_from_dict
 from tuner.probing.runner import run_probe
 from tuner.records import Fidelity
-from tuner.search.driver import Search
-from tuner.search.recovery import open_study
+from tuner.session.driver import Search
+from tuner.session.recovery import open_study
 from tuner.search.request import SearchRequest
 from tuner.search.sampling import fixed_params
 from tuner.search.schedule import Schedule
