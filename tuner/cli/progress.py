@@ -16,8 +16,8 @@ from rich.text import Text
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
 from tuner.records import Candidate, ProbeRow, ProbeStatus
-from tuner.session.driver import SearchSummary
 from tuner.search.strategy import Outcome, Proposal
+from tuner.session.driver import SearchSummary
 from tuner.units import Deadline, format_duration, format_size
 
 RECENT = 8
