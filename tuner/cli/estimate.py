@@ -57,7 +57,8 @@ def _row(table: Table, name: str, nbytes: int, note: str = "") -> None:
     table.add_row(name, f"{nbytes / MiB:,.1f}", note)
 
 
-ESTIMATE_OWN: dict[str, dict[str, Any]] = {  # where `tuner estimate` means something else than `tuner search` by a declared setting
+#: where `tuner estimate` means something else than `tuner search` by a declared setting
+ESTIMATE_OWN: dict[str, dict[str, Any]] = {
     "model": {"default": MISSING, "help": "builtin:<preset>, an HF id or a local save_pretrained dir"},
     "world_size": {"default": 1, "min": 1},
     "global_batch": {

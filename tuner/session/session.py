@@ -32,7 +32,7 @@ from tuner.storage import Store
 from tuner.storage.journal import Journal, journal_dir
 from tuner.units import Deadline
 
-__all__ = ["Events", "Joined", "Probe", "Ran", "SearchSession", "join", "open_search", "resolve"]
+__all__ = ["Events", "Joined", "Probe", "Ran", "SearchSession", "join", "open_search", "resolve", "start_strategy"]
 
 Probe = Callable[[ProbeConfig], ProbeResult]
 CHECKING_HOST = "checking the devices (GPU type, NCCL preflight) ..."
@@ -104,13 +104,7 @@ class Joined:
         self, request: SearchRequest, probe: Probe, deadline: Deadline, memory: MemoryModel = MemoryModel()
     ) -> Search:
         """The driver over a strategy that starts from ``memory`` (the estimator and the ZeRO-ordering frontier)."""
-        strategy = Strategy(
-            self.study,
-            SearchSetup.of(request),
-            estimator=memory.estimator,
-            frontier=memory.frontier,
-            worker=self.worker,
-        )
+        strategy = start_strategy(self.study, request, memory, worker=self.worker)
         return Search(
             request,
             probe,
@@ -121,6 +115,19 @@ class Joined:
             worker=self.worker,
             deadline=deadline,
         )
+
+
+def start_strategy(
+    study: optuna.Study, request: SearchRequest, memory: MemoryModel, *, worker: str | None = None
+) -> Strategy:
+    """The strategy of ``request`` on ``study``, starting from ``memory``: what the driver runs, and what the
+    benchmarks' replay of our strategy runs (benchmarks/strategies/ours.py)."""
+    strategy = Strategy(study, SearchSetup.of(request), estimator=memory.estimator, worker=worker)
+    if memory.frontier is not None:
+        # swapped in, not passed to the constructor: an empty Frontier is falsy (its len), and the constructor's
+        # ``frontier or Frontier()`` would drop the stage order
+        strategy.use_frontier(memory.frontier)
+    return strategy
 
 
 def join(request: SearchRequest, store: Store, cache_dir: Any) -> Joined:
