@@ -104,17 +104,17 @@ def tune(**settings: Any) -> TuneResult:
     tuner.session.driver.Listener); ``probe`` replaces the real probe runner (and the host checks), e.g. to replay
     recorded tables. Every setting, as `tuner search --help` lists it, is below.
 
-    Example (real probes of the built-in tiny T5 on CPU, in a 160 MiB emulated device; about a minute)::
+    Example (real probes of the built-in tiny T5 on CPU, on an emulated 160 MiB device; a minute or two)::
 
         >>> import tuner
         >>> result = tuner.tune(
-        ...     budget="2m", storage="sqlite:///tuner.db", study="quick", device_memory="160MiB",
+        ...     budget="10m", storage="sqlite:///tuner.db", study="quick", device_memory="160MiB",
         ...     space={"micro_batch_size": [2, 32], "zero_stage": [0], "gradient_checkpointing": [False]},
         ... )
-        >>> result.best.knobs["micro_batch_size"]
-        2
-        >>> [row.status.value for row in result.probes][:2]
-        ['ok', 'oom']
+        >>> result.best.knobs["micro_batch_size"], result.best.gradient_accumulation_steps
+        (2, 16)
+        >>> result.best.confirmed  # re-probed longer before the pick
+        True
     """
     from tuner.session.best import serve_best
     from tuner.session.session import ListenerEvents, SearchSession
@@ -180,13 +180,17 @@ def best_config(study: str | None = None, storage: str | None = None, format: st
     """The best stable config of ``study`` (the most recent one when None) exported in ``format``
     (json, deepspeed, hf, accelerate, env), as `tuner best` and ``GET /best-config`` hand it out.
 
-    Example (after the ``tune`` example above)::
+    Example (the study of the ``tune`` example)::
 
         >>> best = tuner.best_config("quick", storage="sqlite:///tuner.db", format="hf")
-        >>> best.as_dict()["per_device_train_batch_size"], best.gradient_accumulation_steps
-        (2, 4)
-        >>> best.changes[0]
-        'knobs: micro_batch_size 2'
+        >>> best.as_dict()["per_device_train_batch_size"], best.as_dict()["gradient_accumulation_steps"]
+        (2, 16)
+        >>> for line in best.changes:  # `tuner best --changes`: without --baseline, the knobs it sets
+        ...     print(line)
+        knobs: micro_batch_size: (unset) -> 2
+        knobs: overlap_comm: (unset) -> False
+        knobs: offload_optimizer: (unset) -> False
+        held fixed (your job): fp32, length 128, no eval step
     """
     from tuner.session.best import serve_best
 

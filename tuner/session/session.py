@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -130,7 +131,7 @@ def start_strategy(
     return strategy
 
 
-def join(request: SearchRequest, store: Store, cache_dir: Any) -> Joined:
+def join(request: SearchRequest, store: Store, cache_dir: Path) -> Joined:
     """Opens the study for this worker and recovers, first, what gone workers of this host left: their journals'
     rows stored, their trials told or failed, stale trials failed (tuner.session.recovery.recover)."""
     study = open_study(request.study_name, request.storage, request.seed, fail_stale=False)
