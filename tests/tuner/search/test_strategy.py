@@ -192,11 +192,11 @@ def test_timeouts_follow_measured_probe_durations():
     s = make(SMALL, n_trials=3)
     drive(s)
     longest = max(r.probe_seconds for r in s.rows if r.probe_seconds)
-    assert s.timeout_for("short", None) == pytest.approx(3 * longest + 30)
-    assert s.timeout_for("short", 7.0) == 7.0
-    assert s.expected_seconds("confirm") > s.expected_seconds("short")
+    assert s.time.timeout("short", None) == pytest.approx(3 * longest + 30)
+    assert s.time.timeout("short", 7.0) == 7.0
+    assert s.time.expected("confirm") > s.time.expected("short")
     small, big = Knobs(micro_batch_size=1, max_length=128), Knobs(micro_batch_size=64, max_length=128)
-    assert s.timeout_for("short", None, big) > s.timeout_for("short", None, small) >= 3 * longest + 30
+    assert s.time.timeout("short", None, big) > s.time.timeout("short", None, small) >= 3 * longest + 30
 
 
 def test_retained_tokens_objective_in_rows():
@@ -252,13 +252,13 @@ def test_time_too_short_for_a_confirm_goes_to_short_probes():
     s = make({**SMALL, "micro_batch_size": [1, 2, 4]}, schedule=Schedule(finalists=2))
     p = s.propose(None)
     assert s.observe(p, table_probe(p.config)).stable  # one stable short probe: a finalist is pending
-    short, confirm = s.expected_seconds("short"), s.expected_seconds("confirm")
+    short, confirm = s.time.expected("short"), s.time.expected("confirm")
     assert confirm > short
     between = (short + confirm) / 2  # a short probe fits, a confirm does not
     nxt = s.propose(between)
     assert nxt is not None and nxt.fidelity == "short"
     s.observe(nxt, table_probe(nxt.config))
-    enough = s.expected_seconds("confirm") + s.expected_seconds("short") / 2  # one confirm fits, not both
+    enough = s.time.expected("confirm") + s.time.expected("short") / 2  # one confirm fits, not both
     assert s.propose(enough).fidelity == "confirm"
 
 
@@ -269,7 +269,7 @@ def test_a_budget_shorter_than_the_first_probe_guess_still_runs_the_first_probe_
     assert first is not None and first.config.timeout_s <= 10.0  # killed at the budget if it does not finish
     assert make(SMALL).propose(0.5) is None  # less than the shortest timeout: nothing starts
     s.observe(first, table_probe(first.config))  # measured: from now on the measured times decide
-    assert s.propose(s.expected_seconds("short") / 2) is None
+    assert s.propose(s.time.expected("short") / 2) is None
 
 
 def test_a_config_that_cannot_be_told_apart_from_the_best_confirmed_one_is_confirmed_too():
