@@ -35,7 +35,7 @@ from tuner.search.liveness import run_is_live
 from tuner.search.request import SearchRequest
 from tuner.search.selection import baseline_row, best_stable
 from tuner.search.strategy import Outcome, Proposal, Strategy
-from tuner.search.study import retell, tell_skipped
+from tuner.search.study import retell, storage_of, tell_skipped, trial_id
 from tuner.storage import Store
 from tuner.storage.faults import StorageStopped, first_line, is_connection_loss
 from tuner.storage.journal import Entry, Journal
@@ -328,9 +328,9 @@ class Search:
     def _run_one(self, proposal: Proposal, run_id: int) -> None:
         if self.listener:
             self.listener.started(proposal)
-        trial_id = proposal.trial._trial_id if proposal.trial is not None else None
+        beating = trial_id(proposal.trial) if proposal.trial is not None else None
         try:
-            with _Heartbeat(self.study._storage, trial_id, self.store, run_id):
+            with _Heartbeat(storage_of(self.study), beating, self.store, run_id):
                 result = self.probe(proposal.config)
         except BaseException:
             # interrupted or the runner itself broke: leave no RUNNING trial and no claim behind
