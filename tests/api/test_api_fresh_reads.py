@@ -12,11 +12,11 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from optuna.trial import TrialState
-from sample_storage import DIST, populate
 
 from api.app import create_app
 from api.trial_counts import Tally, TrialCounts, fold
 from api.trial_reads import TRIALS
+from tests.helpers.sample_storage import DIST, populate
 from tuner.records import ProbeRow
 from tuner.settings import Settings
 from tuner.storage import Store, optuna_storage

@@ -14,11 +14,11 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
-from sample_storage import populate
 
 from api.app import create_app
 from api.deps import MAX_OVERFLOW, POOL_SIZE
 from api.guard import MAX_BODY_BYTES
+from tests.helpers.sample_storage import populate
 from tuner.settings import Settings
 from tuner.storage import Store
 

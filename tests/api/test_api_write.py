@@ -165,7 +165,7 @@ def test_malformed_json_body_is_422(quick_client) -> None:
 
 def test_best_config_follows_new_probes_at_once(app_client, storage_url) -> None:
     """A search writing a better confirmed config changes the answer on the next request (no stale cache)."""
-    from sample_storage import populate
+    from tests.helpers.sample_storage import populate
 
     populate(storage_url, "live")
     first = app_client.get("/best-config", params={"study": "live"}).json()

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from report_study import populate_study
 
+from tests.helpers.report_study import populate_study
 from tuner.storage.store import Store
 
 
