@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from tuner.records import Candidate
+from tuner.records import Candidate, ProbeRow
 from tuner.search.schedule import Schedule
+from tuner.search.selection import candidates
 
 
 def next_finalist(found: Sequence[Candidate], claimed: Collection[str], schedule: Schedule) -> Candidate | None:
@@ -34,3 +35,22 @@ def next_finalist(found: Sequence[Candidate], claimed: Collection[str], schedule
 def pending(found: Sequence[Candidate], schedule: Schedule) -> int:
     """How many finalists still wait for their confirm probe (the explore phase keeps budget for them)."""
     return len([c for c in found if not c.confirmed][: schedule.finalists])
+
+
+class Finalists:
+    """The confirm phase of one search: the finalists this worker has claimed (each is confirmed once)."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        self.claimed: set[str] = set()
+
+    def pending(self, rows: Sequence[ProbeRow]) -> int:
+        """How many finalists of ``rows`` still wait for their confirm probe."""
+        return pending(candidates(rows), self.schedule)
+
+    def claim_next(self, rows: Sequence[ProbeRow]) -> Candidate | None:
+        """The next finalist to confirm (now claimed), or None when the confirm phase is done."""
+        cand = next_finalist(candidates(rows), self.claimed, self.schedule)
+        if cand is not None:
+            self.claimed.add(cand.config_key)
+        return cand

@@ -41,7 +41,7 @@ from tuner.search.recovery import fail_stale_trials, open_study, reap_dead_local
 from tuner.search.request import SearchRequest
 from tuner.search.selection import best_stable
 from tuner.search.strategy import Outcome, Proposal, SearchSetup, Strategy
-from tuner.search.study import retell, tell_skipped
+from tuner.search.study import retell, storage_of, tell_skipped, trial_id
 from tuner.settings import load_settings
 from tuner.storage import Store
 from tuner.storage.faults import StorageStopped, first_line, is_connection_loss
@@ -340,9 +340,9 @@ class Search:
     def _run_one(self, proposal: Proposal, run_id: int) -> None:
         if self.listener:
             self.listener.started(proposal)
-        trial_id = proposal.trial._trial_id if proposal.trial is not None else None
+        beating = trial_id(proposal.trial) if proposal.trial is not None else None
         try:
-            with _Heartbeat(self.study._storage, trial_id, self.store, run_id):
+            with _Heartbeat(storage_of(self.study), beating, self.store, run_id):
                 result = self.probe(proposal.config)
         except BaseException:
             # interrupted or the runner itself broke: leave no RUNNING trial and no claim behind

@@ -124,46 +124,64 @@ def next_past_wall(
     incumbent and would leave the setting that made room with a single point. Returns the knobs to probe, True when
     the wall is passed (and that step is settled), or None when there is nothing to do (no wall, no split, no move
     left)."""
-
-    def setting(knobs: Mapping[str, Any]) -> str:
-        return json.dumps({**knobs, "micro_batch_size": None}, sort_keys=True)
-
-    home = setting(incumbent.model_dump(mode="json"))
+    home = setting_of(incumbent.model_dump(mode="json"))
     above = [k for k in settings.get(home, []) if k.micro_batch_size > incumbent.micro_batch_size]
     if not above:
         return None  # nothing larger here
     ahead = verdict(above[0])
     if ahead is None:
         return above[0]  # climb: the setting that made room (or any unsettled one) is settled upwards
-    if ahead != "oom":
-        return None  # no wall: the next micro batch up fits (and does not outrank the incumbent)
-    memory = split(rows, setting, home)
+    # no wall when the next micro batch up fits (and does not outrank the incumbent)
+    memory = split(rows, setting_of, home) if ahead == "oom" else None
     if memory is None:
         return None
-    target = above[0].micro_batch_size
-    here = json.loads(home)
     knobs = binding_knobs(memory, limit)
+    options = relief_options(home, above[0].micro_batch_size, settings, knobs, relief, world_size)
+    return _first_unsettled(options, settings, verdict)
+
+
+def setting_of(knobs: Mapping[str, Any]) -> str:
+    """A config's setting: every knob but the micro batch (tuner.search.proposers groups the grid by it)."""
+    return json.dumps({**knobs, "micro_batch_size": None}, sort_keys=True)
+
+
+def relief_options(
+    home: str,
+    micro: int,
+    settings: Mapping[str, Sequence[Knobs]],
+    knobs: Sequence[str],
+    relief: Mapping[str, tuple[float, float]],
+    world_size: int,
+) -> list[Knobs]:
+    """The configs at micro batch ``micro`` of the settings that relieve ``home`` by moves of ``knobs`` (smallest
+    buckets; ``relieving`` or ``trades_stage_for_offload``), the cheapest in throughput first (``cost``)."""
+    here = json.loads(home)
     options: list[tuple[float, Knobs]] = []
     for other, configs in settings.items():
         there = json.loads(other)
         moves = relieving(here, there, knobs) or trades_stage_for_offload(here, there, knobs, relief, world_size)
         if not moves or not _smallest_buckets(there, settings):
             continue
-        at = [k for k in configs if k.micro_batch_size == target]
+        at = [k for k in configs if k.micro_batch_size == micro]
         if at:
             options.append((cost(here, there, relief), at[0]))
     options.sort(key=lambda o: o[0])
-    for _, knobs_there in options:
-        found = verdict(knobs_there)
+    return [k for _, k in options]
+
+
+def _first_unsettled(
+    options: Sequence[Knobs], settings: Mapping[str, Sequence[Knobs]], verdict: Callable[[Knobs], str | None]
+) -> Knobs | bool | None:
+    """The first relief option without a verdict; True when one fits (passed) and its setting's next micro batch up
+    is settled or absent, else that one; None when every option runs out of memory."""
+    for option in options:
+        found = verdict(option)
         if found == "fits":  # passed; the incumbent is still the best: the relief setting's next micro batch up
-            higher = [
-                k
-                for k in settings[setting(knobs_there.model_dump(mode="json"))]
-                if k.micro_batch_size > knobs_there.micro_batch_size
-            ]
+            there = settings[setting_of(option.model_dump(mode="json"))]
+            higher = [k for k in there if k.micro_batch_size > option.micro_batch_size]
             return higher[0] if higher and verdict(higher[0]) is None else True
         if found is None:
-            return knobs_there
+            return option
     return None
 
 

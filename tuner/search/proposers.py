@@ -1,11 +1,13 @@
 """Where the next config comes from: small proposal policies with one signature, ``(Context, Evidence) -> Proposed``,
-as Lightning's batch-size strategies are small functions. The strategy (tuner.search.strategy) tries them in order:
+as Lightning's batch-size strategies are small functions. The pipeline (tuner.search.pipeline) asks them in order,
+each as a stage that owns its done-state:
 
 1. ``opening``: a micro-batch bisection at the plainest config (or, with the memory estimate, one probe at the largest
    micro batch predicted stable);
-2. ``guided``: the config of highest constrained expected improvement (tuner.search.guide), once a probe finished;
-3. TPE: when neither names a config, the study's sampler proposes (nothing is enqueued);
-4. ``random_unknown``: after ``Schedule.stuck_asks`` proposals in a row that were duplicates or ruled out, an unknown
+2. ``past_wall``: past the incumbent's memory wall (tuner.search.memory_wall), after the opening;
+3. ``guided``: the config of highest constrained expected improvement (tuner.search.guide), once a probe finished;
+4. TPE: when none names a config, the study's sampler proposes (nothing is enqueued);
+5. ``random_unknown``: after ``Schedule.stuck_asks`` proposals in a row that were duplicates or ruled out, an unknown
    config at random, so the search cannot spin.
 
 Pure: they read the evidence and never touch Optuna or storage. Configs they rule out are returned in

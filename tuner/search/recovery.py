@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from tuner.probing.forkserver import pid_alive
 from tuner.records import ProbeRow
 from tuner.search.sampling import make_sampler
-from tuner.search.study import retell
+from tuner.search.study import retell, set_user_attr, trial_id
 from tuner.storage import Store, optuna_storage
 from tuner.storage.journal import journals, read_entries, safe_part, write_entries
 
@@ -54,7 +54,7 @@ def _tell_from_row(study: optuna.Study, number: int, row: ProbeRow, headroom: fl
     match = [t for t in running if t.number == number]
     if not match:
         return False
-    retell(study, optuna.trial.Trial(study, match[0]._trial_id), row, headroom)
+    retell(study, optuna.trial.Trial(study, trial_id(match[0])), row, headroom)
     return True
 
 
@@ -108,8 +108,8 @@ def reap_dead_local_workers(store: Store, study: optuna.Study, me: str, headroom
             if number in rows:  # it died after storing the row, before telling Optuna: the measurement stands
                 _tell_from_row(study, number, rows[number], headroom)
                 continue
-            study._storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
-            study._storage.set_trial_user_attr(trial._trial_id, "cause", cause)
+            set_user_attr(study, trial, "status", "interrupted")
+            set_user_attr(study, trial, "cause", cause)
             study.tell(trial.number, state=TrialState.FAIL)
             causes.append(f"trial {trial.number}: {cause}")
         for claim in claimed:

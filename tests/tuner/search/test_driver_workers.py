@@ -80,6 +80,7 @@ def test_a_chosen_config_is_this_workers_own_trial_not_the_shared_queues(tmp_pat
     proposal = mine.propose(100.0)
     assert proposal is not None and proposal.trial is not None
     assert not proposal.config.knobs.gradient_checkpointing
-    assert study._storage.get_trial(their_trial._trial_id).state == TrialState.WAITING, "it took the other's config"
+    (still,) = [t for t in study.get_trials(deepcopy=False) if t.number == their_trial.number]
+    assert still.state == TrialState.WAITING, "it took the other's config"
     assert proposal.trial.user_attrs["worker"] == "host-a:1"
     assert proposal.config.knobs == Knobs.model_validate(proposal.trial.user_attrs["knobs"])

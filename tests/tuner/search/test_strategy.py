@@ -101,26 +101,34 @@ def test_every_config_probed_once_and_the_best_stable_wins():
 def test_oom_is_pruned_with_a_positive_constraint_and_ok_is_complete():
     s = make(SMALL)
     drive(s)
-    for t in s.study.trials:
-        status = t.user_attrs.get("status")
-        if status in ("oom", "inferred-oom"):
-            assert t.state == TrialState.PRUNED and t.constraints["memory"] > 0
-        elif status == "ok":
-            assert t.state == TrialState.COMPLETE
-            assert (t.constraints["memory"] <= 0) == t.user_attrs["stable"]
+    measured_oom = make({**SMALL, "micro_batch_size": [16]}, n_trials=1)  # 192 MiB > 100 MiB: nothing to infer from
+    drive(measured_oom)
+    by_status: dict[str, list] = {}
+    for t in [*s.study.trials, *measured_oom.study.trials]:
+        by_status.setdefault(t.user_attrs["status"], []).append(t)
+    assert sorted(by_status) == ["inferred-oom", "ok", "oom"]
+    for t in by_status["oom"] + by_status["inferred-oom"]:
+        assert t.state == TrialState.PRUNED and t.constraints["memory"] > 0
+    ok = by_status["ok"]
+    assert {t.user_attrs["stable"] for t in ok} == {True, False}  # micro 8 peaks above the headroom, 2 and 4 below
+    for t in ok:
+        assert t.state == TrialState.COMPLETE
+        assert (t.constraints["memory"] <= 0) == t.user_attrs["stable"]
 
 
 def test_frontier_infers_larger_micro_batches_without_probing():
     s = make(SMALL)
     probed, _ = drive(s)
-    smallest_oom = None
+    rows = {r.config_key: r for r in s.rows if r.fidelity == "short"}
+    smallest_unfit = None  # the smallest micro batch measured not to fit (OOM, or above the headroom) so far
     for p in (p for p in probed if p.fidelity == "short"):
         micro = p.config.knobs.micro_batch_size
-        assert smallest_oom is None or micro < smallest_oom, "probed a config the frontier already knew would OOM"
-        if table_probe(p.config).status == "oom":
-            smallest_oom = micro if smallest_oom is None else min(smallest_oom, micro)
+        assert smallest_unfit is None or micro < smallest_unfit, "probed a config the frontier knew would not fit"
+        if not rows[p.config_key].stable:
+            smallest_unfit = micro if smallest_unfit is None else min(smallest_unfit, micro)
+    assert smallest_unfit == 8  # the first probe: the frontier had a boundary to infer from for the rest
     inferred = [r for r in s.rows if r.status == "inferred-oom"]
-    assert all(r.fidelity == "inferred" and "inferred-oom" in r.cause for r in inferred)
+    assert inferred and all(r.fidelity == "inferred" and "inferred-oom" in r.cause for r in inferred)
     assert s.inferred == len(inferred)
     assert len({r.config_key for r in inferred}) == len(inferred), "an inference was recorded twice"
     # the boundary is on record: the smallest micro batch never probed because it must OOM (16: 8 is unstable)
@@ -184,11 +192,11 @@ def test_timeouts_follow_measured_probe_durations():
     s = make(SMALL, n_trials=3)
     drive(s)
     longest = max(r.probe_seconds for r in s.rows if r.probe_seconds)
-    assert s.timeout_for("short", None) == pytest.approx(3 * longest + 30)
-    assert s.timeout_for("short", 7.0) == 7.0
-    assert s.expected_seconds("confirm") > s.expected_seconds("short")
+    assert s.time.timeout("short", None) == pytest.approx(3 * longest + 30)
+    assert s.time.timeout("short", 7.0) == 7.0
+    assert s.time.expected("confirm") > s.time.expected("short")
     small, big = Knobs(micro_batch_size=1, max_length=128), Knobs(micro_batch_size=64, max_length=128)
-    assert s.timeout_for("short", None, big) > s.timeout_for("short", None, small) >= 3 * longest + 30
+    assert s.time.timeout("short", None, big) > s.time.timeout("short", None, small) >= 3 * longest + 30
 
 
 def test_retained_tokens_objective_in_rows():
@@ -244,13 +252,13 @@ def test_time_too_short_for_a_confirm_goes_to_short_probes():
     s = make({**SMALL, "micro_batch_size": [1, 2, 4]}, schedule=Schedule(finalists=2))
     p = s.propose(None)
     assert s.observe(p, table_probe(p.config)).stable  # one stable short probe: a finalist is pending
-    short, confirm = s.expected_seconds("short"), s.expected_seconds("confirm")
+    short, confirm = s.time.expected("short"), s.time.expected("confirm")
     assert confirm > short
     between = (short + confirm) / 2  # a short probe fits, a confirm does not
     nxt = s.propose(between)
     assert nxt is not None and nxt.fidelity == "short"
     s.observe(nxt, table_probe(nxt.config))
-    enough = s.expected_seconds("confirm") + s.expected_seconds("short") / 2  # one confirm fits, not both
+    enough = s.time.expected("confirm") + s.time.expected("short") / 2  # one confirm fits, not both
     assert s.propose(enough).fidelity == "confirm"
 
 
@@ -261,7 +269,7 @@ def test_a_budget_shorter_than_the_first_probe_guess_still_runs_the_first_probe_
     assert first is not None and first.config.timeout_s <= 10.0  # killed at the budget if it does not finish
     assert make(SMALL).propose(0.5) is None  # less than the shortest timeout: nothing starts
     s.observe(first, table_probe(first.config))  # measured: from now on the measured times decide
-    assert s.propose(s.expected_seconds("short") / 2) is None
+    assert s.propose(s.time.expected("short") / 2) is None
 
 
 def test_a_config_that_cannot_be_told_apart_from_the_best_confirmed_one_is_confirmed_too():
