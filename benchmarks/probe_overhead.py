@@ -22,7 +22,8 @@ from typing import Any
 from trials.contract import Knobs, ModelSpec, ProbeConfig
 from tuner.probing import forkserver as launch_forkserver
 from tuner.probing.config import probe_config
-from tuner.probing.runner import probe_env, run_probe
+from tuner.probing.environment import probe_env
+from tuner.probing.runner import run_probe
 
 CASES: dict[str, ProbeConfig] = {
     "1 rank torch": probe_config(

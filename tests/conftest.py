@@ -8,17 +8,24 @@
 - ``tuner_server``: factory starting a real `tuner serve` process (uvicorn) on a free port; stopped at teardown.
 
 PostgreSQL is part of CI (.ci/run). Where none answers, scripts/test.sh starts a throwaway cluster
-(scripts/throwaway-pg.sh; TUNER_TEST_PG_ADMIN names it, tests/pg_admin.py reads it); run pytest by hand without a server
-and these fixtures fail with one line saying so (they do not skip, so a CI without the server cannot pass silently).
-TUNER_TEST_POSTGRES=skip skips them on purpose. Chromium
-(tests/e2e/test_report_render.py) follows the same rule: TUNER_TEST_CHROMIUM=skip.
+(scripts/throwaway-pg.sh; TUNER_TEST_PG_ADMIN names it, tests/helpers/pg_admin.py reads it); run pytest by hand
+without a server and these fixtures fail with one line saying so (they do not skip, so a CI without the server cannot
+pass silently). TUNER_TEST_POSTGRES=skip skips them on purpose. Chromium (tests/e2e/test_report_render.py) follows the
+same rule: TUNER_TEST_CHROMIUM=skip.
 
-Shared helpers are plain modules imported by name (``from servers import start_server``): this conftest puts tests/ on
-sys.path (pytest's default prepend import mode; there are no __init__.py files), so they import from every test folder.
-- tests/servers.py: `tuner` processes, free ports, waiting for HTTP, a clean env.
-- tests/composefile.py: docker-compose.yml read as `docker compose` does; a service's command parsed by the real CLI.
-- tests/report_study.py: ``populate_study``, a report-shaped study (OOMs, an imbalanced 2-rank probe, hostile text).
-- tests/api/sample_storage.py: the API tests' study (its folder is on sys.path for tests/api, not elsewhere).
+Shared helpers are the package tests/helpers (``from tests.helpers.servers import start_server``): tests/ is a package
+(tests/__init__.py), so pytest's default prepend import mode puts the repository root on sys.path when it imports this
+conftest (``tests.conftest``), before any test module; the test folders below have no __init__.py and import their
+modules by file name as before. A subprocess that needs the helpers runs with the repository root as its working
+directory. Nothing inserts into sys.path.
+- tests/helpers/servers.py: `tuner` processes, free ports, waiting for HTTP, a clean env.
+- tests/helpers/pg_admin.py: where the tests' PostgreSQL is.
+- tests/helpers/composefile.py: docker-compose.yml read as `docker compose` does; a service's command parsed by the
+  real CLI.
+- tests/helpers/sample_storage.py: ``SampleStudy``, the one builder of stored studies (probe rows and Optuna trials
+  through the search's own writers), and the API tests' study (``populate``).
+- tests/helpers/report_study.py: ``populate_study``, a report-shaped study (OOMs, an imbalanced 2-rank probe, hostile
+  text), built with ``SampleStudy``.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ import secrets
 from collections.abc import Callable, Iterator
 
 import pytest
-from pg_admin import PG_ADMIN, PG_HOST
-from pg_admin import admin_exec as _admin_exec
+
+from tests.helpers.pg_admin import PG_ADMIN, PG_HOST
+from tests.helpers.pg_admin import admin_exec as _admin_exec
 
 
 @pytest.fixture(scope="session")
@@ -77,9 +85,10 @@ def storage_url(request: pytest.FixtureRequest, tmp_path, new_postgres_url: Call
 
 @pytest.fixture
 def tuner_server() -> Iterator[Callable[..., str]]:
-    """Factory: ``start(storage_url, *extra_args, env={...})`` runs `tuner serve` (see tests/servers.py) on a free
-    loopback port, waits for it to answer, and returns its base URL. Every server started is stopped at teardown."""
-    from servers import start_server, stop
+    """Factory: ``start(storage_url, *extra_args, env={...})`` runs `tuner serve` (see tests/helpers/servers.py) on a
+    free loopback port, waits for it to answer, and returns its base URL. Every server started is stopped at
+    teardown."""
+    from tests.helpers.servers import start_server, stop
 
     procs: list = []
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from report_study import populate_study
 
 from api.app import create_app
+from tests.helpers.report_study import populate_study
 from tuner.cli import main as tuner_main
 from tuner.settings import Settings
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from composefile import DOCKERFILE, ComposeError, command, interpolate, load, parse_cli, with_option
+
+from tests.helpers.composefile import DOCKERFILE, ComposeError, command, interpolate, load, parse_cli, with_option
 
 ENV = {"TUNER_API_TOKEN": "t0ken", "TUNER_MAX_LENGTH": "512"}
 

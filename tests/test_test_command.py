@@ -10,7 +10,8 @@ import tempfile
 from pathlib import Path
 
 import psycopg
-from servers import free_port
+
+from tests.helpers.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

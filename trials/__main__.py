@@ -2,7 +2,8 @@
 
 Rank and world size come from RANK / LOCAL_RANK / WORLD_SIZE (set by the runner or a launcher); without them this is
 rank 0 of the config's world size. Each rank writes its own RankResult (``result.json`` for one rank,
-``result.rank<r>.json`` for several). Exit code: 0 ok, 3 oom, 4 error, 5 timeout (trials.contract.EXIT_*).
+``result.rank<r>.json`` for several), or, when it cannot, its RankReason beside it (trials.last_words, installed here
+before the heavy imports). Exit code: its class (trials.contract.EXIT_CODES: 0 ok, 3 oom, 4 error, 5 timeout ...).
 """
 
 from __future__ import annotations
@@ -40,11 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
 
     from trials.contract import LAUNCH_ENV, ProbeConfig
-    from trials.probe import run_probe_rank
+    from trials.last_words import LastWords
 
     config = ProbeConfig.model_validate_json(args.config.read_text())
     launch = os.environ.get(LAUNCH_ENV)
-    return run_probe_rank(config, args.out, float(launch) if launch else _START)
+    with LastWords.of_rank(config, args.out) as words:
+        from trials.probe import run_probe_rank
+
+        return run_probe_rank(config, args.out, float(launch) if launch else _START)
+    return words.exit_code
 
 
 if __name__ == "__main__":

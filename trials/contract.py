@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 # How a probe (or a rank) ended. "oom": the device ran out of memory (torch's OOM, a cuBLAS/NCCL allocation failure);
 # "host-oom": host memory did (the kernel's OOM killer, a failed pinned allocation): no verdict on device memory;
 # "device-busy": the rank found its GPU in use by another process; "killed": a rank died of SIGKILL without the
-# kernel's OOM killer showing in its cgroup (an outside kill: no verdict, retried once).
+# kernel's OOM killer showing in its cgroup, or was interrupted (SIGINT) from outside (no verdict, retried once).
 Status = Literal["ok", "oom", "timeout", "error", "host-oom", "device-busy", "killed"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Engine = Literal["torch", "deepspeed"]
@@ -37,6 +37,17 @@ EXIT_ERROR = 4
 EXIT_TIMEOUT = 5
 EXIT_HOST_OOM = 6
 EXIT_BUSY = 7
+EXIT_KILLED = 8  # interrupted from outside (SIGINT: a KeyboardInterrupt): no verdict on the config
+# each status's exit code: a rank's exit code carries its class even when it could write no file
+EXIT_CODES: dict[Status, int] = {
+    "ok": EXIT_OK,
+    "oom": EXIT_OOM,
+    "error": EXIT_ERROR,
+    "timeout": EXIT_TIMEOUT,
+    "host-oom": EXIT_HOST_OOM,
+    "device-busy": EXIT_BUSY,
+    "killed": EXIT_KILLED,
+}
 
 # The runner sets this to the wall-clock time.time() at which it launched the probe (the probe's setup_s starts there).
 LAUNCH_ENV = "TUNER_PROBE_LAUNCH_T"
@@ -112,32 +123,18 @@ def device_busy(used_at_start: int, threshold: int = DEVICE_BUSY_BYTES) -> bool:
     return used_at_start > threshold
 
 
-# What a rank's stderr says when it died without writing its result (an abort in the NCCL watchdog, a CUDA error
-# raised on a side thread): lower-case substrings -> the status they prove.
-STDERR_CAUSES: tuple[tuple[str, Status], ...] = (
-    ("watchdog caught collective operation timeout", "timeout"),
-    ("cublas_status_alloc_failed", "oom"),
-    ("cuda out of memory", "oom"),
-    ("cuda error: out of memory", "oom"),
-    ("failed to cuda calloc", "oom"),
-    ("cuda failure 'out of memory'", "oom"),
-)
-# A rank forked from a server whose process had initialised CUDA cannot use it: the fork server is then unusable.
-FORKED_CUDA_BROKEN = ("cannot re-initialize cuda in forked subprocess", "cuda error: initialization error")
-
-
-def stderr_status(text: str) -> Status | None:
-    """The status a dead rank's stderr proves (``STDERR_CAUSES``), or None."""
-    low = text.lower()
-    return next((status for needle, status in STDERR_CAUSES if needle in low), None)
-
-
 def rank_out_path(out: Path, rank: int, world_size: int) -> Path:
     """Where a rank writes its RankResult: ``out`` itself for world size 1, else ``<stem>.rank<r><suffix>`` next to
     it (the runner reads them back from there)."""
     if world_size == 1:
         return out
     return out.with_name(f"{out.stem}.rank{rank}{out.suffix or '.json'}")
+
+
+def reason_path(result: Path) -> Path:
+    """Where a rank that cannot write its result file leaves its RankReason instead: next to it (``result.json`` ->
+    ``result.reason.json``, ``result.rank1.json`` -> ``result.rank1.reason.json``)."""
+    return result.with_name(f"{result.stem}.reason{result.suffix or '.json'}")
 
 
 def free_port() -> int:
@@ -298,6 +295,22 @@ class RankResult(_Strict):
     # where setup_s went, seconds: "start" (launch to probe code: spawn + imports), "dist", "model", "engine"
     setup_phases: dict[str, float] = Field(default_factory=dict)
     phase: Phase | None = None  # where a failed rank was when it failed
+    # the rank could not use its device because of how it was launched (forked from a process that had initialised
+    # CUDA): no verdict on the config; the runner runs it again in a fresh interpreter
+    launch_fault: bool = False
+
+
+class RankReason(_Strict):
+    """Why a rank ended without its result file, in its own words: written (atomically, once) by the rank's hooks
+    (trials.last_words) at ``reason_path`` of its result, the moment it knows. The runner reads it before the rank's
+    exit code; only a rank that could say nothing (SIGKILL, an abort inside a C++ library) is read from its stderr."""
+
+    rank: int
+    status: Status
+    cause: str
+    source: Literal["exception", "signal", "thread", "result-write"]  # which hook spoke: see trials.last_words
+    phase: Phase | None = None
+    launch_fault: bool = False  # as RankResult.launch_fault
 
 
 class ProbeResult(_Strict):

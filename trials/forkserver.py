@@ -69,20 +69,26 @@ def _child(request: dict[str, Any], close: list[socket.socket]) -> int:
         os.close(target)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    import torch
-
-    threads = os.environ.get("OMP_NUM_THREADS")
-    if threads and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
+    enter_request(request["env"], request["cwd"])
     from trials.contract import LAUNCH_ENV, ProbeConfig
     from trials.probe import run_probe_rank
 
     config = ProbeConfig.model_validate_json(Path(request["config"]).read_text())
     launch = os.environ.get(LAUNCH_ENV)
     return run_probe_rank(config, Path(request["out"]), float(launch) if launch else None)
+
+
+def enter_request(env: dict[str, str], cwd: str) -> None:
+    """In a forked rank, before any probe code: the request's environment and working directory, and what the
+    server's imports fixed from its own environment that the rank's must decide instead (the thread count)."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
 
 
 def _send(conn: socket.socket, message: dict[str, Any]) -> None:
@@ -135,38 +141,43 @@ def serve(path: Path) -> int:
                     if not os.read(sys.stdin.fileno(), 4096):
                         return 0  # the runner is gone
                     continue
-                conn, _ = listener.accept()
-                try:
-                    request = _read_request(conn)
-                except (OSError, ValueError) as exc:
-                    _send(conn, {"error": f"bad request: {exc}"})
-                    conn.close()
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:  # the child
-                    code = EXIT_ERROR
-                    try:
-                        code = _child(request, [listener, conn, *children.values()])
-                    except BaseException:
-                        traceback.print_exc()
-                    finally:
-                        sys.stdout.flush()
-                        sys.stderr.flush()
-                        os._exit(code)
-                try:
-                    os.setpgid(pid, pid)
-                except (PermissionError, ProcessLookupError):
-                    pass  # the child already did it (or is gone and will be reaped)
-                children[pid] = conn
-                _send(conn, {"pid": pid})
+                _accept(listener, children)
             _reap(children)
     finally:
         for pid in children:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         path.unlink(missing_ok=True)
+
+
+def _accept(listener: socket.socket, children: dict[int, socket.socket]) -> None:
+    """One rank's request: read it, fork the rank, answer its pid (the connection then waits for its exit status)."""
+    conn, _ = listener.accept()
+    try:
+        request = _read_request(conn)
+    except (OSError, ValueError) as exc:
+        _send(conn, {"error": f"bad request: {exc}"})
+        conn.close()
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = EXIT_ERROR
+        try:
+            code = _child(request, [listener, conn, *children.values()])
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    try:
+        os.setpgid(pid, pid)
+    except (PermissionError, ProcessLookupError):
+        pass  # the child already did it (or is gone and will be reaped)
+    children[pid] = conn
+    _send(conn, {"pid": pid})
 
 
 def _reap(children: dict[int, socket.socket]) -> None:

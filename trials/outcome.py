@@ -1,12 +1,16 @@
-"""How a probe rank ended, from the exception it raised: the status and exit code (``classify``), and the one line a
-probe row's cause says (``one_line``)."""
+"""How a probe rank ended, from the exception it raised: the status and exit code (``classify``), whether it was the
+launch's fault rather than the config's (``launch_fault``), and the one line a probe row's cause says (``one_line``)."""
 
 from __future__ import annotations
 
 import torch
 
 from trials import memory
-from trials.contract import EXIT_BUSY, EXIT_ERROR, EXIT_HOST_OOM, EXIT_OOM, EXIT_TIMEOUT, Status
+from trials.contract import EXIT_BUSY, EXIT_ERROR, EXIT_HOST_OOM, EXIT_KILLED, EXIT_OOM, EXIT_TIMEOUT, Status
+
+# What CUDA raises in a rank forked from a process that had initialised it (lower case): the rank cannot use its GPU,
+# whatever the config; the fork server is then unusable for this runner.
+FORKED_CUDA_BROKEN = ("cannot re-initialize cuda in forked subprocess", "cuda error: initialization error")
 
 
 def one_line(exc: BaseException) -> str:
@@ -27,7 +31,10 @@ class DeviceBusy(RuntimeError):
 
 
 def classify(exc: BaseException, *, cuda: bool = False, device_full: bool = False) -> tuple[Status, int]:
-    """The status and exit code of a rank that raised ``exc`` (trials.memory.memory_failure for memory failures)."""
+    """The status and exit code of a rank that raised ``exc`` (trials.memory.memory_failure for memory failures). An
+    interrupt (SIGINT: the runner never sends one, its ranks run in their own sessions) is an outside stop: "killed"."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "killed", EXIT_KILLED
     if isinstance(exc, DeviceBusy):
         return "device-busy", EXIT_BUSY
     kind = memory.memory_failure(exc, cuda=cuda, device_full=device_full, frames=memory.traceback_frames(exc))
@@ -39,3 +46,16 @@ def classify(exc: BaseException, *, cuda: bool = False, device_full: bool = Fals
     if (isinstance(exc, dist_error) and "timed out" in str(exc).lower()) or isinstance(exc, TimeoutError):
         return "timeout", EXIT_TIMEOUT
     return "error", EXIT_ERROR
+
+
+def launch_fault(exc: BaseException) -> bool:
+    """True when ``exc`` is CUDA refusing a rank forked from a process that had initialised it (``FORKED_CUDA_BROKEN``):
+    the launch's fault, no verdict on the config (RankResult.launch_fault)."""
+    current: BaseException | None = exc
+    for _ in range(8):  # the exception and what it was raised from (DeepSpeed and transformers re-raise)
+        if current is None:
+            return False
+        if any(mark in str(current).lower() for mark in FORKED_CUDA_BROKEN):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

@@ -39,13 +39,14 @@ from trials.contract import (
     ProbeConfig,
     RankMemory,
     RankResult,
+    Status,
     StepStats,
     free_port,
-    rank_out_path,
 )
 from trials.data import worst_case_batch
 from trials.engine import Engine, build_engine, hidden_size_of_config, probe_deepspeed_config
 from trials.fingerprint import fingerprint, versions
+from trials.last_words import LastWords
 from trials.measure import (
     DeviceSampler,
     MemoryWindow,
@@ -56,7 +57,7 @@ from trials.measure import (
     wait_for_free_device,
 )
 from trials.models import build_model, is_encoder_decoder, load_config, placement
-from trials.outcome import classify, one_line
+from trials.outcome import classify, launch_fault, one_line
 
 
 def probe_accum(config: ProbeConfig) -> int:
@@ -351,8 +352,12 @@ class Probe:
             return held >= memory.DEVICE_FULL * self.capacity
         return False
 
+    def outcome(self, exc: BaseException) -> tuple[Status, int]:
+        """The status and exit code of a failure of this rank (trials.outcome.classify, knowing its device)."""
+        return classify(exc, cuda=self.device.type == "cuda", device_full=self._device_full())
+
     def failure(self, exc: BaseException) -> tuple[RankResult, int]:
-        status, code = classify(exc, cuda=self.device.type == "cuda", device_full=self._device_full())
+        status, code = self.outcome(exc)
         mem = None
         with contextlib.suppress(Exception):
             mem = self._memory()
@@ -365,22 +370,21 @@ class Probe:
             versions=versions(),
             fingerprint=fingerprint(self.device),
             phase=self.phase,
+            launch_fault=launch_fault(exc),
         ), code
 
 
-def write_result(result: RankResult, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(result.model_dump_json(indent=1))
-    os.replace(tmp, path)  # atomic: the runner never reads half a file
-
-
 def run_probe_rank(config: ProbeConfig, out: Path, launch_t: float | None = None) -> int:
-    """Runs this rank's probe, writes its RankResult, returns the exit code (EXIT_OK / EXIT_OOM / EXIT_ERROR ...)."""
-    probe = Probe(config, launch_t)
-    path = rank_out_path(out, probe.rank, probe.world_size)
-    try:
-        result, code = probe.run(), EXIT_OK
-    except Exception as exc:
-        result, code = probe.failure(exc)
-    write_result(result, path)
-    return code
+    """Runs this rank's probe, writes its RankResult, returns the exit code (EXIT_OK / EXIT_OOM / EXIT_ERROR ...).
+
+    What the rank cannot put in its result file (an exception past its handler, a result it cannot write, a side
+    thread's failure) it leaves as a RankReason beside it (trials.last_words); the exit code carries the class too."""
+    with LastWords.of_rank(config, out) as words:  # installed already by ``python -m trials``, before its imports
+        probe = Probe(config, launch_t)
+        words.attach(lambda: probe.phase, probe.outcome)
+        try:
+            result, code = probe.run(), EXIT_OK
+        except Exception as exc:
+            result, code = probe.failure(exc)
+        return words.deliver(result, code)
+    return words.exit_code

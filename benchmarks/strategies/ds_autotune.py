@@ -19,30 +19,7 @@ def ds_autotune(env: Env) -> None:
     try:
         for stage in stages:
             ladder = micro_ladder(env, zero_stage=stage)
-            if not ladder:
-                continue
-            measured: dict[int, float | None] = {}
-
-            def run(i: int, ladder: list = ladder, measured: dict = measured) -> bool:
-                knobs = ladder[i]
-                result = env.probe(knobs)
-                ok = result.status == "ok"
-                measured[i] = env.table.objective.of(result, knobs.max_length) if ok else None
-                return ok
-
-            lo, hi, top = 0, len(ladder) - 1, -1
-            while lo <= hi:  # the largest micro batch that runs
-                mid = (lo + hi) // 2
-                if run(mid):
-                    top, lo = mid, mid + 1
-                else:
-                    hi = mid - 1
-            for i in range(top, max(top - TUNING_MICRO_BATCHES, -1), -1):
-                if i not in measured:
-                    run(i)
-            stage_best = max(
-                ((v, ladder[i]) for i, v in measured.items() if v is not None), key=lambda t: t[0], default=None
-            )
+            stage_best = _stage_best(env, ladder) if ladder else None
             if stage_best is None:
                 continue
             previous = best[0] if best else 0.0
@@ -53,3 +30,28 @@ def ds_autotune(env: Env) -> None:
                 return
     except OutOfBudget:
         return
+
+
+def _stage_best(env: Env, ladder: list[Knobs]) -> tuple[float, Knobs] | None:
+    """One stage: a binary search for the largest micro batch that runs, then up to TUNING_MICRO_BATCHES at and
+    below it; the best throughput measured there (None when nothing ran)."""
+    measured: dict[int, float | None] = {}
+
+    def run(i: int) -> bool:
+        knobs = ladder[i]
+        result = env.probe(knobs)
+        ok = result.status == "ok"
+        measured[i] = env.table.objective.of(result, knobs.max_length) if ok else None
+        return ok
+
+    lo, hi, top = 0, len(ladder) - 1, -1
+    while lo <= hi:  # the largest micro batch that runs
+        mid = (lo + hi) // 2
+        if run(mid):
+            top, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    for i in range(top, max(top - TUNING_MICRO_BATCHES, -1), -1):
+        if i not in measured:
+            run(i)
+    return max(((v, ladder[i]) for i, v in measured.items() if v is not None), key=lambda t: t[0], default=None)

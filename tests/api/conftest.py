@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 from fastapi.testclient import TestClient
-from sample_storage import define_only, populate
 
 from api.app import create_app
+from tests.helpers.sample_storage import define_only, populate
 from tuner.settings import Settings
 
 TOKEN = "s3cret-token-for-tests"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from api.app import create_app
 from tuner.settings import Settings
@@ -44,8 +45,7 @@ def test_api_process_never_imports_torch(sqlite_url) -> None:
     code = textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
-        from sample_storage import populate
+        from tests.helpers.sample_storage import populate  # the repo root is the working directory: tests is found
         populate({sqlite_url!r}, "s")
         from fastapi.testclient import TestClient
         from api.app import create_app
@@ -61,5 +61,6 @@ def test_api_process_never_imports_torch(sqlite_url) -> None:
         sys.exit(1 if loaded else 0)
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -7,9 +7,9 @@ import socket
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from pg_admin import PG_ADMIN
 
 from api.app import create_app
+from tests.helpers.pg_admin import PG_ADMIN
 from tuner.settings import Settings
 
 
@@ -37,7 +37,7 @@ def test_unopenable_sqlite_is_503_json(tmp_path) -> None:
 
 @pytest.mark.postgres
 def test_database_dropped_while_serving_turns_into_503(new_postgres_url) -> None:
-    from sample_storage import populate
+    from tests.helpers.sample_storage import populate
 
     url = new_postgres_url()
     populate(url, "s")

@@ -12,12 +12,11 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from optuna.trial import TrialState
-from sample_storage import DIST, populate
 
 from api.app import create_app
 from api.trial_counts import Tally, TrialCounts, fold
 from api.trial_reads import TRIALS
-from tuner.records import ProbeRow
+from tests.helpers.sample_storage import DIST, SampleStudy, populate
 from tuner.settings import Settings
 from tuner.storage import Store, optuna_storage
 
@@ -43,7 +42,7 @@ def _page(client: TestClient, **params: Any) -> dict[str, Any]:
 
 def _extra_probe(store: Store, trial: int) -> int:
     first = store.probes_of_trials(STUDY, [trial])[0]
-    return store.record_probe(ProbeRow.from_record({**first.to_record(), "study_name": STUDY, "fidelity": "confirm"}))
+    return SampleStudy(store.url, STUDY).again(first, fidelity="confirm").id or 0
 
 
 def test_each_change_shows_on_the_next_read(url: str) -> None:

@@ -9,9 +9,9 @@ import math
 
 import pytest
 from fastapi.testclient import TestClient
-from sample_storage import BEST_TRIAL, populate
 
 from api.app import create_app
+from tests.helpers.sample_storage import BEST_TRIAL, populate
 from tuner.settings import Settings
 from tuner.storage import Store
 

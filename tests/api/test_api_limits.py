@@ -14,11 +14,12 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
-from sample_storage import populate
+from optuna.distributions import IntDistribution
 
 from api.app import create_app
 from api.deps import MAX_OVERFLOW, POOL_SIZE
 from api.guard import MAX_BODY_BYTES
+from tests.helpers.sample_storage import SampleStudy, populate
 from tuner.settings import Settings
 from tuner.storage import Store
 
@@ -172,27 +173,11 @@ def test_a_trials_page_filters_by_state_and_counts_in_sql(storage_url) -> None:
 
 def _grow(url: str, study: str, n: int) -> None:
     """``n`` more trials with a probe row each, through the search's writers."""
-    import optuna
-    from optuna.distributions import IntDistribution
-
-    from tuner.records import ProbeRow
-    from tuner.storage import optuna_storage
-
-    store = Store(url)
-    ostudy = optuna.load_study(study_name=study, storage=optuna_storage(url, None, None))
-    base = store.probes(study)[0].to_record()
-    start = len(ostudy.trials)
-    for number in range(start, start + n):
-        ostudy.add_trial(
-            optuna.trial.create_trial(
-                state=optuna.trial.TrialState.COMPLETE,
-                value=1.0,
-                params={"micro_batch_size": 2},
-                distributions={"micro_batch_size": IntDistribution(1, 8)},
-            )
-        )
-        row = {k: v for k, v in base.items() if k not in ("id", "created_at")}
-        store.record_probe(ProbeRow.from_record({**row, "trial_number": number, "config_key": f"g{number}"}))
+    sample = SampleStudy(url, study, distributions={"micro_batch_size": IntDistribution(1, 8)})
+    base = sample.store.probes(study)[0]
+    for number in range(len(sample.study.trials), len(sample.study.trials) + n):
+        sample.trial({"micro_batch_size": 2}, "ok", 1.0)
+        sample.again(base, trial_number=number, config_key=f"g{number}")
 
 
 def test_a_trials_page_reads_the_same_rows_whatever_the_size_of_the_study(sqlite_url) -> None:

@@ -6,8 +6,8 @@ import json
 import statistics
 
 import pytest
-from sample_storage import BEST_TRIAL, CAPACITY, GLOBAL_BATCH, WORLD, MiB
 
+from tests.helpers.sample_storage import BEST_TRIAL, CAPACITY, GLOBAL_BATCH, WORLD, MiB
 from tuner.search.selection import best_stable
 from tuner.storage import Store
 
@@ -179,7 +179,7 @@ def test_api_and_cli_hand_out_the_same_config(client, populated_url) -> None:
     """`tuner best --format deepspeed` and GET /best-config?format=deepspeed agree byte for byte."""
     import subprocess
 
-    from servers import TUNER_BIN, clean_env
+    from tests.helpers.servers import TUNER_BIN, clean_env
 
     out = subprocess.run(
         [TUNER_BIN, "best", "--storage", populated_url, "--study", "t5-demo", "--format", "deepspeed"],

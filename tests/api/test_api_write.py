@@ -7,7 +7,6 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from trials.contract import ModelSpec
-from tuner.records import ProbeRow
 from tuner.search.request import SearchRequest, request_from_definition
 from tuner.settings import Settings
 from tuner.storage import Store
@@ -165,26 +164,16 @@ def test_malformed_json_body_is_422(quick_client) -> None:
 
 def test_best_config_follows_new_probes_at_once(app_client, storage_url) -> None:
     """A search writing a better confirmed config changes the answer on the next request (no stale cache)."""
-    from sample_storage import populate
+    from tests.helpers.sample_storage import SampleStudy, populate
 
     populate(storage_url, "live")
     first = app_client.get("/best-config", params={"study": "live"}).json()
     assert first["trial_number"] == 2
-    store = Store(storage_url)
-    row = store.probes("live", fidelity="confirm")[0].to_record()
+    sample = SampleStudy(storage_url, "live")
+    row = sample.store.probes("live", fidelity="confirm")[0]
     for fidelity in ("short", "confirm"):
-        store.record_probe(
-            ProbeRow.from_record(
-                {
-                    **{k: v for k, v in row.items() if k not in ("id", "created_at")},
-                    "trial_number": 9,
-                    "config_key": "better",
-                    "fidelity": fidelity,
-                    "objective": 10 * row["objective"],
-                    "samples_per_s": 10 * row["samples_per_s"],
-                }
-            )
-        )
+        better = {"objective": 10 * (row.objective or 0), "samples_per_s": 10 * (row.samples_per_s or 0)}
+        sample.again(row, trial_number=9, config_key="better", fidelity=fidelity, **better)
     second = app_client.get("/best-config", params={"study": "live"}).json()
     assert second["trial_number"] == 9 and second["config_key"] == "better"
     assert app_client.get("/best-config", params={"study": "live", "format": "json"}).json()["trial_number"] == 9

@@ -17,11 +17,11 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from hypothesis import HealthCheck, given, settings
-from sample_storage import define_only, populate
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup, ServerError
 
 from api.app import create_app
+from tests.helpers.sample_storage import define_only, populate
 from tuner.settings import Settings
 from tuner.storage.db import get_engine
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
-from sample_storage import populate
 
 import api.deps
 from api.app import create_app
+from tests.helpers.sample_storage import populate
 from trials.contract import free_port
 from tuner.settings import Settings
 from tuner.storage.db import get_engine

@@ -7,8 +7,9 @@ import signal
 import subprocess
 
 import httpx
-from sample_storage import populate
-from servers import TUNER_BIN, clean_env, free_port, start_server, stop, wait_http
+
+from tests.helpers.sample_storage import populate
+from tests.helpers.servers import TUNER_BIN, clean_env, free_port, start_server, stop, wait_http
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from report_study import populate_study
 
+from tests.helpers.report_study import populate_study
 from trials.contract import free_port
 
 BIN = Path(sys.executable).parent

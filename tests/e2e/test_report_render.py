@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from report_study import populate_study
 
+from tests.helpers.report_study import populate_study
 from tuner.reporting.html import write_report
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -11,7 +11,8 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
-from servers import one_rank_env
+
+from tests.helpers.servers import one_rank_env
 
 TUNER = str(Path(sys.executable).with_name("tuner"))
 SPACE = "micro_batch_size: [2, 32]\nzero_stage: [0]\ngradient_checkpointing: [false]\n"

@@ -10,8 +10,9 @@ import time
 
 import httpx
 import pytest
-from composefile import local_process, with_option
-from servers import TUNER_BIN, free_port, stop, wait_http
+
+from tests.helpers.composefile import local_process, with_option
+from tests.helpers.servers import TUNER_BIN, free_port, stop, wait_http
 
 TOKEN = "e2e-token"
 STUDY = "e2e-service"

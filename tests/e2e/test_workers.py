@@ -12,10 +12,10 @@ from collections import Counter
 
 import httpx
 import pytest
-from composefile import local_process
-from servers import TUNER_BIN, stop
 from test_service import COMPOSE_ENV, SPACE, TOKEN, start_api
 
+from tests.helpers.composefile import local_process
+from tests.helpers.servers import TUNER_BIN, stop
 from tuner.search.selection import best_stable
 from tuner.storage import Store
 

@@ -9,17 +9,17 @@ import torch
 
 from trials.contract import (
     DEVICE_BUSY_BYTES,
+    EXIT_KILLED,
     Knobs,
     ProbeResult,
     RankMemory,
     device_busy,
     memory_need,
-    stderr_status,
 )
 from trials.measure import MemoryWindow, StepClock, split_steps, step_stats
 from trials.memory import memory_failure, traceback_frames
 from trials.models import placement
-from trials.outcome import DeviceBusy, classify
+from trials.outcome import DeviceBusy, classify, launch_fault
 
 GiB = 1 << 30
 
@@ -80,11 +80,18 @@ def test_on_the_emulated_device_host_memory_is_the_device() -> None:
     assert classify(KeyError("x"))[0] == "error"
 
 
-def test_a_dead_ranks_stderr_names_its_cause() -> None:
-    watchdog = "[rank1]:[E] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE)"
-    assert stderr_status(watchdog) == "timeout"
-    assert stderr_status("terminate called ... CUDA out of memory. Tried to allocate") == "oom"
-    assert stderr_status("Segmentation fault") is None
+def test_an_interrupt_is_an_outside_stop_and_a_broken_fork_is_the_launchs_fault() -> None:
+    assert classify(KeyboardInterrupt()) == ("killed", EXIT_KILLED)
+    forked = RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, ...")
+    assert launch_fault(forked) and classify(forked)[0] == "error"
+    try:  # DeepSpeed / transformers re-raise: the fault is found in what the error was raised from
+        try:
+            raise RuntimeError("CUDA error: initialization error")
+        except RuntimeError as inner:
+            raise ValueError("could not build the engine") from inner
+    except ValueError as outer:
+        assert launch_fault(outer)
+    assert not launch_fault(RuntimeError("CUDA error: an illegal memory access was encountered"))
 
 
 def test_the_memory_window_settles_after_the_first_real_step_and_holds_one_more() -> None:

@@ -10,9 +10,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from servers import one_rank_env
 
 import tuner
+from tests.helpers.servers import one_rank_env
 from tuner.integrations.transformers import TunerCallback
 
 PUBLIC = {

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import TUNER_BIN, clean_env, free_port
 
 from api.app import create_app
+from tests.helpers.servers import TUNER_BIN, clean_env, free_port
 from tuner.errors import ConfigError, TunerError
 from tuner.settings import DEFAULT_STORAGE, Settings, SettingsError, load_settings
 

@@ -20,8 +20,8 @@ from tuner.settings import load_settings
 def prepare() -> None:
     """Compile the DeepSpeed ops the probes load into the op cache (once per Python environment)."""
     from tuner.probing import forkserver as launch_forkserver
+    from tuner.probing.environment import probe_env
     from tuner.probing.ops import ensure_ops, missing_ops, needed_ops
-    from tuner.probing.runner import probe_env
 
     config = probe_config(knobs=Knobs(micro_batch_size=1, max_length=8, zero_stage=1, offload_optimizer=True))
     ext_dir = load_settings().torch_extensions_dir

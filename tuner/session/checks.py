@@ -10,6 +10,7 @@ from pathlib import Path
 from tuner.errors import ConfigError
 from tuner.search.request import SearchRequest
 from tuner.session.host_record import check_host_record
+from tuner.settings import Settings
 from tuner.storage import Store
 
 
@@ -22,7 +23,7 @@ def check_world_size(request: SearchRequest) -> None:
     gpus.check_world_size(request.world_size, visible, physical, cuda_visible)
 
 
-def check_host(request: SearchRequest, store: Store, resumed: bool) -> None:
+def check_host(request: SearchRequest, store: Store, resumed: bool, settings: Settings) -> None:
     """Before the first probe: the study's host record (GPU and library versions, tuner.session.host_record) must
     match this host's; a study from before the record is compared by its first probe's GPU type instead (unless
     its device memory is fixed: a frontier learned on one device's limits must not rule another's); a multi-rank
@@ -42,10 +43,10 @@ def check_host(request: SearchRequest, store: Store, resumed: bool) -> None:
         if refusal:
             raise ConfigError(refusal)
     if request.world_size > 1:
+        from tuner.probing.environment import probe_env
         from tuner.probing.preflight import run_preflight
-        from tuner.probing.runner import probe_env
 
         with tempfile.TemporaryDirectory() as d:
-            problem = run_preflight(request.world_size, probe_env(request.world_size), Path(d))
+            problem = run_preflight(request.world_size, probe_env(request.world_size, settings=settings), Path(d))
         if problem:
             raise ConfigError(problem)

@@ -158,14 +158,11 @@ def open_search(
 
 
 def real_probe(settings: Settings) -> Probe:
-    """The probe launcher of a real search: tuner.probing.runner with this session's launcher setting."""
+    """The probe launcher of a real search: one tuner.probing.runner.ProbeRunner with this session's settings (an
+    unknown launcher is refused here, before the study is written)."""
+    from tuner.probing.runner import ProbeRunner
 
-    def probe(config: ProbeConfig) -> ProbeResult:
-        from tuner.probing.runner import run_probe
-
-        return run_probe(config, launcher=settings.probe_launcher)
-
-    return probe
+    return ProbeRunner(settings)
 
 
 class SearchSession:
@@ -207,18 +204,19 @@ class SearchSession:
         real = self.probe is None
         if real:
             check_world_size(request)  # before the study is written or any probe runs
+        probe = self.probe or real_probe(self.settings)
         store = Store(request.storage)
         request, resumed = resolve(request, explicit, store)
         if real:
             with self.events.step(CHECKING_HOST):
-                check_host(request, store, resumed)
+                check_host(request, store, resumed, self.settings)
         deadline = Deadline(request.budget_s, clock=self.clock)  # the trace below counts against the budget
         joined = join(request, store, self.settings.cache_dir)
         self.events.opened(request, resumed)
         with self.events.step(TRACING):
             memory = traced(request, self.options.estimate)
         self.events.estimated(memory.note)
-        search = joined.search(request, self.probe or real_probe(self.settings), deadline, memory)
+        search = joined.search(request, probe, deadline, memory)
         with self.events.running(request, deadline) as listener:
             search.listener = listener
             summary = search.run()

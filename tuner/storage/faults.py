@@ -50,31 +50,39 @@ def sqlstate(err: BaseException) -> str | None:
 
 
 def is_connection_loss(err: BaseException) -> bool:
-    """True when waiting may cure ``err``: the connection was lost or could not be had (see the module doc)."""
+    """True when waiting may cure ``err``: the connection was lost or could not be had (see the module doc).
+
+    In order: our own final stop is never retried; an error with no database layer in its chain is not ours to wait
+    for; SQLAlchemy's pool and invalidation say so outright; a SQLSTATE decides by its class; a driver error without
+    one decides by what it is (``_driver_says_lost``)."""
     if isinstance(err, StorageStopped):
         return False
     errors = list(chain(err))
     if not any(isinstance(e, (SQLAlchemyError, ConnectionError, OSError)) or _is_driver_error(e) for e in errors):
         return False
-    for e in errors:
-        if isinstance(e, (PoolTimeout, InvalidatePoolError)):
-            return True
-        if isinstance(e, DBAPIError) and e.connection_invalidated:
-            return True
-        if isinstance(e, ConnectionError):
-            return True
+    if any(_lost_outright(e) for e in errors):
+        return True
     code = sqlstate(err)
     if code is not None:
         return code.startswith(LOST_SQLSTATE_PREFIXES)
-    for e in errors:
-        if _is_driver_error(e):
-            module = type(e).__module__
-            if module.startswith("psycopg"):
-                # no SQLSTATE: the client library's own failure (connection refused, server closed the connection)
-                return type(e).__name__ == "OperationalError"
-            if module.startswith("sqlite3"):
-                return any(mark in str(e) for mark in SQLITE_TRANSIENT)
-    return False
+    driver = next((e for e in errors if _is_driver_error(e)), None)  # the outermost driver error decides
+    return driver is not None and _driver_says_lost(driver)
+
+
+def _lost_outright(err: BaseException) -> bool:
+    """The pool timed out or was invalidated, SQLAlchemy invalidated the connection, or the OS says it is gone."""
+    if isinstance(err, (PoolTimeout, InvalidatePoolError, ConnectionError)):
+        return True
+    return isinstance(err, DBAPIError) and bool(err.connection_invalidated)
+
+
+def _driver_says_lost(err: BaseException) -> bool:
+    """A driver error without a SQLSTATE: psycopg's own OperationalError (connection refused, the server closed the
+    connection), SQLite's lock held past the busy timeout."""
+    module = type(err).__module__
+    if module.startswith("psycopg"):
+        return type(err).__name__ == "OperationalError"
+    return module.startswith("sqlite3") and any(mark in str(err) for mark in SQLITE_TRANSIENT)
 
 
 def _is_driver_error(err: BaseException) -> bool:

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuner.records import ProbeRow
-from tuner.storage import Store
+from tests.helpers.sample_storage import SampleStudy
 
 TUNER = [sys.executable, "-c", "from tuner.cli import main; main()"]
 FAST = {
@@ -27,34 +26,31 @@ SLOW = {"micro_batch_size": 1, "max_length": 128, "zero_stage": 3}
 BASELINE_DS = {"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}, "gradient_clipping": 0.3}
 
 
-def probe_row(study: str, key: str, knobs: dict, objective: float, stable: bool, trial: int) -> ProbeRow:
-    return ProbeRow.from_record(
-        {
-            "study_name": study,
-            "trial_number": trial,
-            "fidelity": "short",
-            "config_key": key,
-            "knobs": knobs,
-            "config": {"knobs": knobs, "world_size": 4, "gradient_accumulation_steps": 2},
-            "status": "ok",
-            "samples_per_s": objective,
-            "objective": objective,
-            "peak_allocated": 10,
-            "capacity": 100,
-            "alloc_retries": 0,
-            "stable": stable,
-        }
+def probe_row(sample: SampleStudy, key: str, knobs: dict, objective: float, stable: bool, trial: int) -> None:
+    sample.record(
+        trial_number=trial,
+        fidelity="short",
+        config_key=key,
+        knobs=knobs,
+        config={"knobs": knobs, "world_size": 4, "gradient_accumulation_steps": 2},
+        status="ok",
+        samples_per_s=objective,
+        objective=objective,
+        peak_allocated=10,
+        capacity=100,
+        alloc_retries=0,
+        stable=stable,
     )
 
 
 @pytest.fixture
 def storage(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    store = Store(url)
-    store.ensure_study("s", {"world_size": 4, "baseline_source": BASELINE_DS})
-    store.record_probe(probe_row("s", "fast", FAST, 50.0, True, 1))
-    store.record_probe(probe_row("s", "slow", SLOW, 10.0, True, 2))
-    store.record_probe(probe_row("s", "oom", {**FAST, "micro_batch_size": 64}, 99.0, False, 3))
+    sample = SampleStudy(url, "s", {"world_size": 4, "baseline_source": BASELINE_DS})
+    probe_row(sample, "fast", FAST, 50.0, True, 1)
+    probe_row(sample, "slow", SLOW, 10.0, True, 2)
+    probe_row(sample, "oom", {**FAST, "micro_batch_size": 64}, 99.0, False, 3)
+    store = sample.store
     store.ensure_study("empty", {"world_size": 1})
     return url
 

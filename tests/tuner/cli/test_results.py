@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from report_study import populate_study
 
+from tests.helpers.report_study import populate_study
+from tests.helpers.sample_storage import SampleStudy
 from tuner.storage.store import Store
 
 
@@ -42,24 +43,12 @@ def test_tuner_trials_prints_stored_causes_verbatim(url: str, monkeypatch, capsy
     """Issue 13: a cause is stored text ("[stderr: ...]" from the runner, anything from a probe's message); rich
     read it as markup and dropped the bracketed part, or raised on "[/]"."""
     from tuner.cli import main as tuner_main
-    from tuner.records import ProbeRow
 
     populate_study(url, "causes")
     cause = "RuntimeError: NCCL failed [stderr: rank 1 exited] [/] [bold]x[/bold]"
-    Store(url).record_probe(
-        ProbeRow.from_record(
-            {
-                "study_name": "causes",
-                "trial_number": None,
-                "fidelity": "confirm",
-                "config_key": "markup",
-                "knobs": {"micro_batch_size": 5, "max_length": 64, "zero_stage": 1},
-                "config": {},
-                "status": "error",
-                "cause": cause,
-                "stable": False,
-            }
-        )
+    knobs = {"micro_batch_size": 5, "max_length": 64, "zero_stage": 1}
+    SampleStudy(url, "causes").record(
+        trial_number=None, fidelity="confirm", config_key="markup", knobs=knobs, config={}, status="error", cause=cause
     )
     monkeypatch.setenv("COLUMNS", "400")
     monkeypatch.setattr(sys, "argv", ["tuner", "trials", "--study", "causes", "--storage", url])

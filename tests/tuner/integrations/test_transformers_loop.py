@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import one_rank_env
 
 import tuner
+from tests.helpers.servers import one_rank_env
 from tuner.errors import ConfigError, NoStableConfig
 from tuner.integrations.transformers import tuned_changes
 from tuner.records import Fidelity

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import one_rank_env
+
+from tests.helpers.servers import one_rank_env
 
 SCRIPT = r"""
 import json, sys, tempfile

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.sample_storage import SampleStudy
 from trials.contract import Knobs
 from tuner.errors import ConfigError
 from tuner.memory.estimator import Estimator, Trace, TracePoint, model_state_bytes, zero_order_sound, zero_stage_need
 from tuner.probing.config import probe_config
-from tuner.records import ProbeRow
 
 P = 1_000_000
 MiB = 1 << 20
@@ -201,26 +201,17 @@ def test_zero_stage_need_follows_the_arithmetic() -> None:
 
 @pytest.mark.slow
 def test_cli_estimate_calibrates_from_a_stored_study(tmp_path: Path) -> None:
-    from tuner.storage.store import Store
-
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    store = Store(url)
-    store.ensure_study("s", {"model": "builtin:tiny-t5"})
     knobs = Knobs(micro_batch_size=4, max_length=64)
     cfg = probe_config(knobs=knobs)
-    store.record_probe(
-        ProbeRow.from_record(
-            {
-                "study_name": "s",
-                "fidelity": "short",
-                "config_key": "k1",
-                "knobs": knobs.model_dump(mode="json"),
-                "config": cfg.model_dump(mode="json"),
-                "status": "ok",
-                "stable": True,
-                "peak_allocated": 40 * MiB,
-            }
-        )
+    SampleStudy(url, "s", {"model": "builtin:tiny-t5"}).record(
+        fidelity="short",
+        config_key="k1",
+        knobs=knobs.model_dump(mode="json"),
+        config=cfg.model_dump(mode="json"),
+        status="ok",
+        stable=True,
+        peak_allocated=40 * MiB,
     )
     tuner = Path(sys.executable).with_name("tuner")
     base = [

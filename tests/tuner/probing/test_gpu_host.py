@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from trials.contract import EXIT_BUSY, EXIT_HOST_OOM, EXIT_OOM, ModelSpec, ProbeResult
+from trials.contract import EXIT_BUSY, EXIT_HOST_OOM, EXIT_KILLED, EXIT_OOM, ModelSpec
 from tuner.errors import ConfigError
 from tuner.probing import gpus
 from tuner.probing.cgroup import cgroup_paths, oom_kills_between, parse_oom_kills, read_oom_kills
+from tuner.probing.environment import hub_id, probe_env
 from tuner.probing.preflight import failure_message, run_preflight
-from tuner.probing.runner import exit_status, hub_id, is_transient, probe_env
+from tuner.probing.verdict import exit_status, is_transient, stderr_fallback
 
 
 def test_visible_devices_as_cuda_reads_cuda_visible_devices() -> None:
@@ -83,21 +84,39 @@ def test_a_sigkill_is_a_host_oom_only_with_the_kernels_word() -> None:
     assert exit_status(0, EXIT_OOM, "", None)[0] == "oom"
     assert exit_status(0, EXIT_HOST_OOM, "", None)[0] == "host-oom"
     assert exit_status(0, EXIT_BUSY, "", None)[0] == "device-busy"
+    assert exit_status(0, EXIT_KILLED, "", None)[0] == "killed"  # an interrupt the rank could not write down
+    assert exit_status(0, -signal.SIGINT, "KeyboardInterrupt", None)[0] == "killed"  # Python's exit on one
+    # the exit code wins over the stderr text: it is the rank's own word
+    assert exit_status(0, EXIT_OOM, "Watchdog caught collective operation timeout", None)[0] == "oom"
+
+
+def test_a_rank_that_died_inside_a_library_is_read_from_its_stderr_only_as_the_fallback() -> None:
+    """No result, no reason record, no telling exit code: an abort (SIGABRT) or a crash inside a C++/CUDA library."""
     watchdog = "[E] ProcessGroupNCCL: Watchdog caught collective operation timeout: WorkNCCL(OpType=ALLREDUCE)"
     assert exit_status(0, -signal.SIGABRT, watchdog, None)[0] == "timeout"
     assert exit_status(0, -signal.SIGABRT, "CUDA out of memory. Tried to allocate 1 GiB", None)[0] == "oom"
+    cublas = "terminate called after throwing an instance of 'c10::Error' what(): CUBLAS_STATUS_ALLOC_FAILED"
+    assert exit_status(0, -signal.SIGABRT, cublas, None)[0] == "oom"
+    status, cause = exit_status(0, -signal.SIGSEGV, "Segmentation fault", None)
+    assert status == "error" and "signal 11" in cause and "Segmentation fault" in cause
     assert exit_status(0, 1, "Traceback ... KeyError", None)[0] == "error"
+    for text in (
+        "CUDA error: out of memory",
+        "NCCL WARN Failed to CUDA calloc 4096 bytes",
+        "Cuda failure 'out of memory'",
+    ):
+        assert stderr_fallback(text) == "oom"
+    assert stderr_fallback("[rank1]:[E] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5)") == "timeout"
+    assert stderr_fallback("Segmentation fault") is None
 
 
 def test_transient_failures_are_retried_and_verdicts_are_not() -> None:
-    assert is_transient(ProbeResult(status="killed"), False)
-    assert is_transient(ProbeResult(status="device-busy"), False)
-    assert is_transient(ProbeResult(status="error", cause="could not launch the probe: ..."), True)
-    forked = ProbeResult(status="error", cause="RuntimeError: CUDA error: initialization error")
-    assert is_transient(forked, False)
-    for verdict in ("oom", "host-oom", "ok", "timeout"):
-        assert not is_transient(ProbeResult(status=verdict), False)
-    assert not is_transient(ProbeResult(status="error", cause="ValueError: bad"), False)
+    """Typed: the status or the launch-fault flag a rank (or the runner's launch) set, never the cause text."""
+    assert is_transient("killed", False)
+    assert is_transient("device-busy", False)
+    assert is_transient("error", True)  # a launch failure, or a rank forked from a process whose CUDA was initialised
+    for verdict in ("oom", "host-oom", "ok", "timeout", "error"):
+        assert not is_transient(verdict, False)
 
 
 def test_only_hub_ids_are_looked_up_and_ranks_read_them_offline(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-from report_study import CAPACITY, HEADROOM, XSS, populate_study
 
+from tests.helpers.report_study import CAPACITY, HEADROOM, XSS, populate_study
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.reporting.html import load, render_html, write_report
 from tuner.storage.db import optuna_storage

@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from servers import TUNER_BIN, clean_env
 
+from tests.helpers.servers import TUNER_BIN, clean_env
 from tuner.errors import StorageError
 from tuner.storage import Store, get_engine, migrations, optuna_storage, upgrade
 from tuner.storage.db import schema_revision

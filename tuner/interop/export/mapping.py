@@ -39,6 +39,8 @@ DS_FIELDS: tuple[DsField, ...] = (
     DsField("offload_optimizer", ("zero_optimization", "offload_optimizer"), min_stage=1),
 )
 DS_PATH: dict[str, tuple[str, ...]] = {f.knob: f.path for f in DS_FIELDS}
+# DeepSpeed's legacy spelling of optimizer offload to the CPU (a boolean), read by the baseline import, never written
+DS_LEGACY_CPU_OFFLOAD: tuple[str, ...] = ("zero_optimization", "cpu_offload")
 # precision is two blocks: {"bf16": {"enabled": ...}, "fp16": {"enabled": ...}}
 PRECISION_BLOCKS: dict[str, str] = {"bf16": "bf16", "fp16": "fp16"}
 # The batch fields DeepSpeed checks against each other: train_batch_size = micro x accumulation x world size.
@@ -53,6 +55,8 @@ HF_ARGS: dict[str, str] = {
     "gradient_checkpointing": "gradient_checkpointing",
     "generate": "predict_with_generate",
 }
+# Where training args may say gradient checkpointing, the first present wins: transformers 5's name, the older one.
+HF_CHECKPOINTING_KEYS: tuple[str, ...] = ("activation_checkpointing", HF_ARGS["gradient_checkpointing"])
 # DeepSpeed fields the HF Trainer fills from (and checks against) TrainingArguments: DeepSpeed path -> HF key(s).
 HF_DS_FILL: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("gradient_clipping",), ("max_grad_norm",)),
@@ -156,6 +160,17 @@ DS_KNOWN_TOP: frozenset[str] = frozenset(
 
 def encode_offload(enabled: bool) -> dict[str, Any]:
     return {"device": "cpu", "pin_memory": True} if enabled else {"device": "none"}
+
+
+def decode_offload(ds: Mapping[str, Any]) -> bool:
+    """Whether a DeepSpeed JSON offloads the optimizer to the CPU (encode_offload's block, or the legacy boolean)."""
+    return get_path(ds, (*DS_PATH["offload_optimizer"], "device")) == "cpu" or bool(get_path(ds, DS_LEGACY_CPU_OFFLOAD))
+
+
+def decode_precision(ds: Mapping[str, Any]) -> str:
+    """The precision a DeepSpeed JSON's blocks enable (bf16 before fp16, as the blocks are listed), fp32 when none."""
+    enabled = (name for name, block in PRECISION_BLOCKS.items() if get_path(ds, (block, "enabled")) is True)
+    return next(enabled, "fp32")
 
 
 def precision_blocks(precision: str, base: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 import yaml
 
-COMPOSE = Path(__file__).resolve().parents[1] / "docker-compose.yml"
+COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 DOCKERFILE = COMPOSE.parent / "Dockerfile"
 _VAR = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\})")
 
@@ -100,7 +100,7 @@ def local_process(service: str, storage: str, env: dict[str, str]) -> tuple[list
     to this environment's entry point (its bin/ first on PATH, as on the image)."""
     import os
 
-    from servers import TUNER_BIN, clean_env
+    from tests.helpers.servers import TUNER_BIN, clean_env
 
     spec = load(env)["services"][service]
     service_env = {k: str(v) for k, v in (spec.get("environment") or {}).items()}

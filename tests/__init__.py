@@ -1,0 +1,1 @@
+"""The test suite (a package, so that tests/helpers imports as ``tests.helpers``: see tests/conftest.py)."""

@@ -1,0 +1,182 @@
+"""A probe's verdict from its ranks: each rank's status from its own account, then one ProbeResult.
+
+One rank's status, the first evidence that exists:
+
+1. its result file (trials.contract.RankResult): the rank's own account;
+2. its reason record (trials.contract.RankReason, written by trials.last_words): a rank that could not write its
+   result (an exception past its handler, an interrupt, a result it could not write, a side thread's failure) said
+   why, typed;
+3. stopped by us: "timeout" at the probe's timeout; no status of its own when a peer failed first;
+4. its exit code: SIGKILL is "host-oom" only with the kernel's word for it (the memory cgroup's OOM kills during the
+   probe, tuner.probing.cgroup), else "killed" (an outside kill); SIGINT (Python's exit after an interrupt) and
+   EXIT_KILLED are "killed"; EXIT_OOM / EXIT_TIMEOUT / EXIT_HOST_OOM / EXIT_BUSY their class;
+5. the documented exception, for a rank that could say nothing and whose exit code names no class: a process that died
+   inside a C++/CUDA library before Python saw it (an abort from the NCCL watchdog, std::terminate on a library
+   thread after a CUDA OOM, a segfault) writes no record, so its stderr tail is read for the few texts that prove a
+   class (``stderr_fallback``); else "error".
+
+DESIGN's rule, status from exit codes and result files, never from stderr text, holds but for step 5, which no rank
+can avoid. Whether a failure is transient (no verdict on the config: run once more) is typed too: the status
+("killed", "device-busy") or the rank's own ``launch_fault`` flag, never the cause text.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from trials.contract import (
+    EXIT_BUSY,
+    EXIT_HOST_OOM,
+    EXIT_KILLED,
+    EXIT_OOM,
+    EXIT_TIMEOUT,
+    Phase,
+    ProbeConfig,
+    ProbeResult,
+    Status,
+)
+from tuner.probing.ranks import Rank
+
+STDERR_TAIL_LINES = 8
+# which rank's status names the probe's: a memory failure is the root cause, then an outside kill (its peers then fail
+# in a collective), a busy GPU, an error; a timeout names the probe only when nothing else does
+_RANK: dict[str, int] = {"ok": 0, "timeout": 1, "error": 2, "device-busy": 3, "killed": 4, "host-oom": 5, "oom": 6}
+TRANSIENT: frozenset[str] = frozenset({"killed", "device-busy"})  # no verdict on the config: retried once
+# The exit codes that carry a class (trials.contract.EXIT_*; -SIGINT: Python's own exit after an uncaught interrupt).
+EXIT_STATUS: dict[int, Status] = {
+    EXIT_OOM: "oom",
+    EXIT_TIMEOUT: "timeout",
+    EXIT_HOST_OOM: "host-oom",
+    EXIT_BUSY: "device-busy",
+    EXIT_KILLED: "killed",
+    -signal.SIGINT: "killed",
+}
+# The fallback only (step 5 of the module doc): what a rank's stderr says when it died inside a library without a
+# record or a telling exit code. Lower-case substrings -> the status they prove.
+STDERR_FALLBACK: tuple[tuple[str, Status], ...] = (
+    ("watchdog caught collective operation timeout", "timeout"),
+    ("cublas_status_alloc_failed", "oom"),
+    ("cuda out of memory", "oom"),
+    ("cuda error: out of memory", "oom"),
+    ("failed to cuda calloc", "oom"),
+    ("cuda failure 'out of memory'", "oom"),
+)
+
+
+def stderr_fallback(text: str) -> Status | None:
+    """The status a dead rank's stderr proves (``STDERR_FALLBACK``), or None: read only for a rank that left no result,
+    no reason record and no telling exit code (the module doc's step 5)."""
+    low = text.lower()
+    return next((status for needle, status in STDERR_FALLBACK if needle in low), None)
+
+
+def tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
+    """The last lines of a rank's stderr, joined on one line (for a person reading the cause)."""
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text[-lines:] if line.strip())
+
+
+def _sigkill(rank: int, oom_kills: int | None) -> tuple[Status, str]:
+    if oom_kills:
+        return "host-oom", (
+            f"rank {rank} was killed by the kernel's OOM killer (host out of memory: the memory cgroup counted "
+            f"{oom_kills} OOM kill(s) during the probe)"
+        )
+    seen = "no OOM kill in the memory cgroup" if oom_kills == 0 else "no cgroup OOM counter to tell an OOM kill"
+    return "killed", f"rank {rank} was killed by SIGKILL from outside ({seen}): no verdict on its memory"
+
+
+def exit_status(rank: int, code: int | None, stderr_tail: str, oom_kills: int | None) -> tuple[Status, str]:
+    """(status, cause) of a rank that ended without a result file or a reason record and was not stopped by us (pure):
+    steps 4 and 5 of the module doc."""
+    if code == -signal.SIGKILL:
+        return _sigkill(rank, oom_kills)
+    status = (EXIT_STATUS.get(code) if code is not None else None) or stderr_fallback(stderr_tail) or "error"
+    detail = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    said = f" [stderr: {stderr_tail}]" if stderr_tail else ""
+    return status, f"rank {rank} ended with {detail} and no result file{said}"
+
+
+def _with_stderr(status: Status, cause: str | None, r: Rank) -> str | None:
+    """An error's cause with the rank's stderr tail (for a person; the status is already decided)."""
+    if status != "error":
+        return cause
+    said = tail(r.err)
+    return f"{cause} [stderr: {said}]" if said and cause else (cause or said or None)
+
+
+def rank_status(r: Rank, timed_out: bool, oom_kills: int | None) -> tuple[Status | None, str | None]:
+    """(status, cause) of one rank (the module doc's order); (None, None) for a rank we stopped after a peer failed."""
+    res = r.read()
+    if res is not None:
+        return res.status, _with_stderr(res.status, res.cause, r)
+    reason = r.reason()
+    if reason is not None:
+        return reason.status, _with_stderr(reason.status, f"rank {r.rank}: {reason.cause}", r)
+    if r.killed_by_us:
+        return ("timeout", None) if timed_out else (None, None)
+    return exit_status(r.rank, r.proc.returncode, tail(r.err), oom_kills)
+
+
+def _phase(r: Rank) -> Phase | None:
+    said = r.read() or r.reason()
+    return said.phase if said is not None else None
+
+
+def merge(
+    config: ProbeConfig, ranks: Sequence[Rank], timed_out: bool, wall_s: float, oom_kills: int | None = None
+) -> ProbeResult:
+    """The probe's result from its ranks: the most telling failure names it (``_RANK``), else rank 0's steps."""
+    statuses = [(r, *rank_status(r, timed_out, oom_kills)) for r in ranks]
+    results = [r.read() for r in ranks]
+    memories = [res.memory for res in results if res is not None and res.memory is not None]
+    first = next((res for res in results if res is not None), None)
+    timed = [res for res in results if res is not None and res.setup_s is not None]
+    slowest = max(timed, key=lambda res: res.setup_s or 0.0, default=None)
+    failures = [(r, s, c) for r, s, c in statuses if s not in (None, "ok")]
+    common = dict(
+        ranks=memories,
+        capacity=next((m.capacity for m in memories if m.capacity), None),
+        versions=first.versions if first else {},
+        fingerprint=first.fingerprint if first else {},
+        wall_s=wall_s,
+        setup_s=slowest.setup_s if slowest else None,
+        setup_phases=slowest.setup_phases if slowest else {},
+    )
+    if timed_out and all(s == "timeout" for _, s, _ in failures):
+        return ProbeResult(
+            status="timeout", cause=f"probe passed its {config.timeout_s:g} s timeout; all ranks were killed", **common
+        )
+    if failures:
+        r, status, cause = max(failures, key=lambda f: (_RANK[f[1]], -f[0].rank))
+        return ProbeResult(status=status, cause=cause or f"rank {r.rank}: {status}", phase=_phase(r), **common)
+    if any(s is None for _, s, _ in statuses) or results[0] is None or results[0].steps is None:
+        return ProbeResult(status="error", cause="probe ended without results from every rank", **common)
+    steps = results[0].steps
+    samples = config.global_batch / steps.cycle_s if steps.cycle_s > 0 else None
+    return ProbeResult(
+        status="ok",
+        samples_per_s=samples,
+        tokens_per_s=samples * config.knobs.max_length if samples else None,
+        steps=steps,
+        **common,
+    )
+
+
+def launch_fault(ranks: Sequence[Rank]) -> bool:
+    """Whether a rank said its failure was the launch's (a forked rank that could not use CUDA)."""
+    return any(r.launch_fault for r in ranks)
+
+
+def is_transient(status: Status, launch_fault: bool) -> bool:
+    """A failure that says nothing about the config (retried once): an outside kill, a busy GPU, a launch or
+    environment failure (the fork server, the hub lookup, a forked rank that could not use CUDA)."""
+    return launch_fault or status in TRANSIENT
+
+
+__all__ = ["exit_status", "is_transient", "launch_fault", "merge", "rank_status", "stderr_fallback", "tail"]
