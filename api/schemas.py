@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from tuner.job.space import MAX_GLOBAL_BATCH, MAX_WORLD_SIZE
-from tuner.records import DEFAULT_HEADROOM
+from tuner.declared import API, declared
+from tuner.job.definition import JobFlags
+from tuner.session.options import SearchOptions
 
 STUDY_NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 STUDY_NAME_MAX = 128
@@ -211,26 +212,31 @@ class BestConfigOut(BaseModel):
     content: str | None = Field(None, description="the config rendered in `format` (null for format=json)")
 
 
-class StudyCreate(BaseModel):
+class StudyBody(BaseModel):
     """A study definition that `tuner search --study NAME` workers then join.
 
-    Inline data only: no paths, no commands."""
+    Inline data only: no paths, no commands. Beside ``name`` and ``budget_s``, its fields are the declared settings
+    of a search (tuner.session.options.SearchOptions, tuner.job.definition.JobFlags) that a study definition holds:
+    the same names, types, defaults and help as `tuner search`'s options and ``tuner.tune``'s keywords."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=STUDY_NAME_MAX, pattern=STUDY_NAME_PATTERN)
-    model: str = Field("builtin:tiny-t5", max_length=512, description="builtin:<preset>, an HF id, or a worker path")
-    world_size: int = Field(1, ge=1, le=MAX_WORLD_SIZE, description="ranks per probe, all on one worker host")
-    global_batch: int | None = Field(None, ge=1, le=MAX_GLOBAL_BATCH)
-    device_memory: int | str | None = Field(
-        None, description="memory per rank: bytes or a size like 80GiB; null = the device's"
-    )
-    headroom: float = Field(DEFAULT_HEADROOM, gt=0.0, le=1.0)
     budget_s: float = Field(7200.0, gt=0, le=30 * 86400, description="the study's nominal budget, seconds")
-    space: dict[str, Any] | None = Field(None, description="inline search space over the default (knob -> choices)")
-    baseline: dict[str, Any] | None = Field(
-        None, description="your current DeepSpeed config (HF 'auto' values allowed), probed first as trial 0"
-    )
-    training_args: dict[str, Any] | None = Field(
-        None, description="your current HF TrainingArguments as JSON (alone or with `baseline`)"
-    )
+
+
+def _declared_fields() -> dict[str, Any]:
+    """The body's fields from the settings declared for the API (tuner.declared)."""
+    out: dict[str, Any] = {}
+    for d in declared(SearchOptions, API) + declared(JobFlags, API):
+        bounds: dict[str, Any] = {"ge": d.spec.min} if d.spec.min is not None else {}
+        bounds.update(d.spec.api)
+        described = Field(... if d.required else d.default, description=d.spec.api_help or d.spec.help, **bounds)
+        out[d.name] = (d.spec.api_type if d.spec.api_type is not None else d.type, described)
+    return out
+
+
+if TYPE_CHECKING:
+    StudyCreate = StudyBody
+else:
+    StudyCreate = create_model("StudyCreate", __base__=StudyBody, __doc__=StudyBody.__doc__, **_declared_fields())

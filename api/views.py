@@ -25,14 +25,12 @@ from api.schemas import (
     StudySummaryOut,
     TrialPageOut,
 )
-from tuner.errors import NoStableConfig
-from tuner.interop.export import best_export_args, render_best
-from tuner.interop.export.changes import best_changes
-from tuner.records import DEFAULT_HEADROOM, Candidate, Fidelity, ProbeRow, ProbeStatus
+from tuner.records import DEFAULT_HEADROOM, Candidate, ProbeRow, ProbeStatus
 from tuner.reporting.production import ProductionRun, production_runs
 from tuner.reporting.trials import join_trials
 from tuner.search.liveness import run_is_live
 from tuner.search.selection import best_stable
+from tuner.session.best import serve_best
 from tuner.storage import Store
 
 END_STATES = ("finished", "interrupted", "failed")
@@ -245,11 +243,9 @@ def _page(store: Store, name: str, sid: int | None, total: int, offset: int, lim
     return _Page(built.model_dump_json().encode(), settled)
 
 
-def _baseline(rows: list[ProbeRow], best: Candidate) -> BaselineOut | None:
-    base = [r for r in rows if r.fidelity == Fidelity.BASELINE]
-    if not base:
+def _baseline(row: ProbeRow | None, best: Candidate) -> BaselineOut | None:
+    if row is None:
         return None
-    row = base[-1]
     speedup = None
     if row.status == ProbeStatus.OK and row.objective:
         speedup = best.objective / row.objective
@@ -285,24 +281,16 @@ def _production(run: ProductionRun) -> ProductionOut:
 def best_config(store: Store, name: str, fmt: str, found: Ranked) -> BestConfigOut:
     """The best stable config of ``name`` (``found``: its rows, ranked) with its provenance; ``content`` is its export
     in ``fmt`` (tuner.interop.export.render_best, as `tuner export` writes it)."""
-    definition = store.require_study(name)
-    rows, best = found.rows, found.best
-    if best is None:
-        ran = sum(1 for r in rows if r.measured)
-        raise NoStableConfig(
-            f"study {name!r} has no stable trial yet ({ran} probes so far); wait for the search to finish a probe "
-            "within the memory headroom, or see GET /studies/{name}/trials for why they failed"
-        )
-    args = best_export_args(best, definition)
+    served = serve_best(store, name, fmt, ranked=(found.rows, found.best))  # its errors: tuner.session.best's
+    definition, rows, best = served.definition, served.rows, served.best
+    args = served.export_args
     world, accum = args.world_size, args.gradient_accumulation_steps
     result = next((r.result for r in best.rows if r.result), None) or {}
     reserved = [r.peak_reserved for r in best.rows if r.peak_reserved is not None]
     tokens = [r.tokens_per_s for r in best.rows if r.tokens_per_s is not None]
     headroom = float(definition.get("headroom") or DEFAULT_HEADROOM)
-    content = render_best(fmt, best, definition) if fmt != "json" else None
-    base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
-    diff = best_changes(best, definition, base)
-    changes = ChangesOut(**diff.to_dict(), lines=diff.lines())
+    content = served.content if fmt != "json" else None
+    changes = ChangesOut(**served.changes.to_dict(), lines=served.change_lines)
     production = [_production(run) for run in production_runs(rows, best.config_key)]
     return BestConfigOut(
         study=name,
@@ -325,7 +313,7 @@ def best_config(store: Store, name: str, fmt: str, found: Ranked) -> BestConfigO
         measurements=best.measurements,
         fingerprint=dict(result.get("fingerprint") or {}),
         versions={str(k): str(v) for k, v in (result.get("versions") or {}).items()},
-        baseline=_baseline(rows, best),
+        baseline=_baseline(served.baseline, best),
         changes=changes,
         production=production,
         content=content,

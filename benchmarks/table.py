@@ -20,8 +20,9 @@ from tuner.job.objective import Objective
 from tuner.job.space import Space, knobs_key
 from tuner.memory.estimator import Estimator, Trace
 from tuner.records import is_stable
+from tuner.search.request import SearchRequest
 from tuner.search.schedule import Schedule
-from tuner.search.strategy import SearchSetup
+from tuner.session.memory import MemoryModel, recorded
 
 
 class OutOfBudget(Exception):
@@ -117,17 +118,20 @@ class Table:
         """What one pass over the full grid costs (one repeat per config, at its mean)."""
         return sum(e.mean_s for e in self.entries.values())
 
-    def search_setup(self, schedule: Schedule, seed: int | None = None) -> SearchSetup:
+    def search_request(self, schedule: Schedule | None = None, seed: int | None = None) -> SearchRequest:
         """What `tuner search` would search for this table: its space, model, batch and memory limits."""
-        return SearchSetup(
-            space=self.space,
+        return SearchRequest(
+            study_name=self.name,
+            storage="sqlite://",  # never opened: a replay's study lives in memory
             model=self.model,
+            space=self.space,
             world_size=self.world_size,
             global_batch=self.global_batch,
             objective=self.objective,
+            budget_s=self.grid_seconds,
             device_memory=self.device_memory,
             headroom=self.headroom,
-            schedule=schedule,
+            schedule=schedule or Schedule(),
             seed=seed,
         )
 
@@ -141,23 +145,18 @@ class Table:
         return [self.entries[k].knobs for k in self.order]
 
     def estimator(self) -> Estimator | None:
-        """From the trace of every grid point (to measure the estimator's error on the table)."""
+        """From the trace of every grid point (to measure the estimator's error on the table), built as a search
+        builds its own (tuner.session.memory)."""
         tr = self.raw.get("trace")
-        return (
-            Estimator(trace=Trace.model_validate(tr), world_size=self.world_size, global_batch=self.global_batch)
-            if tr
-            else None
-        )
+        return recorded(Trace.model_validate(tr), self.search_request()).estimator if tr else None
 
-    def search_estimator(self) -> tuple[Estimator, float] | None:
-        """What `tuner search` would have: the trace of tuner.memory.tracing.trace_points only, and its wall seconds."""
+    def search_memory(self, request: SearchRequest) -> tuple[MemoryModel, float] | None:
+        """What `tuner search` would start from (tuner.session.memory): the estimator and ZeRO-ordering frontier of
+        the trace of tuner.memory.tracing.trace_points only, and the trace's wall seconds."""
         st = self.raw.get("search_trace")
         if not st:
             return None
-        est = Estimator(
-            trace=Trace.model_validate(st["trace"]), world_size=self.world_size, global_batch=self.global_batch
-        )
-        return est, float(st["seconds"])
+        return recorded(Trace.model_validate(st["trace"]), request), float(st["seconds"])
 
 
 @dataclass

@@ -423,8 +423,8 @@ def test_resume_with_a_contradicting_option_names_the_field(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from tuner.python_api import resolve
-    from tuner.search.options import SearchOptions, cli_option, prepare_request
+    from tuner.session.options import CLI, SearchOptions, prepare_request
+    from tuner.session.session import resolve
     from tuner.storage.store import Store
 
     db = tmp_path / "resume.db"
@@ -433,7 +433,7 @@ def test_resume_with_a_contradicting_option_names_the_field(
         json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}})
     )
     options = SearchOptions(budget="1m", model="builtin:tiny-t5", storage=url, study="kept", finalists=0)
-    request, explicit = prepare_request(options, option=cli_option)
+    request, explicit = prepare_request(options, url, CLI)
     assert resolve(request, explicit, Store(url))[1] is False  # created
     before = _snapshot(db)
     monkeypatch.chdir(tmp_path)
@@ -452,20 +452,20 @@ def test_resume_with_a_contradicting_option_names_the_field(
 def test_resume_on_another_library_version_names_it_and_exits_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The study records the host it was measured on (tuner.search.host_record); a worker with another torch is
+    """The study records the host it was measured on (tuner.session.host_record); a worker with another torch is
     refused before its first probe, in one line naming the field, both versions and --study."""
     import dataclasses
 
-    from tuner.python_api import resolve
-    from tuner.search.host_record import KEY, this_host
-    from tuner.search.options import SearchOptions, cli_option, prepare_request
+    from tuner.session.host_record import KEY, this_host
+    from tuner.session.options import CLI, SearchOptions, prepare_request
+    from tuner.session.session import resolve
     from tuner.storage.store import Store
 
     db = tmp_path / "host.db"
     url = f"sqlite:///{db}"
     store = Store(url)
     options = SearchOptions(budget="1m", model="builtin:tiny-t5", storage=url, study="kept", finalists=0)
-    request, explicit = prepare_request(options, option=cli_option)
+    request, explicit = prepare_request(options, url, CLI)
     assert resolve(request, explicit, store)[1] is False  # created
     here = this_host()
     store.record_in_definition("kept", KEY, dataclasses.replace(here, torch="1.0.0").to_dict())

@@ -1,105 +1,37 @@
 """The Python API: ``tuner.tune(...)``, ``tuner.best_config(...)``, ``tuner.estimate(...)``.
 
-`tuner search`, `tuner best` and `tuner estimate` are thin layers over these: the CLI parses its options into the
-same record (tuner.search.options.SearchOptions) and calls ``resolve`` / ``check_host`` / ``real_probe`` from here.
-Every mistake is a typed exception from tuner.errors with the one line the CLI prints. ``tune`` is named so because
-``tuner.search`` is the search package.
+``tune`` is a search session (tuner.session.session.SearchSession), the one `tuner search` renders; its keywords are
+the declared settings (tuner.session.options.SearchOptions, tuner.job.definition.JobFlags), the same ones `tuner
+search` has as options. ``best_config`` is tuner.session.best.serve_best, the one `tuner best` and ``GET /best-config``
+use. Every mistake is a typed exception from tuner.errors with the one line the CLI prints. ``tune`` is named so
+because ``tuner.search`` is the search package.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import MISSING, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trials.contract import Knobs, ProbeConfig, ProbeResult
-from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
+from tuner.declared import TUNE, Declared, declared
+from tuner.errors import ConfigError
 from tuner.job.definition import JobFlags
 from tuner.job.model_source import resolve_model
-from tuner.records import DEFAULT_HEADROOM, Fidelity, ProbeRow
-from tuner.search.options import DEFAULT_MODEL, SearchOptions, prepare_request
-from tuner.search.request import SearchRequest, check_resume, request_from_definition
-from tuner.settings import load_settings, redact_url
+from tuner.records import ProbeRow
+from tuner.session.options import DEFAULT_MODEL, SearchOptions
+from tuner.settings import load_settings
 from tuner.storage import Store
 
 if TYPE_CHECKING:
     from tuner.memory.estimator import Estimate
-    from tuner.records import Candidate
-    from tuner.search.driver import Listener, Search, SearchSummary
+    from tuner.session.best import ServedBest
+    from tuner.session.driver import SearchSummary
 
 __all__ = ["DEFAULT_MODEL", "BestConfig", "TuneResult", "best_config", "estimate", "tune"]
 Probe = Callable[[ProbeConfig], ProbeResult]
-
-
-def resolve(request: SearchRequest, explicit: set[str], store: Store) -> tuple[SearchRequest, bool]:
-    """Creates the study definition, or resumes an existing one with its stored definition."""
-    wanted = request.definition()
-    stored, created = store.create_study(request.study_name, wanted)
-    if created:
-        return request, False
-    check_resume(request.study_name, stored, wanted, explicit)
-    return request_from_definition(request, stored), True
-
-
-def check_world_size(request: SearchRequest) -> None:
-    """World size above the GPUs this process may use (CUDA_VISIBLE_DEVICES, MIG): a ConfigError before anything
-    is written or probed."""
-    from tuner.probing import gpus
-
-    visible, physical, cuda_visible = gpus.host_visible_devices()
-    gpus.check_world_size(request.world_size, visible, physical, cuda_visible)
-
-
-def check_host(request: SearchRequest, store: Store, resumed: bool) -> None:
-    """Before the first probe: the study's host record (GPU and library versions, tuner.search.host_record) must
-    match this host's; a study from before the record is compared by its first probe's GPU type instead (unless
-    its device memory is fixed: a frontier learned on one device's limits must not rule another's); a multi-rank
-    search on GPUs passes the NCCL preflight (all ranks, one all_reduce and a barrier, 90 s). ConfigError with one
-    line if not."""
-    import tempfile
-
-    from tuner.probing import gpus
-    from tuner.search.host_record import check_host_record
-
-    recorded = check_host_record(store, request.study_name, request.device_memory is not None, resumed)
-    visible, physical, _ = gpus.host_visible_devices()
-    if not (physical and visible):
-        return
-    if resumed and not recorded:
-        first = next((row for row in store.probes(request.study_name, limit=5) if row.result), None)
-        stored = (first.result or {}).get("fingerprint") if first is not None else None
-        here = gpus.gpu_name(gpus.first_visible_index(visible))
-        refusal = gpus.fingerprint_refusal(stored, here, request.device_memory is not None)
-        if refusal:
-            raise ConfigError(refusal)
-    if request.world_size > 1:
-        from tuner.probing.preflight import run_preflight
-        from tuner.probing.runner import probe_env
-
-        with tempfile.TemporaryDirectory() as d:
-            problem = run_preflight(request.world_size, probe_env(request.world_size), Path(d))
-        if problem:
-            raise ConfigError(problem)
-
-
-def attach_estimate(runner: Search, request: SearchRequest, estimate: bool | None) -> str | None:
-    """Traces the model for the memory estimate when asked (``estimate``; None: for budgets of 10 minutes or more)
-    and gives it to the search; returns the note to show (how long it took, or why it is unavailable)."""
-    from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
-
-    if not (estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S):
-        return None
-    estimator, note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))
-    runner.attach_estimator(estimator)
-    return note
-
-
-def real_probe(config: ProbeConfig) -> ProbeResult:
-    from tuner.probing.runner import run_probe
-
-    return run_probe(config)
 
 
 @dataclass(frozen=True)
@@ -117,6 +49,23 @@ class BestConfig:
     samples_per_s: float
     objective: float
     confirmed: bool
+
+    @classmethod
+    def of(cls, served: ServedBest) -> BestConfig:
+        found, args = served.best, served.export_args
+        return cls(
+            study=served.study,
+            knobs=dict(found.knobs),
+            config_key=found.config_key,
+            world_size=args.world_size,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            format=served.format,
+            content=served.content,
+            changes=served.change_lines,
+            samples_per_s=found.samples_per_s,
+            objective=found.objective,
+            confirmed=found.confirmed,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The export parsed (json, deepspeed and hf formats)."""
@@ -139,147 +88,114 @@ class TuneResult:
         return [r for r in self.trials if r.measured]
 
 
-def tune(
-    *,
-    budget: str | float,
-    model: str = DEFAULT_MODEL,
-    space: Path | str | Mapping[str, Any] | None = None,
-    storage: str | None = None,
-    study: str | None = None,
-    world_size: int | None = None,
-    device_memory: str | int | None = None,
-    headroom: float = DEFAULT_HEADROOM,
-    global_batch: int | None = None,
-    n_trials: int | None = None,
-    baseline: Path | str | Mapping[str, Any] | None = None,
-    training_args: Path | str | Mapping[str, Any] | None = None,
-    lengths: Path | str | Sequence[int] | None = None,
-    finalists: int = 2,
-    seed: int | None = None,
-    estimate: bool | None = None,
-    format: str = "json",
-    listener: Listener | None = None,
-    probe: Probe | None = None,
-    **job: Any,
-) -> TuneResult:
-    """Runs `tuner search` in this process: the same options as keywords (``budget`` a duration like "30m" or
-    seconds; ``space``/``baseline``/``training_args`` files or mappings; ``lengths`` a file or token lengths; the job
-    settings ``max_length``, ``max_target_length``, ``precision``, ``eval_batch_size``, ``generate``,
-    ``generation_max_length``, ``num_beams``, and for a LoRA job ``lora_r``, ``lora_alpha``, ``lora_dropout``,
-    ``lora_target_modules`` ("q_proj,v_proj" or a list), ``lora_bias`` as keywords). Returns the best config exported
-    in ``format``, every trial, and why the search stopped. ``probe`` replaces the real probe runner (benchmarks
-    replay recorded tables)."""
-    import optuna
+#: tune()'s keywords that are not search settings: how it runs and what it hands back
+RUN_KEYWORDS = {"format": "json", "listener": None, "probe": None}
 
-    from tuner.search.driver import Search
 
-    unknown = sorted(set(job) - set(JobFlags.__dataclass_fields__))
+def _settings() -> list[Declared]:
+    return declared(SearchOptions, TUNE) + declared(JobFlags, TUNE)
+
+
+def tune(**settings: Any) -> TuneResult:
+    """Runs `tuner search` in this process; returns the best config exported in ``format`` (json, deepspeed, hf,
+    accelerate, env), every trial, and why the search stopped. ``budget`` is a duration like "30m" or seconds;
+    ``space``, ``baseline`` and ``training_args`` are files or mappings; ``lengths`` a file or token lengths;
+    ``lora_target_modules`` "q_proj,v_proj" or a list. ``listener`` is told of every probe (a
+    tuner.session.driver.Listener); ``probe`` replaces the real probe runner (and the host checks), e.g. to replay
+    recorded tables. Every setting, as `tuner search --help` lists it, is below.
+
+    Example (real probes of the built-in tiny T5 on CPU, on an emulated 160 MiB device; a minute or two)::
+
+        >>> import tuner
+        >>> result = tuner.tune(
+        ...     budget="10m", storage="sqlite:///tuner.db", study="quick", device_memory="160MiB",
+        ...     space={"micro_batch_size": [2, 32], "zero_stage": [0], "gradient_checkpointing": [False]},
+        ... )
+        >>> result.best.knobs["micro_batch_size"], result.best.gradient_accumulation_steps
+        (2, 16)
+        >>> result.best.confirmed  # re-probed longer before the pick
+        True
+    """
+    from tuner.session.best import serve_best
+    from tuner.session.session import ListenerEvents, SearchSession
+
+    known = {d.name for d in _settings()} | set(RUN_KEYWORDS)
+    unknown = sorted(set(settings) - known)
     if unknown:
         raise ConfigError(f"tune() got unknown settings {', '.join(unknown)}; see help(tuner.tune)")
-    options = SearchOptions(
-        budget=budget,
-        model=model,
-        space=space,
-        storage=storage,
-        study=study,
-        world_size=world_size,
-        device_memory=device_memory,
-        headroom=headroom,
-        global_batch=global_batch,
-        n_trials=n_trials,
-        baseline=baseline,
-        training_args=training_args,
-        lengths=lengths,
-        finalists=finalists,
-        seed=seed,
-        job_flags=JobFlags(**job),
-    )
-    request, explicit = prepare_request(options)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if probe is None:
-        check_world_size(request)
-    store = Store(request.storage)
-    request, resumed = resolve(request, explicit, store)
-    if probe is None:
-        check_host(request, store, resumed)
-    runner = Search(request, probe or real_probe)
-    attach_estimate(runner, request, estimate)
-    if listener is not None:
-        runner.listener = listener
-    summary = runner.run()
+    bound = _SIGNATURE.bind(**settings)  # a missing budget: TypeError, as for any required keyword
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    fmt, listener, probe = (values.pop(k) for k in RUN_KEYWORDS)
+    session = SearchSession(SearchOptions.of(values), probe=probe, events=ListenerEvents(listener))
+    ran = session.run()
+    name, summary = ran.request.study_name, ran.summary
+    rows = ran.store.probes(name)
     best = None
-    if summary.best is not None:
-        best = _best(store, request.study_name, request.definition(), summary.best, format)
+    if summary.best is not None:  # the pick the run ended with
+        best = BestConfig.of(serve_best(ran.store, name, fmt, ranked=(rows, summary.best)))
     return TuneResult(
-        study=request.study_name,
-        storage=request.storage,
+        study=name,
+        storage=ran.request.storage,
         stop_reason=summary.stop_reason,
         best=best,
-        trials=store.probes(request.study_name),
+        trials=rows,
         summary=summary,
     )
 
 
-def _best(store: Store, name: str, definition: Mapping[str, Any], found: Candidate, fmt: str) -> BestConfig:
-    from tuner.interop.export import best_export_args, render_best
-    from tuner.interop.export.changes import best_changes
-    from tuner.search.selection import failed_in_production
-
-    rows = store.probes(name)
-    base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
-    args = best_export_args(found, definition)
-    changes = best_changes(found, definition, base).lines()
-    failed = failed_in_production(rows)
-    if failed:
-        changes.append(
-            f"no longer served: {len(failed)} config{'s' if len(failed) > 1 else ''} whose real training run failed "
-            "(see `tuner trials`)"
+def _signature() -> inspect.Signature:
+    """tune()'s keywords, from the settings' declarations (tuner.declared), then RUN_KEYWORDS."""
+    params = [
+        inspect.Parameter(
+            d.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if d.default is MISSING else d.default,
+            annotation=d.type,
         )
-    return BestConfig(
-        study=name,
-        knobs=dict(found.knobs),
-        config_key=found.config_key,
-        world_size=args.world_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        format=fmt,
-        content=render_best(fmt, found, definition),
-        changes=changes,
-        samples_per_s=found.samples_per_s,
-        objective=found.objective,
-        confirmed=found.confirmed,
-    )
+        for d in _settings()
+    ]
+    hints = {"format": str, "listener": "Listener | None", "probe": "Probe | None"}
+    params += [
+        inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v, annotation=hints[k])
+        for k, v in RUN_KEYWORDS.items()
+    ]
+    return inspect.Signature(params, return_annotation=TuneResult)
 
 
-def pick_study(store: Store, study: str | None) -> tuple[str, dict[str, Any]]:
-    """``study``'s definition, or the most recently created study's when None."""
-    if study is not None:
-        return study, store.require_study(study)
-    rows = store.study_rows()
-    if not rows:
-        raise StudyNotFound(f"no study in storage {redact_url(store.url)}; run `tuner search --budget 30m` first")
-    return rows[0]["name"], dict(rows[0]["definition"])
+def _settings_doc() -> str:
+    lines = ["", "    Settings (the same as `tuner search`'s options):", ""]
+    for d in _settings():
+        default = "required" if d.required else f"default {d.default!r}"
+        lines.append(f"    - ``{d.name}`` ({default}): {d.spec.help}")
+    return "\n".join(lines) + "\n"
+
+
+_SIGNATURE = _signature()
+tune.__signature__ = _SIGNATURE  # type: ignore[attr-defined]
+tune.__doc__ = (tune.__doc__ or "") + _settings_doc()
 
 
 def best_config(study: str | None = None, storage: str | None = None, format: str = "json") -> BestConfig:
     """The best stable config of ``study`` (the most recent one when None) exported in ``format``
-    (json, deepspeed, hf, accelerate, env), as `tuner best` and ``GET /best-config`` hand it out."""
-    from tuner.interop.export import FORMATS
-    from tuner.search.selection import best_stable, failed_in_production
+    (json, deepspeed, hf, accelerate, env), as `tuner best` and ``GET /best-config`` hand it out.
 
-    if format not in FORMATS:
-        raise ConfigError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    Example (the study of the ``tune`` example)::
+
+        >>> best = tuner.best_config("quick", storage="sqlite:///tuner.db", format="hf")
+        >>> best.as_dict()["per_device_train_batch_size"], best.as_dict()["gradient_accumulation_steps"]
+        (2, 16)
+        >>> for line in best.changes:  # `tuner best --changes`: without --baseline, the knobs it sets
+        ...     print(line)
+        knobs: micro_batch_size: (unset) -> 2
+        knobs: overlap_comm: (unset) -> False
+        knobs: offload_optimizer: (unset) -> False
+        held fixed (your job): fp32, length 128, no eval step
+    """
+    from tuner.session.best import serve_best
+
     store = Store(load_settings(storage=storage).storage)
-    name, definition = pick_study(store, study)
-    rows = store.probes(name)
-    found = best_stable(rows)
-    if found is None:
-        failed = failed_in_production(rows)
-        why = f" ({len(failed)} whose real training run failed are no longer served)" if failed else ""
-        raise NoStableConfig(
-            f"study {name!r} has no stable config yet{why}; run `tuner search --study {name}` longer or with more "
-            "device memory"
-        )
-    return _best(store, name, definition, found, format)
+    return BestConfig.of(serve_best(store, study, format))
 
 
 def estimate(
@@ -296,7 +212,18 @@ def estimate(
 ) -> Estimate:
     """The predicted peak device memory per rank of one config (``knobs``: micro_batch_size, max_length, zero_stage
     ...), from a fake-tensor trace of one training step plus DeepSpeed's model-state arithmetic, as `tuner
-    estimate` prints it; with ``lora_r`` (and the other lora_* of ``tune``) for a LoRA job. No GPU needed."""
+    estimate` prints it; with ``lora_r`` (and the other lora_* of ``tune``) for a LoRA job. No GPU needed.
+
+    Example (a few seconds on CPU)::
+
+        >>> import tuner
+        >>> small = tuner.estimate("builtin:tiny-t5", {"micro_batch_size": 2, "max_length": 128, "zero_stage": 0})
+        >>> large = tuner.estimate("builtin:tiny-t5", {"micro_batch_size": 16, "max_length": 128, "zero_stage": 0})
+        >>> small.raw < large.raw, small.states.params == large.states.params  # activations grow, params do not
+        (True, True)
+        >>> small.fits(160 * 2**20)  # bytes per rank
+        True
+    """
     from pydantic import ValidationError
 
     from tuner.job.batching import accumulation_steps

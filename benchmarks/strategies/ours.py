@@ -1,11 +1,11 @@
 """Ours: tuner.search.strategy.Strategy as `tuner search` drives it, on an in-memory Optuna study with the table as the
 probe and probe-seconds as the clock. The opening at the plainest config, then the guide (tuner.search.guide: a
 throughput model fitted to the measured probes, constrained expected improvement), the feasibility frontier (ZeRO stages
-ordered by tuner.memory.estimator.zero_stage_need when the estimate is on, as tuner.search.driver does), the memory
-estimate from the trace `tuner search` runs for this space (tuner.memory.tracing.trace_points; its recorded seconds are
-charged before the first probe), and short->confirm finalists. Confirm probes draw a fresh recorded repeat, charged
-setup + measuring time x (confirm steps / short steps). The pick is Strategy.best() (confirmed finalists first, on a
-lower confidence bound)."""
+ordered by tuner.memory.estimator.zero_stage_need when the estimate is on), the memory estimate from the trace `tuner
+search` runs for this space (tuner.memory.tracing.trace_points; its recorded seconds are charged before the first
+probe), both built by tuner.session.memory as a search builds them, and short->confirm finalists. Confirm probes draw
+a fresh recorded repeat, charged setup + measuring time x (confirm steps / short steps). The pick is Strategy.best()
+(confirmed finalists first, on a lower confidence bound)."""
 
 from __future__ import annotations
 
@@ -13,35 +13,29 @@ import optuna
 
 from benchmarks.table import Env, OutOfBudget
 from trials.contract import Knobs
-from tuner.memory.estimator import zero_stage_need
-from tuner.memory.frontier import Frontier
 from tuner.search.sampling import make_sampler
 from tuner.search.schedule import Schedule
-from tuner.search.strategy import Strategy
+from tuner.session.memory import MemoryModel
+from tuner.session.session import start_strategy
 
 
 def ours(env: Env, use_estimator: bool = True, guide: bool = True) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t = env.table
     schedule = Schedule(guide=guide)
-    estimator = None
+    request = t.search_request(schedule, seed=env.seed)
+    memory = MemoryModel()
     if use_estimator:  # the trace `tuner search` runs before its first probe, charged its recorded seconds
-        found = t.search_estimator()
+        found = t.search_memory(request)
         if found is None:
             raise ValueError(f"table {t.name} has no search_trace: rerun its record command to add it")
-        estimator, trace_s = found
+        memory, trace_s = found
         try:
             env.charge(trace_s)
         except OutOfBudget:
             return
     study = optuna.create_study(direction="maximize", sampler=make_sampler(env.seed))
-    strategy = Strategy(study, t.search_setup(schedule, seed=env.seed), estimator=estimator)
-    if estimator is not None:  # as tuner.search.driver.Search.attach_estimator: the frontier then orders ZeRO stages
-        need = zero_stage_need(
-            estimator.trace.param_count, t.world_size, list(t.space.configs()), estimator.trace.largest_param
-        )
-        if need:
-            strategy.use_frontier(Frontier(stage_need=need))
+    strategy = start_strategy(study, request, memory)  # as the driver's: the estimator, the ZeRO-ordering frontier
     confirm_factor = sum(schedule.confirm) / sum(schedule.short)
     while True:
         proposal = strategy.propose(env.seconds_left)

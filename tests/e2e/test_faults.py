@@ -250,9 +250,9 @@ def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: 
     from tuner.job.objective import objective_for
     from tuner.job.space import load_space
     from tuner.probing.runner import run_probe
-    from tuner.search.driver import Search
     from tuner.search.request import SearchRequest
     from tuner.search.schedule import Schedule
+    from tuner.session.session import open_search
 
     space_file = tmp_path / "space.yaml"
     space_file.write_text(SPACE)
@@ -297,7 +297,7 @@ def test_hanging_rank_is_killed_at_the_timeout_and_the_search_goes_on(tmp_path: 
         calls.append(result)
         return result
 
-    Search(request, probe).run()
+    open_search(request, probe).run()
     assert stopped, "the fault was never injected"
     assert calls[1].status == "timeout", (calls[1].status, calls[1].cause)
     assert not _alive(stopped[0]), "the frozen rank survived the timeout"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import MISSING
 from typing import Annotated, Any
 
 import typer
@@ -12,12 +13,14 @@ from rich.table import Table
 
 from trials.contract import Knobs, ModelSpec
 from tuner.cli.app import app
+from tuner.cli.declared import with_settings
+from tuner.declared import ESTIMATE
 from tuner.errors import ConfigError
 from tuner.job.batching import accumulation_steps
-from tuner.job.lora import check_lora, lora_spec
+from tuner.job.lora import LORA_FLAGS, check_lora, lora_spec
 from tuner.job.model_source import resolve_model
 from tuner.memory.estimator import Estimate, Estimator, trace
-from tuner.search.options import cli_option
+from tuner.session.options import cli_option
 from tuner.settings import load_settings
 from tuner.units import parse_size
 
@@ -54,24 +57,29 @@ def _row(table: Table, name: str, nbytes: int, note: str = "") -> None:
     table.add_row(name, f"{nbytes / MiB:,.1f}", note)
 
 
+#: where `tuner estimate` means something else than `tuner search` by a declared setting
+ESTIMATE_OWN: dict[str, dict[str, Any]] = {
+    "model": {"default": MISSING, "help": "builtin:<preset>, an HF id or a local save_pretrained dir"},
+    "world_size": {"default": 1, "min": 1},
+    "global_batch": {
+        "min": 1,
+        "help": "micro x accumulation x world; without it gradient accumulation is assumed (earlier micro-steps' "
+        "grads resident: the larger need)",
+    },
+    "max_length": {"default": 512},
+    "precision": {"default": "fp32"},
+    "device_memory": {"help": "e.g. 80GiB: say whether it fits"},
+    "storage": {"help": "SQLAlchemy URL of the study"},
+}
+
+
 @app.command("estimate")
+@with_settings(ESTIMATE, into="job", overrides=ESTIMATE_OWN)
 def estimate(
-    model: Annotated[str, typer.Option("--model", help="builtin:<preset>, an HF id or a local save_pretrained dir")],
+    job: dict[str, Any],
     micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)],
-    max_length: Annotated[int, typer.Option("--max-length", min=1)] = 512,
     zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3)] = 0,
-    world_size: Annotated[int, typer.Option("--world-size", min=1)] = 1,
-    global_batch: Annotated[
-        int | None,
-        typer.Option(
-            "--global-batch",
-            min=1,
-            help="micro x accumulation x world; without it gradient accumulation is assumed (earlier "
-            "micro-steps' grads resident: the larger need)",
-        ),
-    ] = None,
     engine: Annotated[str, typer.Option("--engine", help="deepspeed or torch")] = "deepspeed",
-    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16")] = "fp32",
     offload_optimizer: Annotated[bool, typer.Option("--offload-optimizer/--no-offload-optimizer")] = False,
     gradient_checkpointing: Annotated[
         bool, typer.Option("--gradient-checkpointing/--no-gradient-checkpointing")
@@ -80,30 +88,22 @@ def estimate(
     contiguous_gradients: Annotated[bool, typer.Option("--contiguous-gradients/--no-contiguous-gradients")] = True,
     reduce_bucket_size: Annotated[str | None, typer.Option("--reduce-bucket-size", help="elements, e.g. 2e8")] = None,
     allgather_bucket_size: Annotated[str | None, typer.Option("--allgather-bucket-size")] = None,
-    device_memory: Annotated[
-        str | None, typer.Option("--device-memory", help="e.g. 80GiB: say whether it fits")
-    ] = None,
     margin: Annotated[float, typer.Option("--margin", min=0.0, max=0.9, help="safety margin for the verdict")] = 0.10,
     calibrate_from_study: Annotated[
         str | None, typer.Option("--calibrate-from-study", help="fit to its probes")
     ] = None,
-    storage: Annotated[str | None, typer.Option("--storage", help="SQLAlchemy URL of the study")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
-    lora_r: Annotated[int | None, typer.Option("--lora-r", help="a LoRA job: adapters of this rank (peft)")] = None,
-    lora_alpha: Annotated[int | None, typer.Option("--lora-alpha")] = None,
-    lora_dropout: Annotated[float | None, typer.Option("--lora-dropout")] = None,
-    lora_target_modules: Annotated[str | None, typer.Option("--lora-target-modules", help="q_proj,v_proj")] = None,
-    lora_bias: Annotated[str | None, typer.Option("--lora-bias")] = None,
 ) -> None:
     """Predict the peak device memory per rank of one config: a fake-tensor trace of one training step plus DeepSpeed's
     model-state arithmetic, optionally calibrated against a study's measured probes."""
+    world_size, global_batch = int(job["world_size"]), job["global_batch"]
     try:
         knobs = Knobs(
             micro_batch_size=micro_batch_size,
-            max_length=max_length,
+            max_length=job["max_length"],
             engine=engine,
             zero_stage=zero_stage,
-            precision=precision,
+            precision=job["precision"],
             offload_optimizer=offload_optimizer,
             gradient_checkpointing=gradient_checkpointing,
             overlap_comm=overlap_comm,
@@ -120,12 +120,12 @@ def estimate(
             f"--global-batch {global_batch} is not a whole number of micro batches: give a multiple of "
             f"--micro-batch-size x --world-size = {micro_batch_size * world_size}"
         )
-    spec = resolve_model(model)
-    lora = lora_spec(lora_r, lora_alpha, lora_dropout, lora_target_modules, lora_bias, option=cli_option)
+    spec = resolve_model(job["model"])
+    lora = lora_spec(*(job[name] for name in LORA_FLAGS), option=cli_option)
     if lora is not None:
         check_lora(spec, lora, cli_option)
-    capacity = _parse_size(device_memory)
-    calib = _calibration_rows(calibrate_from_study, storage, spec, world_size) if calibrate_from_study else []
+    capacity = _parse_size(job["device_memory"])
+    calib = _calibration_rows(calibrate_from_study, job["storage"], spec, world_size) if calibrate_from_study else []
     wanted = {(knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)}
     wanted |= {(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision) for k, _ in calib}
     tr = trace(spec, sorted(wanted), lora=lora)

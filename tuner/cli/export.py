@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tuner.cli.app import app
-from tuner.errors import BaselineError, ConfigError, NoStableConfig
+from tuner.errors import BaselineError, ConfigError
 
 out_console = Console(highlight=False, soft_wrap=True)
 note_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -37,29 +37,23 @@ def export(
 ) -> None:
     """Export the best stable config of a study. With --format accelerate -o FILE the DeepSpeed JSON it points at is
     written next to FILE as FILE-stem.deepspeed.json."""
-    from tuner.interop.export import FORMATS, best_export_args, deepspeed_export, layout, measured_knobs, render_best
+    from tuner.interop.export import deepspeed_export, layout, measured_knobs
     from tuner.interop.export.accelerate import render_yaml, to_accelerate
-    from tuner.search.selection import best_stable
+    from tuner.session.best import serve_best
+    from tuner.session.options import cli_option
     from tuner.settings import load_settings
     from tuner.storage import Store
 
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     store = Store(load_settings(storage=storage).storage)
-    definition = store.require_study(study)
-    best = best_stable(store.probes(study))
-    if best is None:
-        raise NoStableConfig(
-            f"study {study!r} has no stable config yet; let `tuner search --study {study}` run longer "
-            "or give it more device memory"
-        )
+    served = serve_best(store, study, fmt, option=cli_option)
+    best = served.best
     if output is None:
-        typer.echo(render_best(fmt, best, definition), nl=False)
+        typer.echo(served.content, nl=False)
         return
     written = [output]
     if fmt == "accelerate" and best.knobs.get("engine", "deepspeed") == "deepspeed":
         # the accelerate YAML names the DeepSpeed JSON written next to it
-        export = best_export_args(best, definition)
+        export = served.export_args
         knobs = measured_knobs(best)
         world, accum = export.world_size, export.gradient_accumulation_steps
         ds_path = output.with_name(f"{output.stem}.deepspeed.json").resolve()
@@ -73,7 +67,7 @@ def export(
         _write(output, render_yaml(acc, str(ds_path)))
         written.append(ds_path)
     else:
-        _write(output, render_best(fmt, best, definition))
+        _write(output, served.content)
     trial = f"trial {best.trial_number}" if best.trial_number is not None else "a confirmed probe"
     note_console.print(
         f"wrote {', '.join(map(str, written))} ({fmt}, study {study!r}, {trial}, {best.samples_per_s:.3g} samples/s)",

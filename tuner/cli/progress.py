@@ -16,8 +16,8 @@ from rich.text import Text
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
 from tuner.records import Candidate, ProbeRow, ProbeStatus
-from tuner.search.driver import SearchSummary
 from tuner.search.strategy import Outcome, Proposal
+from tuner.session.driver import SearchSummary
 from tuner.units import Deadline, format_duration, format_size
 
 RECENT = 8
@@ -81,7 +81,7 @@ def fmt_num(value: float | None) -> str:
 
 
 class LiveProgress:
-    """A Listener for tuner.search.driver that renders counts, best so far, the running probe and time left."""
+    """A Listener for tuner.session.driver that renders counts, best so far, the running probe and time left."""
 
     def __init__(
         self,

@@ -14,14 +14,14 @@ from rich.text import Text
 
 from tuner.cli.app import app
 from tuner.cli.progress import brief_cause, compact, fmt_num
-from tuner.errors import ConfigError, NoStableConfig
+from tuner.errors import ConfigError
 from tuner.job.definition import Job
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
-from tuner.python_api import pick_study
 from tuner.records import Fidelity, ProbeStatus
 from tuner.reporting.trials import join_trials
 from tuner.search.selection import best_stable
+from tuner.session.best import pick_study
 from tuner.settings import load_settings
 from tuner.storage import Store
 from tuner.units import format_size
@@ -45,12 +45,6 @@ StorageOpt = Annotated[
 StudyOpt = Annotated[str | None, typer.Option("--study", help="study name (default: the most recent study)")]
 
 
-def _formats() -> tuple[str, ...]:
-    from tuner.interop.export import FORMATS
-
-    return FORMATS
-
-
 @app.command("best")
 def best(
     storage: StorageOpt = None,
@@ -62,25 +56,13 @@ def best(
     ] = False,
 ) -> None:
     """Print (or write) the best stable config of a study; --changes lists what it changes in your own files."""
-    from tuner.interop.export import render_best
-    from tuner.interop.export.changes import best_changes
+    from tuner.session.best import serve_best
+    from tuner.session.options import cli_option
 
-    if fmt not in _formats():
-        raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(_formats())}")
     store = Store(load_settings(storage=storage).storage)
-    name, definition = pick_study(store, study)
-    found = best_stable(store.probes(name))
-    if found is None:
-        raise NoStableConfig(
-            f"study {name!r} has no stable config yet; run `tuner search --study {name}` longer or with more "
-            "device memory"
-        )
-    if changes:
-        rows = store.probes(name)
-        base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
-        text = "".join(line + "\n" for line in best_changes(found, definition, base).lines())
-    else:
-        text = render_best(fmt, found, definition)
+    served = serve_best(store, study, fmt, option=cli_option)
+    name = served.study
+    text = "".join(line + "\n" for line in served.change_lines) if changes else served.content
     if output is None:
         typer.echo(text, nl=False)
         return

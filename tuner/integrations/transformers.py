@@ -115,7 +115,22 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 class TunerCallback(TrainerCallback):
-    """Records this training run into ``study`` as a production row of the config it ran (one row per rank)."""
+    """Records this training run into ``study`` as a production row of the config it ran (one row per rank).
+
+    Example (the study of the ``tuner.tune`` example; ``model`` and ``train_dataset`` are your own)::
+
+        >>> from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+        >>> from tuner.integrations.transformers import TunerCallback, apply_best
+        >>> mine = Seq2SeqTrainingArguments(output_dir="out", max_steps=4, use_cpu=True, report_to=[])
+        >>> args = apply_best(mine, study="quick", storage="sqlite:///tuner.db")
+        >>> callback = TunerCallback("quick", storage="sqlite:///tuner.db")
+        >>> trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=train_dataset, callbacks=[callback])
+        >>> _ = trainer.train()
+        >>> from tuner.storage import Store
+        >>> [(r.status.value, r.config_key == callback.best.config_key) for r in Store("sqlite:///tuner.db").probes(
+        ...     "quick") if r.fidelity == "production"]
+        [('ok', True)]
+    """
 
     def __init__(self, study: str | None = None, storage: str | None = None) -> None:
         self.storage = load_settings(storage=storage).storage

@@ -18,21 +18,25 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trials.contract import JobSettings, LoraSpec, Precision
+from tuner.declared import API, ESTIMATE, SEARCH, TUNE, setting
 from tuner.errors import ConfigError
 from tuner.job.lora import LORA_FLAGS, lora_spec
-from tuner.job.space import Space
+from tuner.job.space import KNOB_RANGES, Space
+
+_ALL = frozenset({SEARCH, TUNE, API, ESTIMATE})
+_LOCAL = frozenset({SEARCH, TUNE, ESTIMATE})
 
 
 class Job(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     precision: Precision
-    max_length: int = Field(ge=1)  # encoder input (seq2seq) or sequence (causal LM) length, tokens
+    max_length: int = Field(ge=1, le=KNOB_RANGES["max_length"][1])  # encoder input (seq2seq) or causal LM length
     max_target_length: int | None = Field(None, ge=1)  # seq2seq label length; None: max_length
-    eval_batch_size: int | None = Field(None, ge=1)  # None: the job does not evaluate
+    eval_batch_size: int | None = Field(None, ge=1, le=KNOB_RANGES["eval_batch_size"][1])  # None: no eval step
     generate: bool = False  # predict_with_generate
     generation_max_length: int | None = Field(None, ge=1)  # None: the label length
     num_beams: int = Field(1, ge=1)
@@ -74,20 +78,29 @@ class Job(BaseModel):
 
 @dataclass(frozen=True)
 class JobFlags:
-    """The job settings given on the command line (or in an API body): None = not given."""
+    """The job settings given on their own (the command line's --max-length ..., ``tune(max_length=...)``, an API
+    body's ``max_length``): None = not given. Declared once here (tuner.declared): every face's options come from
+    these fields."""
 
-    precision: Precision | None = None
-    max_length: int | None = None
-    max_target_length: int | None = None
-    eval_batch_size: int | None = None
-    generate: bool | None = None
-    generation_max_length: int | None = None
-    num_beams: int | None = None
-    lora_r: int | None = None  # LoRA adapters' rank: a LoRA job (tuner.job.lora); the other lora_* need it
-    lora_alpha: int | None = None
-    lora_dropout: float | None = None
-    lora_target_modules: str | Sequence[str] | None = None  # "q_proj,v_proj" or a list; None: peft's default
-    lora_bias: str | None = None
+    max_length: int | None = setting("your job's input length in tokens (encoder / causal)", None, min=1, faces=_ALL)
+    max_target_length: int | None = setting("your job's seq2seq label length", None, min=1)
+    precision: Precision | None = setting("your job's precision: bf16, fp16 or fp32", None, cli_type=str, faces=_ALL)
+    eval_batch_size: int | None = setting("your job's per-device eval batch", None, min=1)
+    generate: bool | None = setting(
+        "your job evaluates with predict_with_generate", None, flag="--generate/--no-generate"
+    )
+    generation_max_length: int | None = setting("new tokens per eval generate", None, min=1)
+    num_beams: int | None = setting("beams per eval generate", None, min=1)
+    # LoRA: not in an API body (checking the adapters builds the model: a torch subprocess the API never starts)
+    lora_r: int | None = setting(
+        "a LoRA job: adapters of this rank train, the base is frozen (peft)", None, faces=_LOCAL
+    )  # the other lora_* need it (tuner.job.lora)
+    lora_alpha: int | None = setting("LoRA alpha (default 8)", None, faces=_LOCAL)
+    lora_dropout: float | None = setting("LoRA dropout (default 0)", None, faces=_LOCAL)
+    lora_target_modules: str | Sequence[str] | None = setting(
+        "q_proj,v_proj (default: peft's for the model)", None, cli_type=str, faces=_LOCAL
+    )  # "q_proj,v_proj" or a list; None: peft's default
+    lora_bias: str | None = setting("LoRA bias: none, all, lora_only", None, faces=_LOCAL)
 
 
 HF_EVAL_BATCH = 8  # TrainingArguments.per_device_eval_batch_size's default
@@ -142,8 +155,11 @@ def resolve_job(
         values["eval_batch_size"] = HF_EVAL_BATCH  # the Trainer's per_device_eval_batch_size default
     try:
         return Job.model_validate(values)
-    except ValueError as err:
-        raise ConfigError(f"job settings: {str(err).splitlines()[-1].strip()}") from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        named = f"{option(where)} {first.get('input')!r}: " if where else ""
+        raise ConfigError(f"job settings: {named}{first['msg']}") from None
 
 
 #: the knobs that belong to the job, fixed to its values in the space unless a space file lists them

@@ -116,6 +116,17 @@ def _to_int(value: Any) -> Any:
     return value
 
 
+#: the values a knob may take (a job setting that is also a knob, e.g. max_length, is held to the same)
+KNOB_RANGES: dict[str, tuple[int, int]] = {
+    "micro_batch_size": (1, 65536),
+    "max_length": (1, 1048576),
+    "zero_stage": (0, 3),
+    "eval_batch_size": (1, 65536),
+    "allgather_bucket_size": (1, 10**11),
+    "reduce_bucket_size": (1, 10**11),
+}
+
+
 class Space(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -172,15 +183,7 @@ class Space(BaseModel):
 
     @model_validator(mode="after")
     def _ranges(self) -> Space:
-        checks = {
-            "micro_batch_size": (1, 65536),
-            "max_length": (1, 1048576),
-            "zero_stage": (0, 3),
-            "eval_batch_size": (1, 65536),
-            "allgather_bucket_size": (1, 10**11),
-            "reduce_bucket_size": (1, 10**11),
-        }
-        for name, (low, high) in checks.items():
+        for name, (low, high) in KNOB_RANGES.items():
             for v in getattr(self, name):
                 if v is not None and not low <= v <= high:
                     raise ValueError(f"knob {name!r}: value {v} is outside [{low}, {high}]")

@@ -17,7 +17,7 @@ from tuner.errors import ConfigError, StudyNotFound
 from tuner.memory.imbalance import probe_imbalance
 from tuner.records import DEFAULT_HEADROOM, Candidate, Fidelity, ProbeRow
 from tuner.reporting import figures as figs
-from tuner.search.selection import best_stable
+from tuner.search.selection import baseline_row, best_stable
 from tuner.storage.store import Store
 
 MiB = float(1 << 20)
@@ -87,8 +87,7 @@ def load(url: str, study: str) -> ReportData:
     if best is not None:
         from tuner.interop.export.changes import best_changes
 
-        base = next((r for r in reversed(rows) if r.fidelity == Fidelity.BASELINE), None)
-        changes = best_changes(best, definition or {}, base).lines()
+        changes = best_changes(best, definition or {}, baseline_row(rows)).lines()
     from tuner.reporting.production import production_runs
 
     production = [run.line() for run in production_runs(rows)]

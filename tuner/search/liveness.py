@@ -1,4 +1,4 @@
-"""Whether a search run's worker is alive: the one rule for taking over a dead worker's claims (tuner.search.driver)
+"""Whether a search run's worker is alive: the one rule for taking over a dead worker's claims (tuner.session.driver)
 and for a study's status and progress in the API (api.views). Pure.
 
 A worker beats (``search_runs.heartbeat_at``) every ~10 s, during a probe too, from the moment its run starts

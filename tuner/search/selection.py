@@ -120,3 +120,17 @@ def best_stable(rows: Iterable[ProbeRow]) -> Candidate | None:
     """The best stable config: confirmed ones (re-probed longer) win over unconfirmed; then the higher objective."""
     found = candidates(rows)
     return found[0] if found else None
+
+
+def baseline_row(rows: Iterable[ProbeRow]) -> ProbeRow | None:
+    """The row that stands for the user's own config (trial 0, ``--baseline``) beside the pick: the speed-up of the
+    search's summary, `tuner best --changes`, ``GET /best-config`` and the report all read this one.
+
+    The first stored one (rows come in storage order). A study holds one baseline row unless its baseline was probed
+    twice: a worker took over the claim of one presumed dead whose row was still in its journal (that row arrives
+    later, replayed by tuner.session.recovery). The first stored
+    is the row the search acted on: the strategy stops proposing the baseline once one exists, and the evidence
+    reads the first measured row of a config (tuner.search.evidence.Evidence.measured); a later one is a duplicate
+    nothing decided on. It also never changes once given, so the summary a worker printed, the API and the report
+    keep naming the same row however many workers or resumes follow."""
+    return next((r for r in rows if r.fidelity == Fidelity.BASELINE), None)

@@ -1,7 +1,7 @@
 """The search's phases on an Optuna study: what to probe next, and what a result means. It runs nothing itself.
 
 ``propose(seconds_left)`` returns the next probe (or None when done) and ``observe(proposal, result)`` records what
-came back; tuner.search.driver drives it with the real runner and the database, benchmarks/replay.py with a table.
+came back; tuner.session.driver drives it with the real runner and the database, benchmarks/replay.py with a table.
 
 1. baseline: the user's current config (``--baseline``) is probed first, as trial 0.
 2. explore: the proposer pipeline (tuner.search.pipeline) names configs until the guide expects no gain, the space is
@@ -61,7 +61,7 @@ class Strategy:
         self.trials = SearchStudy(study, worker, setup.headroom, setup.space, self.pipeline.context.key)
         self.events: list[ProbeRow] = []  # inferred rows the driver should store
         self.explored = self.inferred = 0
-        self.baseline_deferred = False  # another live worker is probing the baseline (tuner.search.driver)
+        self.baseline_deferred = False  # another live worker is probing the baseline (tuner.session.driver)
         self.finalists = Finalists(setup.schedule)  # the confirm phase
 
     # -- state -------------------------------------------------------------------------------------------------------

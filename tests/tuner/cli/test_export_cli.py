@@ -107,3 +107,34 @@ def test_export_mistakes_are_one_line_exit_2(storage: str, tmp_path: Path, args:
     proc = run("export", *args, "--storage", storage, cwd=tmp_path)
     assert proc.returncode == 2
     assert match in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_face_serves_the_same_best_config_and_the_same_refusal(storage: str, tmp_path: Path) -> None:
+    """`tuner best`, `tuner export`, tuner.best_config and GET /best-config are one function (tuner.session.best):
+    the same export, and for a study without a stable config the same line."""
+    from fastapi.testclient import TestClient
+
+    import tuner
+    from api.app import create_app
+    from tuner.errors import NoStableConfig
+    from tuner.settings import Settings
+
+    client = TestClient(create_app(Settings(storage=storage)))
+    best = run("best", "--study", "s", "--format", "deepspeed", "--storage", storage, cwd=tmp_path)
+    export = run("export", "--study", "s", "--format", "deepspeed", "--storage", storage, cwd=tmp_path)
+    python = tuner.best_config("s", storage=storage, format="deepspeed")
+    http = client.get("/best-config", params={"study": "s", "format": "deepspeed"})
+    assert best.returncode == export.returncode == 0 and http.status_code == 200, best.stderr + export.stderr
+    assert best.stdout == export.stdout == python.content == http.json()["content"]
+    changes = run("best", "--study", "s", "--changes", "--storage", storage, cwd=tmp_path)
+    assert changes.stdout.splitlines() == python.changes == http.json()["changes"]["lines"]
+
+    with pytest.raises(NoStableConfig) as refused:
+        tuner.best_config("empty", storage=storage)
+    line = str(refused.value)
+    assert line.startswith("study 'empty' has no stable config yet (0 probes so far)")
+    for face in ("best", "export"):
+        proc = run(face, "--study", "empty", "--storage", storage, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.strip().endswith(line), proc.stderr
+    answer = client.get("/best-config", params={"study": "empty"})
+    assert answer.status_code == 404 and answer.json()["detail"] == line

@@ -9,9 +9,9 @@ from trials.contract import Knobs, ProbeConfig
 from tuner.cli.progress import LiveProgress, brief_cause, compact, probe_line, ruled_out_lines, summary_table
 from tuner.job.objective import Objective
 from tuner.records import ProbeRow, ProbeStatus
-from tuner.search.driver import SearchSummary
 from tuner.search.selection import best_stable
 from tuner.search.strategy import Outcome, Proposal
+from tuner.session.driver import SearchSummary
 from tuner.units import Deadline
 
 MiB = 2**20

@@ -12,8 +12,8 @@ from tuner.errors import ConfigError
 from tuner.job.definition import Job, JobFlags, resolve_job
 from tuner.job.lora import check_lora, lora_spec
 from tuner.job.space import default_space
-from tuner.search.options import cli_option
 from tuner.search.request import build_request, check_resume
+from tuner.session.options import cli_option
 
 
 def test_the_flags_give_the_spec_and_none_without_a_rank() -> None:

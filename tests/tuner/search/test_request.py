@@ -124,7 +124,7 @@ def test_cli_options_and_an_api_body_build_the_same_definition(tmp_path: Path) -
     """The same settings through `tuner search`'s parsing and through POST /studies' parsing: one definition."""
     from api.definitions import definition
     from api.schemas import StudyCreate
-    from tuner.search.options import SearchOptions, cli_option, prepare_request
+    from tuner.session.options import CLI, SearchOptions, prepare_request
 
     ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}}
     (tmp_path / "ds.json").write_text(json.dumps(ds))
@@ -137,14 +137,14 @@ def test_cli_options_and_an_api_body_build_the_same_definition(tmp_path: Path) -
         headroom=0.8,
         baseline=tmp_path / "ds.json",
     )
-    cli, _ = prepare_request(options, option=cli_option)
+    cli, _ = prepare_request(options, "sqlite://", CLI)
     body = StudyCreate(name="same", world_size=2, device_memory="1GiB", headroom=0.8, budget_s=7200, baseline=ds)
     assert definition(body, "sqlite://") == cli.definition()
     assert cli.global_batch == 8  # the baseline's: 2 x 2 x world size 2
 
 
 def test_the_cli_spells_its_options_in_errors() -> None:
-    from tuner.cli.search import cli_option
+    from tuner.session.options import cli_option
 
     assert cli_option("global_batch") == "--global-batch"
     assert cli_option("headroom") == "--headroom"

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from tuner.records import ProbeRow, is_stable
-from tuner.search.selection import REPEAT_NOISE, best_stable, candidates, repeat_noise
+from tuner.search.selection import REPEAT_NOISE, baseline_row, best_stable, candidates, repeat_noise
 
 MiB = 2**20
 
@@ -107,3 +107,13 @@ def test_repeat_noise_is_pooled_over_repeated_configs_with_a_prior():
     )  # single probes say nothing
     noisy = [[math.log(100.0), math.log(140.0)]] * 20
     assert repeat_noise(noisy) == pytest.approx(math.log(1.4) / math.sqrt(2), rel=0.05)
+
+
+def test_the_baseline_row_is_the_first_stored():
+    """A second baseline row (a worker presumed dead replays its journal after another re-probed the baseline) does
+    not replace the one the search acted on: every face names the first stored."""
+    first = row("base", 5.0, fidelity="baseline", id=1)
+    later = row("base", 6.0, fidelity="baseline", id=3)
+    rows = [row("a", 9.0, id=0), first, row("b", 7.0, id=2), later]
+    assert baseline_row(rows) is first
+    assert baseline_row([rows[0], rows[2]]) is None

@@ -82,7 +82,7 @@ def test_write_entries_replaces_the_file_whole(tmp_path: Path) -> None:
 
 
 def test_a_journal_that_cannot_be_written_raises_oserror_for_the_driver_to_store_directly(tmp_path: Path) -> None:
-    """What a read-only or full folder does: add raises OSError (tuner.search.driver then stores the row directly and
+    """What a read-only or full folder does: add raises OSError (tuner.session.driver then stores the row directly and
     says so). Here the folder's path is a file, and then the journal file's path a folder (the tests run as root,
     which a read-only mode does not stop)."""
     blocked = tmp_path / "folder"

@@ -3,7 +3,9 @@
 A worker of this host that died (kill -9, the OOM killer, a lost database) may have left rows in its local journal
 that never reached the database, a RUNNING trial whose row is stored but that Optuna was never told about, and claims
 that block configs. ``replay_journals`` stores the journals' rows and tells their trials; ``reap_dead_local_workers``
-closes the dead workers' runs now (not after the heartbeat grace period) and releases their claims.
+closes the dead workers' runs now (not after the heartbeat grace period) and releases their claims; ``recover`` runs
+them in their order, then fails the trials left RUNNING without a heartbeat. The session (tuner.session.session)
+calls it as an explicit step before it builds the driver, whose constructor does no I/O.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -116,3 +119,20 @@ def reap_dead_local_workers(store: Store, study: optuna.Study, me: str, headroom
             store.release_claim(name, claim["config_key"], claim["fidelity"], worker)
         store.finish_run(int(run["id"]), "interrupted", cause)
     return causes
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What a worker's start recovered of gone workers: journaled rows stored now, and the trials it failed."""
+
+    replayed: int
+    reaped: list[str]
+
+
+def recover(store: Store, study: optuna.Study, folder: Any, me: str, headroom: float) -> Recovered:
+    """Before this worker's first proposal: the order matters, a gone worker's journaled rows are stored and told
+    first, then its other trials fail, then any trial left RUNNING without a heartbeat."""
+    replayed = replay_journals(store, study, folder, me, headroom)
+    reaped = reap_dead_local_workers(store, study, me, headroom)
+    fail_stale_trials(study)
+    return Recovered(replayed, reaped)

@@ -1,4 +1,4 @@
-"""tuner.search.driver claims: a gone worker's claim is taken over only when it did not finish the probe."""
+"""tuner.session.driver claims: a gone worker's claim is taken over only when it did not finish the probe."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from trials.contract import Knobs, ModelSpec, ProbeConfig, ProbeResult
 from tuner.job.objective import objective_for
 from tuner.job.space import space_from_dict
 from tuner.records import Fidelity, ProbeRow
-from tuner.search.driver import Search
 from tuner.search.request import SearchRequest
 from tuner.search.strategy import Proposal
+from tuner.session.driver import Search
+from tuner.session.session import open_search
 from tuner.storage import Store
 
 KNOBS = Knobs(micro_batch_size=2, max_length=16, engine="torch")
@@ -32,7 +33,7 @@ def _search(url: str) -> Search:
     def never(config: ProbeConfig) -> ProbeResult:
         raise AssertionError("no probe runs in these tests")
 
-    return Search(request, never)
+    return open_search(request, never)
 
 
 def _gone_owner(store: Store, key: str, *, finished_probe: bool) -> None:

@@ -15,12 +15,12 @@ from tuner.job.objective import objective_for
 from tuner.job.space import config_key, space_from_dict
 from tuner.probing.runner import run_probe
 from tuner.records import Fidelity
-from tuner.search.driver import Search
-from tuner.search.recovery import open_study
 from tuner.search.request import SearchRequest
 from tuner.search.sampling import fixed_params
 from tuner.search.schedule import Schedule
 from tuner.search.strategy import SearchSetup, Strategy
+from tuner.session.recovery import open_study
+from tuner.session.session import open_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SPACE = {
@@ -53,7 +53,7 @@ def _request(url: str, name: str, **extra) -> SearchRequest:
 def test_losing_the_baseline_claim_does_not_spin_creating_trials(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'w.db'}"
     baseline = Knobs(micro_batch_size=1, max_length=16, engine="torch")
-    search = Search(_request(url, "base", baseline=baseline, n_trials=2), run_probe)
+    search = open_search(_request(url, "base", baseline=baseline, n_trials=2), run_probe)
     # another live worker is probing the baseline (its run beats; it never finishes within this test)
     key = config_key(baseline, 1, accumulation_steps(2, 1, 1) or 1)
     search.store.start_run("base", "host-b:2", 600.0, None)

@@ -1,9 +1,8 @@
 """The search driver: runs the strategy's proposals as real probes inside a wall-clock budget, on the database.
 
-Everything with a side effect lives here: the Optuna RDB study, the project's tables (study definition, search run,
-claims, probe rows), the local journal of unstored rows, the probe runner and the trial heartbeat. The decisions are
-tuner.search.strategy's; what a run recovers first of gone workers (journals, dead local workers) is
-tuner.search.recovery's.
+It writes the Optuna RDB study, the project's tables (search run, claims, probe rows), the local journal of unstored
+rows, and runs the probe launcher and the trial heartbeat. The decisions are tuner.search.strategy's; what a run
+recovers first of gone workers (journals, dead local workers) is tuner.session.recovery's, called by the session.
 
 A finished probe's row goes to the journal (tuner.storage.journal), then to the database, and only then is Optuna
 told: a kill -9 or an outage at any instant loses no finished measurement (the next run on this host replays the
@@ -31,21 +30,15 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from trials.contract import ProbeConfig, ProbeResult
 from tuner.errors import StorageError
-from tuner.memory.estimator import Estimator
-from tuner.memory.frontier import Frontier
-from tuner.memory.tracing import stage_order
 from tuner.records import Candidate, Fidelity, ProbeRow
-from tuner.search.evidence import EstimatorLike
 from tuner.search.liveness import run_is_live
-from tuner.search.recovery import fail_stale_trials, open_study, reap_dead_local_workers, replay_journals, worker_name
 from tuner.search.request import SearchRequest
-from tuner.search.selection import best_stable
-from tuner.search.strategy import Outcome, Proposal, SearchSetup, Strategy
+from tuner.search.selection import baseline_row, best_stable
+from tuner.search.strategy import Outcome, Proposal, Strategy
 from tuner.search.study import retell, storage_of, tell_skipped, trial_id
-from tuner.settings import load_settings
 from tuner.storage import Store
 from tuner.storage.faults import StorageStopped, first_line, is_connection_loss
-from tuner.storage.journal import Entry, Journal, journal_dir
+from tuner.storage.journal import Entry, Journal
 from tuner.units import Deadline
 
 __all__ = ["Listener", "Search", "SearchSummary"]
@@ -130,30 +123,32 @@ class _Heartbeat:
 
 
 class Search:
+    """Runs one worker's search. Its constructor takes what it works on and does no I/O: the session
+    (tuner.session.session) opens the storage and the Optuna study, recovers what gone workers left
+    (tuner.session.recovery.recover) and builds the strategy first."""
+
     def __init__(
         self,
         request: SearchRequest,
         probe: Probe,
         *,
+        store: Store,
+        study: optuna.Study,
+        strategy: Strategy,
+        journal: Journal,
+        worker: str,
+        deadline: Deadline,
         listener: Listener | None = None,
-        estimator: EstimatorLike | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        journal_folder: Any = None,
     ) -> None:
         self.request = request
         self.probe = probe
         self.listener = listener
-        self.deadline = Deadline(request.budget_s, clock=clock)
-        self.store = Store(request.storage)
-        self.study = open_study(request.study_name, request.storage, request.seed, fail_stale=False)
-        self.worker = worker_name()
-        folder = journal_folder or journal_dir(request.storage, load_settings().cache_dir)
-        self.journal = Journal(folder, request.study_name, self.worker)
-        # the order matters: a gone worker's journaled rows are stored and told first, then its other trials fail
-        self.replayed = replay_journals(self.store, self.study, folder, self.worker, request.headroom)
-        self.reaped = reap_dead_local_workers(self.store, self.study, self.worker, request.headroom)
-        fail_stale_trials(self.study)
-        self.strategy = Strategy(self.study, SearchSetup.of(request), estimator=estimator, worker=self.worker)
+        self.deadline = deadline
+        self.store = store
+        self.study = study
+        self.worker = worker
+        self.journal = journal
+        self.strategy = strategy
         self.probes_run = 0
         self.probe_seconds = 0.0
         self._outage_since: float | None = None  # when the current storage outage began (monotonic)
@@ -161,13 +156,6 @@ class Search:
         self._lost_in_a_row = 0
         self._deferred_baseline: str | None = None  # the baseline's config key while another worker probes it
         self._untold: tuple[optuna.trial.Trial, ProbeRow] | None = None  # stored, Optuna not told yet
-
-    def attach_estimator(self, estimator: Estimator | None) -> None:
-        """Adds the memory estimate, and with it the ZeRO stage order the frontier may use."""
-        self.strategy.estimator = estimator
-        order = stage_order(estimator, self.request) if estimator is not None else None
-        if order:
-            self.strategy.use_frontier(Frontier(stage_need=order))
 
     def _sync(self) -> None:
         self.strategy.load_rows(self._rows())
@@ -368,7 +356,6 @@ class Search:
     def summary(self, run_id: int, reason: str) -> SearchSummary:
         rows = self._rows()
         counts = self.store.count_probes(self.request.study_name)
-        base = [r for r in rows if r.fidelity == Fidelity.BASELINE]
         return SearchSummary(
             study_name=self.request.study_name,
             run_id=run_id,
@@ -376,7 +363,7 @@ class Search:
             stop_reason=reason,
             counts=counts,
             best=best_stable(rows),
-            baseline=base[0] if base else None,
+            baseline=baseline_row(rows),
             probes_run=self.probes_run,
             probe_seconds=self.probe_seconds,
             trials=len(self.study.get_trials(deepcopy=False, states=None)),

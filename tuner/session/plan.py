@@ -43,19 +43,18 @@ class Plan:
 def plan(request: SearchRequest, estimate: bool | None) -> Plan:
     """The dry run of ``request``: the space, what the memory estimate rules out (a trace, on CPU), the expected
     probe count and time. Writes nothing, probes nothing."""
-    from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator
+    from tuner.session.memory import traced
 
     configs = list(request.space.configs())
-    ruled_out, note = None, None
-    use = estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S
-    if use:
-        estimator, note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))
-        capacity = request.device_memory
-        if estimator is not None and capacity:
-            margin = request.schedule.estimate_margin
-            ruled_out = sum(1 for k in configs if _predicted(estimator, k) > margin * capacity)
-        elif estimator is not None:
-            note = f"{note}; without --device-memory the estimate rules nothing out before the first probe"
+    ruled_out = None
+    model = traced(request, estimate)
+    estimator, note = model.estimator, model.note
+    capacity = request.device_memory
+    if estimator is not None and capacity:
+        margin = request.schedule.estimate_margin
+        ruled_out = sum(1 for k in configs if _predicted(estimator, k) > margin * capacity)
+    elif estimator is not None:
+        note = f"{note}; without --device-memory the estimate rules nothing out before the first probe"
     left = len(configs) - (ruled_out or 0)
     per_probe = request.schedule.first_probe_s
     probes = min(left, request.n_trials or left, max(1, int(request.budget_s // per_probe)))

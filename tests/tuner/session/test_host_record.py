@@ -14,7 +14,7 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.records import ProbeRow
-from tuner.search.host_record import KEY, HostRecord, check_host_record, mismatch, this_host, torch_cuda
+from tuner.session.host_record import KEY, HostRecord, check_host_record, mismatch, this_host, torch_cuda
 from tuner.storage import Store
 
 HERE = HostRecord(
@@ -120,6 +120,6 @@ def test_this_host_reads_the_installed_versions_without_importing_torch() -> Non
     here = this_host()
     assert here.torch == metadata.version("torch") and here.deepspeed == metadata.version("deepspeed")
     assert torch_cuda() == (torch.version.cuda or "")
-    code = "import sys; from tuner.search.host_record import this_host; this_host(); print('torch' in sys.modules)"
+    code = "import sys; from tuner.session.host_record import this_host; this_host(); print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "False"

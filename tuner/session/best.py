@@ -1,0 +1,108 @@
+"""A study's best stable config as every face hands it out: `tuner best` and `tuner export` (tuner.cli),
+``tuner.best_config`` (tuner.python_api) and ``GET /best-config`` (api.views). One lookup (the study, its rows, the
+best stable candidate, the baseline row), one export, one set of error texts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
+from tuner.interop.export import FORMATS, ExportArgs, best_export_args, render_best
+from tuner.interop.export.changes import Changes, best_changes
+from tuner.records import Candidate, ProbeRow
+from tuner.search.selection import baseline_row, best_stable, failed_in_production
+from tuner.session.options import api_option
+from tuner.settings import redact_url
+from tuner.storage import Store
+
+
+@dataclass(frozen=True)
+class ServedBest:
+    """The best stable config of ``study`` with what every face shows of it."""
+
+    study: str
+    definition: dict[str, Any]
+    rows: list[ProbeRow]  # the study's probe rows, in storage order
+    best: Candidate
+    format: str
+
+    @cached_property
+    def content(self) -> str:
+        """The export in ``format`` (tuner.interop.export.render_best), as `tuner best` prints it."""
+        return render_best(self.format, self.best, self.definition)
+
+    @cached_property
+    def export_args(self) -> ExportArgs:
+        return best_export_args(self.best, self.definition)
+
+    @cached_property
+    def baseline(self) -> ProbeRow | None:
+        return baseline_row(self.rows)
+
+    @cached_property
+    def changes(self) -> Changes:
+        """What the export changes in the user's files (tuner.interop.export.changes)."""
+        return best_changes(self.best, self.definition, self.baseline)
+
+    @cached_property
+    def change_lines(self) -> list[str]:
+        """The changes as `tuner best --changes` prints them, and the configs no longer served."""
+        failed = failed_in_production(self.rows)
+        lines = self.changes.lines()
+        if failed:
+            lines.append(
+                f"no longer served: {len(failed)} config{'s' if len(failed) > 1 else ''} whose real training run "
+                "failed (see `tuner trials`)"
+            )
+        return lines
+
+
+def check_format(fmt: str, option: Callable[[str], str] = api_option) -> None:
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown {option('format')} {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def pick_study(store: Store, study: str | None) -> tuple[str, dict[str, Any]]:
+    """``study``'s definition, or the most recently created study's when None."""
+    if study is not None:
+        return study, store.require_study(study)
+    rows = store.study_rows()
+    if not rows:
+        raise StudyNotFound(f"no study in storage {redact_url(store.url)}; run `tuner search --budget 30m` first")
+    return rows[0]["name"], dict(rows[0]["definition"])
+
+
+def serve_best(
+    store: Store,
+    study: str | None,
+    fmt: str = "json",
+    *,
+    option: Callable[[str], str] = api_option,
+    ranked: tuple[list[ProbeRow], Candidate | None] | None = None,
+) -> ServedBest:
+    """The best stable config of ``study`` (the most recently created study when None) in format ``fmt``;
+    ``ranked``: the study's rows and their best stable candidate when the caller has them already (the API's cache).
+    StudyNotFound, NoStableConfig or an unknown format: a typed error with one line, the same for every face
+    (``option`` spells the format setting as the face does)."""
+    check_format(fmt, option)
+    name, definition = pick_study(store, study)
+    if ranked is None:
+        rows = store.probes(name)
+        ranked = rows, best_stable(rows)
+    rows, found = ranked
+    if found is None:
+        raise NoStableConfig(no_stable_config(name, rows))
+    return ServedBest(name, definition, rows, found, fmt)
+
+
+def no_stable_config(name: str, rows: list[ProbeRow]) -> str:
+    ran = sum(1 for r in rows if r.measured)
+    failed = failed_in_production(rows)
+    why = f"; {len(failed)} whose real training run failed are no longer served" if failed else ""
+    return (
+        f"study {name!r} has no stable config yet ({ran} probe{'' if ran == 1 else 's'} so far{why}); run "
+        f"`tuner search --study {name}` longer or with more device memory"
+    )

@@ -1,0 +1,49 @@
+"""The memory estimate a search starts with: a fake-tensor trace of the user's model (tuner.memory.tracing) made
+into the estimator and, where one order of the ZeRO stages by memory need holds for the space, the frontier that
+compares configs across stages. `tuner search`, ``tuner.tune``, the dry run and the benchmarks' replay of our strategy
+all build it here: the replay from the trace recorded with its table, the others from a fresh trace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.memory.estimator import Estimator, Trace
+from tuner.memory.frontier import Frontier
+from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator, stage_order
+from tuner.search.request import SearchRequest
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """What the strategy starts from: the estimator (None: probing without it) and the frontier ordering ZeRO
+    stages (None: stages are not compared); ``note`` says how the trace went, or why there is none."""
+
+    estimator: Estimator | None = None
+    frontier: Frontier | None = None
+    note: str | None = None
+
+
+def wanted(request: SearchRequest, estimate: bool | None) -> bool:
+    """``estimate`` as asked; None: for budgets of ESTIMATE_AUTO_MIN_BUDGET_S (10 minutes) or more."""
+    return estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S
+
+
+def traced(request: SearchRequest, estimate: bool | None) -> MemoryModel:
+    """Traces the model when the estimate is ``wanted`` (a subprocess, at most 20% of the budget or 10 minutes)."""
+    if not wanted(request, estimate):
+        return MemoryModel()
+    estimator, note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))
+    if estimator is None:
+        return MemoryModel(note=note)
+    return MemoryModel(estimator, _frontier(estimator, request), note)
+
+
+def recorded(trace: Trace, request: SearchRequest) -> MemoryModel:
+    """From a trace made earlier (a benchmark table's): the same estimator and frontier as ``traced`` gives."""
+    estimator = Estimator(trace=trace, world_size=request.world_size, global_batch=request.global_batch)
+    return MemoryModel(estimator, _frontier(estimator, request))
+
+
+def _frontier(estimator: Estimator, request: SearchRequest) -> Frontier | None:
+    order = stage_order(estimator, request)
+    return Frontier(stage_need=order) if order else None
