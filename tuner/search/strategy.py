@@ -51,7 +51,7 @@ class Strategy:
     ) -> None:
         self.study, self.setup, self.schedule = study, setup, setup.schedule
         self.evidence = Evidence(
-            frontier=frontier or Frontier(),
+            frontier=frontier if frontier is not None else Frontier(),
             estimator=estimator,
             device_memory=setup.device_memory,
             estimate_margin=setup.schedule.estimate_margin,
