@@ -123,12 +123,7 @@ def start_strategy(
 ) -> Strategy:
     """The strategy of ``request`` on ``study``, starting from ``memory``: what the driver runs, and what the
     benchmarks' replay of our strategy runs (benchmarks/strategies/ours.py)."""
-    strategy = Strategy(study, SearchSetup.of(request), estimator=memory.estimator, worker=worker)
-    if memory.frontier is not None:
-        # swapped in, not passed to the constructor: an empty Frontier is falsy (its len), and the constructor's
-        # ``frontier or Frontier()`` would drop the stage order
-        strategy.use_frontier(memory.frontier)
-    return strategy
+    return Strategy(study, SearchSetup.of(request), estimator=memory.estimator, frontier=memory.frontier, worker=worker)
 
 
 def join(request: SearchRequest, store: Store, cache_dir: Path) -> Joined:
