@@ -10,24 +10,10 @@ from rich.console import Console
 
 from tuner.cli.app import app
 from tuner.errors import ConfigError
-from tuner.job.dataset import DataLengths, DataSource
+from tuner.job.dataset import DataLengths, DataSource, tokenizer_for
 from tuner.job.lengths import IntArray, Quantiles, cut, cut_points, histogram
 
 out_console = Console(highlight=False, soft_wrap=True)
-
-
-def tokenizer_for(tokenizer: str | None, model: str | None) -> str:
-    """--tokenizer, else the model's own (an HF id or a save_pretrained directory); built-in presets have none."""
-    if tokenizer:
-        return tokenizer
-    if model is None:
-        raise ConfigError("give --tokenizer ID_OR_DIR (or --model, whose own tokenizer is then used)")
-    from tuner.job.model_source import resolve_model
-
-    spec = resolve_model(model)
-    if spec.source.startswith("builtin:"):
-        raise ConfigError(f"{model} is a built-in preset with no tokenizer; give --tokenizer ID_OR_DIR")
-    return spec.source
 
 
 def _side_lines(name: str, lengths: IntArray) -> list[str]:

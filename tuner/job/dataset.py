@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ MAX_SCAN = 2_000_000
 #: below this many samples one process tokenizes (forking workers costs more than it saves)
 PARALLEL_FROM = 20_000
 _CACHE_VERSION = 1
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,20 @@ class DataLengths:
         n = len(self.lengths)
         what = f"a seeded random {n:,} of {self.total:,} samples" if self.sampled else f"{n:,} samples"
         return f"{what} of {self.source.path} [{self.source.split}], tokenized with {self.tokenizer}"
+
+
+def tokenizer_for(tokenizer: str | None, model: str | None, option: Callable[[str], str] = _flag) -> str:
+    """``tokenizer``, else the model's own (an HF id or a save_pretrained directory); built-in presets have none."""
+    if tokenizer:
+        return tokenizer
+    if model is None:
+        raise ConfigError(f"give {option('tokenizer')} ID_OR_DIR (or a model, whose own tokenizer is then used)")
+    from tuner.job.model_source import resolve_model
+
+    spec = resolve_model(model)
+    if spec.source.startswith("builtin:"):
+        raise ConfigError(f"{model} is a built-in preset with no tokenizer; give {option('tokenizer')} ID_OR_DIR")
+    return spec.source
 
 
 def read_lengths(source: DataSource, tokenizer: str, cache_dir: Path, progress: bool = True) -> DataLengths:

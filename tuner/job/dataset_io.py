@@ -158,9 +158,20 @@ def token_lengths(
     """Tokens per sample (special tokens included, no truncation), inputs and targets, by a batched map."""
     import datasets
 
+    backend = getattr(tok, "backend_tokenizer", None)  # a fast tokenizer's Rust core: no offsets, no masks built
+    if backend is not None:
+        backend.no_truncation()  # as the wrapper's call without truncation=True
+        backend.no_padding()
+
+    def encoded(texts: list[str]) -> list[int]:
+        if backend is not None:
+            encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: tokenizers >= 0.21
+            return [len(e.ids) for e in encode(texts, add_special_tokens=True)]
+        return [len(ids) for ids in tok(texts, add_special_tokens=True)["input_ids"]]
+
     def lengths(batch: dict[str, list[Any]]) -> dict[str, list[int]]:
-        out = {"input": [len(ids) for ids in tok(batch[input_column], add_special_tokens=True)["input_ids"]]}
-        if target_column is not None:
+        out = {"input": encoded(batch[input_column])}
+        if target_column is not None:  # through the wrapper: a tokenizer may encode labels differently
             out["target"] = [len(ids) for ids in tok(text_target=batch[target_column])["input_ids"]]
         return out
 

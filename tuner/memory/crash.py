@@ -60,7 +60,8 @@ class CrashOdds:
 
 
 def _gib(n: float) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
+    """79.15 GiB as the CUDA OOM message writes it; below a GiB, MiB."""
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
 def staircase(inputs: IntArray, targets: IntArray, fits: Callable[[int, int], bool]) -> IntArray:

@@ -25,13 +25,32 @@ def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
     ]
 
 
+def data_points(request: SearchRequest) -> list[tuple[int, int, bool, str]]:
+    """With the user's data, a second traced input length, the data's median, below the job's: the estimator then
+    fits how activations grow with length (a*L + b*L^2) instead of assuming proportion, for the batches between."""
+    if request.data is None:
+        return []
+    from tuner.job.lengths import Quantiles
+
+    short = Quantiles.of(request.data.lengths.input).p50
+    points = trace_points(request.space)
+    micro = min(p[0] for p in points)
+    return sorted({(micro, short, ckpt, prec) for _, length, ckpt, prec in points if short < length})
+
+
 def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator | None, str]:
     """The estimator's fake-tensor trace of the model (a subprocess), or None with the reason it is unavailable."""
     started = time.monotonic()
     try:
         labels = request.job.max_target_length if request.job is not None else None
         lora = request.job.lora if request.job is not None else None
-        traced = trace(request.model, trace_points(request.space), timeout_s=timeout_s, label_length=labels, lora=lora)
+        traced = trace(
+            request.model,
+            trace_points(request.space) + data_points(request),
+            timeout_s=timeout_s,
+            label_length=labels,
+            lora=lora,
+        )
     except (TunerError, RuntimeError, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         return None, f"memory estimate unavailable ({reason}); probing without it"

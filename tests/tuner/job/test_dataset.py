@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 
 from tests.helpers.seq2seq_data import expected_lengths, long_tail_lengths, save_tiny_t5, write_jsonl
-from tuner.cli.lengths import tokenizer_for
 from tuner.errors import ConfigError
 from tuner.job import dataset as dataset_mod
-from tuner.job.dataset import DataSource, read_lengths
+from tuner.job.dataset import DataSource, read_lengths, tokenizer_for
 
 SEQ2SEQ = {"input_column": "source", "target_column": "target"}
 
