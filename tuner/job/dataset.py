@@ -32,7 +32,7 @@ from tuner.job.lengths import SampleLengths
 
 #: splits larger than this are scanned only with --max-samples (a seeded random sample)
 MAX_SCAN = 2_000_000
-#: below this many samples one process tokenizes (forking workers costs more than it saves)
+#: below this many samples one process tokenizes (forking workers costs more than it saves); 2 cores or fewer: always
 PARALLEL_FROM = 20_000
 _CACHE_VERSION = 1
 
@@ -125,7 +125,10 @@ def read_lengths(source: DataSource, tokenizer: str, cache_dir: Path, progress: 
             return hit
     ds = _sample(ds, source, total)
     tok = dataset_io.load_tokenizer(tokenizer)
-    num_proc = min(os.cpu_count() or 1, 8) if len(ds) >= PARALLEL_FROM else None
+    # a fast tokenizer's batch encode already uses every core (rayon); worker processes pay for themselves only
+    # with cores to spare (2 cores, 10,000 samples: 25 s in one process, 33 s with two; benchmarks/BENCHMARKS.md)
+    cores = os.cpu_count() or 1
+    num_proc = min(cores, 8) if cores > 2 and len(ds) >= PARALLEL_FROM else None
     inputs, targets = dataset_io.token_lengths(ds, tok, input_column, target_column, num_proc, progress, key)
     lengths = SampleLengths.of(inputs, targets)
     _write_cache(cache_dir, key, lengths, total)

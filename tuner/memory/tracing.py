@@ -25,17 +25,24 @@ def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
     ]
 
 
-def data_points(request: SearchRequest) -> list[tuple[int, int, bool, str]]:
-    """With the user's data, a second traced input length, the data's median, below the job's: the estimator then
-    fits how activations grow with length (a*L + b*L^2) instead of assuming proportion, for the batches between."""
+#: with the user's data, the longest input length traced: a CPU fake-tensor trace of a large model at the data's
+#: longest samples (6,000+ tokens) takes minutes; longer inputs follow the fitted a*L + b*L^2 (attention's L^2 term)
+DATA_TRACE_CAP = 2048
+
+
+def data_points(request: SearchRequest) -> list[tuple[int, int, bool, str]] | None:
+    """With the user's data (None without): the space's points at most DATA_TRACE_CAP long, plus the data's median
+    input length, so the estimator fits how activations grow with length instead of assuming proportion."""
     if request.data is None:
-        return []
+        return None
     from tuner.job.lengths import Quantiles
 
     short = Quantiles.of(request.data.lengths.input).p50
     points = trace_points(request.space)
     micro = min(p[0] for p in points)
-    return sorted({(micro, short, ckpt, prec) for _, length, ckpt, prec in points if short < length})
+    out = {(m, min(length, DATA_TRACE_CAP), ckpt, prec) for m, length, ckpt, prec in points}
+    out |= {(micro, short, ckpt, prec) for _, length, ckpt, prec in points if short < min(length, DATA_TRACE_CAP)}
+    return sorted(out)
 
 
 def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator | None, str]:
@@ -46,7 +53,7 @@ def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator
         lora = request.job.lora if request.job is not None else None
         traced = trace(
             request.model,
-            trace_points(request.space) + data_points(request),
+            data_points(request) or trace_points(request.space),
             timeout_s=timeout_s,
             label_length=labels,
             lora=lora,
@@ -55,9 +62,12 @@ def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         return None, f"memory estimate unavailable ({reason}); probing without it"
     took = time.monotonic() - started
+    longest = max((p.max_length for p in traced.points), default=0)
+    beyond = max(request.space.max_length) > longest
+    extrapolated = f"; inputs longer than {longest:,} tokens extrapolated by the fitted length curve" if beyond else ""
     return Estimator(
         traced, world_size=request.world_size, global_batch=request.global_batch
-    ), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params)"
+    ), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params{extrapolated})"
 
 
 def stage_order(estimator: Estimator, request: SearchRequest) -> dict[int, int] | None:

@@ -122,3 +122,17 @@ def test_the_dry_run_says_when_their_config_crashes_on_their_data(files):
     roomy.baseline = r.baseline
     assert "every batch fits in 1.00 GiB" in (baseline_crash(roomy, estimator) or "")
     assert baseline_crash(request(files), estimator) is None  # no device memory: nothing to compare with
+
+
+def test_with_data_the_trace_adds_the_median_length_and_caps_the_longest(files, monkeypatch):
+    from tuner.memory import tracing
+
+    r = request(files)
+    assert r.data is not None and r.job is not None
+    median = int(sorted(r.data.lengths.input.tolist())[(len(r.data.lengths) + 1) // 2 - 1])
+    ckpt = (False, True)  # the default space's gradient checkpointing choices
+    assert tracing.data_points(r) == sorted((2, n, c, "fp32") for n in (median, r.job.max_length) for c in ckpt)
+    monkeypatch.setattr(tracing, "DATA_TRACE_CAP", 100)  # the data's longest input is past it: traced at 100
+    assert tracing.data_points(r) == sorted((2, n, c, "fp32") for n in (median, 100) for c in ckpt)
+    r.data = None
+    assert tracing.data_points(r) is None
