@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 from optuna.trial import TrialState
 
 from api.app import create_app
-from api.trial_counts import Tally, TrialCounts, fold
-from api.trial_reads import TRIALS
 from tests.helpers.sample_storage import DIST, SampleStudy, populate
 from tuner.settings import Settings
 from tuner.storage import Store, optuna_storage
+from tuner.storage.optuna_trials import TRIALS
+from tuner.storage.trial_counts import Tally, TrialCounts, fold
 
 STUDY = "live"
 
