@@ -26,5 +26,6 @@ def revision(message: str, url: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit('usage: scripts/new_migration.py "message" STORAGE_URL')
+        print('usage: scripts/new_migration.py "message" STORAGE_URL', file=sys.stderr)
+        sys.exit(2)
     revision(sys.argv[1], sys.argv[2])
