@@ -1,6 +1,6 @@
 """Cached reads are never stale (issue 13, "reads that scale"): every change a worker makes to a study (a probe row, a
 trial that finishes, a new trial, an attribute on a running trial) shows on the next read of every endpoint, on
-SQLite and PostgreSQL; and the incremental trial counts (api.trial_counts) agree with a full count."""
+SQLite and PostgreSQL; and the incremental trial counts (tuner.storage.trial_counts) agree with a full count."""
 
 from __future__ import annotations
 
