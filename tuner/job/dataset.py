@@ -28,6 +28,7 @@ import numpy as np
 
 from tuner.errors import ConfigError
 from tuner.job import dataset_io
+from tuner.job.data_source import DataSource
 from tuner.job.lengths import SampleLengths
 
 #: splits larger than this are scanned only with --max-samples (a seeded random sample)
@@ -39,37 +40,6 @@ _CACHE_VERSION = 1
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-@dataclass(frozen=True)
-class DataSource:
-    path: str  # save_to_disk folder, data file or folder, or a cached hub dataset name
-    split: str = "train"
-    input_column: str | None = None  # seq2seq inputs
-    target_column: str | None = None  # seq2seq labels
-    text_column: str | None = None  # causal LM text
-    max_samples: int | None = None  # scan a seeded random sample of this many
-    seed: int = 0
-
-    def columns(self) -> tuple[str, str | None]:
-        """(input column, target column or None for a causal LM)."""
-        if self.text_column is not None:
-            if self.input_column is not None or self.target_column is not None:
-                raise ConfigError(
-                    "give either --text-column (causal LM) or --input-column with --target-column (seq2seq), not both"
-                )
-            return self.text_column, None
-        if self.input_column is not None and self.target_column is not None:
-            return self.input_column, self.target_column
-        raise ConfigError(
-            f"dataset {self.path}: name its columns: --input-column and --target-column (seq2seq) or --text-column "
-            "(causal LM)"
-        )
-
-    def with_split(self, split: str) -> DataSource:
-        return DataSource(
-            self.path, split, self.input_column, self.target_column, self.text_column, self.max_samples, self.seed
-        )
 
 
 @dataclass(frozen=True)
@@ -231,3 +201,6 @@ def _write_cache(cache_dir: Path, key: str, lengths: SampleLengths, total: int) 
         arrays["target"] = lengths.target
     np.savez(tmp, **arrays)
     tmp.replace(path)  # whole or absent: a reader never sees half a file
+
+
+__all__ = ["MAX_SCAN", "DataLengths", "DataSource", "read_lengths", "tokenizer_for"]

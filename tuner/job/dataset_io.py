@@ -9,14 +9,12 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from tuner.errors import ConfigError
-
-if TYPE_CHECKING:
-    from tuner.job.dataset import DataSource
+from tuner.job.data_source import DataSource
 
 #: data file suffix -> the `datasets` builder that reads it
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}

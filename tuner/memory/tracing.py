@@ -1,15 +1,39 @@
-"""The memory estimate for a search: a fake-tensor trace of the user's model at a few shapes (memory.estimator)."""
+"""The memory estimate for a search: a fake-tensor trace of the user's model at a few shapes (memory.estimator).
+
+It takes the shapes to trace (TraceShapes), built by its caller (tuner.session.memory) from the search's request:
+memory sits below the search and knows nothing of it."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
+from trials.contract import LoraSpec, ModelSpec
 from tuner.errors import TunerError
 from tuner.job.space import Space
 from tuner.memory.estimator import Estimator, trace, zero_stage_need
-from tuner.search.request import SearchRequest
 
 ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a share of the budget
+
+
+@dataclass(frozen=True)
+class TraceShapes:
+    """What the estimate traces and is for: the model (with the job's LoRA adapters), the space whose shapes are
+    traced, seq2seq labels at ``label_length`` (None: max_length), the world size and the global batch."""
+
+    model: ModelSpec
+    space: Space
+    world_size: int
+    global_batch: int | None = None
+    label_length: int | None = None
+    lora: LoraSpec | None = None
+    extra_lengths: tuple[int, ...] = ()  # more input lengths to trace (with data: its median), for the length curve
+    length_cap: int | None = None  # no longer inputs traced; longer ones follow the fitted a*L + b*L^2
+
+
+#: with the user's data, the longest input length traced: a CPU fake-tensor trace of a large model at the data's
+#: longest samples (6,000+ tokens) takes minutes; longer inputs follow the fitted a*L + b*L^2 (attention's L^2 term)
+DATA_TRACE_CAP = 2048
 
 
 def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
@@ -25,55 +49,47 @@ def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
     ]
 
 
-#: with the user's data, the longest input length traced: a CPU fake-tensor trace of a large model at the data's
-#: longest samples (6,000+ tokens) takes minutes; longer inputs follow the fitted a*L + b*L^2 (attention's L^2 term)
-DATA_TRACE_CAP = 2048
-
-
-def data_points(request: SearchRequest) -> list[tuple[int, int, bool, str]] | None:
-    """With the user's data (None without): the space's points at most DATA_TRACE_CAP long, plus the data's median
-    input length, so the estimator fits how activations grow with length instead of assuming proportion."""
-    if request.data is None:
-        return None
-    from tuner.job.lengths import Quantiles
-
-    short = Quantiles.of(request.data.lengths.input).p50
-    points = trace_points(request.space)
+def shape_points(shapes: TraceShapes) -> list[tuple[int, int, bool, str]]:
+    """``trace_points`` of the space, its lengths at most ``length_cap``, plus each of ``extra_lengths`` shorter than
+    that at the smallest micro batch, so the estimator fits how activations grow with length."""
+    points = trace_points(shapes.space)
+    if shapes.length_cap is None and not shapes.extra_lengths:
+        return points
+    cap = shapes.length_cap or max(p[1] for p in points)
     micro = min(p[0] for p in points)
-    out = {(m, min(length, DATA_TRACE_CAP), ckpt, prec) for m, length, ckpt, prec in points}
-    out |= {(micro, short, ckpt, prec) for _, length, ckpt, prec in points if short < min(length, DATA_TRACE_CAP)}
+    out = {(m, min(length, cap), ckpt, prec) for m, length, ckpt, prec in points}
+    for n in shapes.extra_lengths:
+        out |= {(micro, n, ckpt, prec) for _, length, ckpt, prec in points if n < min(length, cap)}
     return sorted(out)
 
 
-def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator | None, str]:
+def build_estimator(shapes: TraceShapes, timeout_s: float) -> tuple[Estimator | None, str]:
     """The estimator's fake-tensor trace of the model (a subprocess), or None with the reason it is unavailable."""
     started = time.monotonic()
     try:
-        labels = request.job.max_target_length if request.job is not None else None
-        lora = request.job.lora if request.job is not None else None
         traced = trace(
-            request.model,
-            data_points(request) or trace_points(request.space),
+            shapes.model,
+            shape_points(shapes),
             timeout_s=timeout_s,
-            label_length=labels,
-            lora=lora,
+            label_length=shapes.label_length,
+            lora=shapes.lora,
         )
     except (TunerError, RuntimeError, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         return None, f"memory estimate unavailable ({reason}); probing without it"
     took = time.monotonic() - started
     longest = max((p.max_length for p in traced.points), default=0)
-    beyond = max(request.space.max_length) > longest
+    beyond = max(shapes.space.max_length) > longest
     extrapolated = f"; inputs longer than {longest:,} tokens extrapolated by the fitted length curve" if beyond else ""
     return Estimator(
-        traced, world_size=request.world_size, global_batch=request.global_batch
+        traced, world_size=shapes.world_size, global_batch=shapes.global_batch
     ), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params{extrapolated})"
 
 
-def stage_order(estimator: Estimator, request: SearchRequest) -> dict[int, int] | None:
+def stage_order(estimator: Estimator, shapes: TraceShapes) -> dict[int, int] | None:
     """The ZeRO stages ordered by memory need for this model, world size and space (tuner.memory.estimator), or None
     when no single order holds; the frontier then compares configs across stages too (Frontier(stage_need=...))."""
     tr = estimator.trace
     return zero_stage_need(
-        tr.param_count, request.world_size, list(request.space.configs()), tr.largest_param, tr.trainable_count
+        tr.param_count, shapes.world_size, list(shapes.space.configs()), tr.largest_param, tr.trainable_count
     )

@@ -5,6 +5,8 @@ one over a trace given as data (tracing a model is the e2e tests' business)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -124,15 +126,20 @@ def test_the_dry_run_says_when_their_config_crashes_on_their_data(files):
     assert baseline_crash(request(files), estimator) is None  # no device memory: nothing to compare with
 
 
-def test_with_data_the_trace_adds_the_median_length_and_caps_the_longest(files, monkeypatch):
-    from tuner.memory import tracing
+def test_with_data_the_trace_adds_the_median_length_and_caps_the_longest(files):
+    from tuner.memory.tracing import shape_points
+    from tuner.session.memory import shapes
 
     r = request(files)
     assert r.data is not None and r.job is not None
     median = int(sorted(r.data.lengths.input.tolist())[(len(r.data.lengths) + 1) // 2 - 1])
     ckpt = (False, True)  # the default space's gradient checkpointing choices
-    assert tracing.data_points(r) == sorted((2, n, c, "fp32") for n in (median, r.job.max_length) for c in ckpt)
-    monkeypatch.setattr(tracing, "DATA_TRACE_CAP", 100)  # the data's longest input is past it: traced at 100
-    assert tracing.data_points(r) == sorted((2, n, c, "fp32") for n in (median, 100) for c in ckpt)
+    traced = shapes(r)
+    assert traced.extra_lengths == (median,) and traced.length_cap == 2048
+    assert shape_points(traced) == sorted((2, n, c, "fp32") for n in (median, r.job.max_length) for c in ckpt)
+    capped = dataclasses.replace(traced, length_cap=100)  # the data's longest input is past it: traced at 100
+    assert shape_points(capped) == sorted((2, n, c, "fp32") for n in (median, 100) for c in ckpt)
     r.data = None
-    assert tracing.data_points(r) is None
+    assert shapes(r).extra_lengths == () and shape_points(shapes(r)) == sorted(
+        (2, r.job.max_length, c, "fp32") for c in ckpt
+    )
