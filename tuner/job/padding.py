@@ -67,8 +67,8 @@ class BatchShape:
         return self.batch * (self.input_length + (self.target_length or 0))
 
     def describe(self) -> str:
-        labels = f" -> {self.target_length} label tokens" if self.target_length is not None else ""
-        return f"{self.batch} x {self.input_length} tokens{labels}"
+        labels = f" -> {self.target_length:,} label tokens" if self.target_length is not None else ""
+        return f"{self.batch} x {self.input_length:,} tokens{labels}"
 
 
 def worst_batch(lengths: SampleLengths, micro_batch: int, collation: Collation) -> BatchShape:

@@ -74,6 +74,6 @@ def test_the_crash_line_for_a_long_tail():
     )
     assert 600 < odds.median_samples < 800 and odds.p90_samples > 2000
     roomy = crash_odds(lengths, 2, 4, Collation(), quadratic_need, 100 * GiB)
-    assert roomy.fits_worst and roomy.describe().startswith("every batch fits in 100.00 GiB (the worst, 2 x 6000")
+    assert roomy.fits_worst and roomy.describe().startswith("every batch fits in 100.00 GiB (the worst, 2 x 6,000")
     none = crash_odds(lengths, 2, 4, Collation(), quadratic_need, 10)
     assert none.describe().endswith("crashes at its first step")
