@@ -143,3 +143,22 @@ def test_with_data_the_trace_adds_the_median_length_and_caps_the_longest(files):
     assert shapes(r).extra_lengths == () and shape_points(shapes(r)) == sorted(
         (2, r.job.max_length, c, "fp32") for c in ckpt
     )
+
+
+def test_a_causal_lm_preset_reads_its_text_column_with_the_given_tokenizer(files, tmp_path):
+    root, model, _ = files
+    texts = tmp_path / "texts.csv"
+    texts.write_text("text\n" + "".join(("w1 " * n).strip() + "\n" for n in (3, 5, 40)))
+    values = {
+        "budget": "10m",
+        "model": "builtin:tiny-llama",
+        "dataset": str(texts),
+        "text_column": "text",
+        "tokenizer": str(model),  # a preset has no tokenizer of its own
+        "space": {"micro_batch_size": [1], "zero_stage": [0]},
+    }
+    r = prepare_request(SearchOptions.of(values), f"sqlite:///{root}/c.db", CLI, cache_dir=root / "cache")[0]
+    assert r.job is not None and r.job.max_length == 41 and r.job.max_target_length is None  # 40 words + </s>
+    lines = r.data_lines()
+    assert lines[1] == "  inputs: p50 6, p90 41, p99 41, p99.9 41, max 41 tokens (3 samples)"
+    assert lines[2] == "lengths: inputs 41 (data's longest sample)" and not any("targets" in line for line in lines)
