@@ -6,10 +6,17 @@ all build it here: the replay from the trace recorded with its table, the others
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tuner.memory.estimator import Estimator, Trace
 from tuner.memory.frontier import Frontier
-from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, TraceShapes, build_estimator, stage_order
+from tuner.memory.tracing import (
+    DATA_TRACE_CAP,
+    ESTIMATE_AUTO_MIN_BUDGET_S,
+    TraceShapes,
+    build_estimator,
+    stage_order,
+)
 from tuner.search.request import SearchRequest
 
 
@@ -34,7 +41,17 @@ def shapes(request: SearchRequest) -> TraceShapes:
         global_batch=request.global_batch,
         label_length=job.max_target_length if job is not None else None,
         lora=job.lora if job is not None else None,
+        **_data_shapes(request),
     )
+
+
+def _data_shapes(request: SearchRequest) -> dict[str, Any]:
+    """With the user's data: its median input length traced too, and no input longer than DATA_TRACE_CAP."""
+    if request.data is None:
+        return {}
+    from tuner.job.lengths import Quantiles
+
+    return {"extra_lengths": (Quantiles.of(request.data.lengths.input).p50,), "length_cap": DATA_TRACE_CAP}
 
 
 def wanted(request: SearchRequest, estimate: bool | None) -> bool:

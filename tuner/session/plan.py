@@ -20,6 +20,7 @@ class Plan:
     estimate_note: str | None  # how the trace went, or why there is none
     expected_probes: int  # about: the configs left, at most --n-trials, at most what the budget holds
     expected_s: float  # about: expected_probes x the first probe's expected seconds, at most the budget
+    crash: str | None = None  # with --dataset and a baseline: when their config would crash on their data
 
     def lines(self, request: SearchRequest) -> list[str]:
         ruled = "no memory estimate" if self.ruled_out is None else f"{self.ruled_out} ruled out by the memory estimate"
@@ -27,8 +28,11 @@ class Plan:
             f"study {request.study_name}: {request.model.source}, world size {request.world_size}, global batch "
             f"{request.global_batch}, budget {request.budget_s:.0f} s",
             f"your job (held fixed): {self.job}" if self.job else "your job: (no job settings stored)",
+            *request.data_lines(),
             f"space: {self.configs} configs; {ruled}",
         ]
+        if self.crash:
+            out.append(self.crash)
         if self.estimate_note:
             out.append(self.estimate_note)
         out.append(
@@ -65,6 +69,44 @@ def plan(request: SearchRequest, estimate: bool | None) -> Plan:
         estimate_note=note,
         expected_probes=probes,
         expected_s=min(request.budget_s, probes * per_probe),
+        crash=baseline_crash(request, estimator),
+    )
+
+
+def baseline_crash(request: SearchRequest, estimator: Any) -> str | None:
+    """With the user's data and config: the share of its batches their config cannot hold and when a shuffled run
+    meets the first (tuner.memory.crash), from the estimate at each batch's padded input length."""
+    if request.data is None or request.baseline is None or estimator is None or not request.device_memory:
+        return None
+    from functools import cache
+
+    from tuner.errors import TunerError
+    from tuner.job.padding import BatchShape
+    from tuner.memory.crash import crash_odds
+
+    job, base = request.job, request.baseline
+    assert job is not None
+
+    @cache
+    def peak(batch: int, length: int) -> float:
+        knobs = base.model_copy(update={"micro_batch_size": batch, "max_length": length})
+        return float(estimator.predict(knobs).calibrated)
+
+    def need(shape: BatchShape) -> float:
+        return peak(shape.batch, shape.input_length)
+
+    collation = request.data.collation(job.max_length, job.max_target_length)
+    try:
+        odds = crash_odds(
+            request.data.lengths, base.micro_batch_size, request.world_size, collation, need, request.device_memory
+        )
+    except TunerError as err:  # no traced point for the config's checkpointing/precision
+        return f"your config on your data: no crash estimate ({err})"
+    traced = sorted({p.max_length for p in estimator.trace.points})
+    return (
+        f"your config on your data: {odds.describe()} [the estimate traced inputs of {', '.join(map(str, traced))} "
+        f"tokens, labels at {job.max_target_length or job.max_length}; other input lengths follow its a*L + b*L^2 "
+        "fit, extrapolated beyond the traced ones]"
     )
 
 
