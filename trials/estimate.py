@@ -55,13 +55,9 @@ def _adapters_stay_put() -> Iterator[None]:
 
 def _build(spec: ModelSpec, lora: LoraSpec | None = None) -> PreTrainedModel:
     """The model as a probe builds it: fp32, train mode, with the job's LoRA adapters (base frozen) if any."""
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from trials.models import instantiate, load_config
 
-    from trials.models import load_config
-
-    config = load_config(spec)
-    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-    model = auto.from_config(config, dtype=torch.float32)
+    model: Any = instantiate(load_config(spec), dtype=torch.float32)  # peft wraps it below
     if lora is not None:
         from trials.lora import apply_lora
 

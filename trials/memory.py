@@ -52,8 +52,8 @@ class LiveTensorTracker(TorchDispatchMode):
                 self._add(t, check=False)
 
     def _add(self, t: torch.Tensor, check: bool = True, inputs: frozenset[int] = frozenset()) -> None:
-        if t.layout is not torch.strided or t.device.type not in ("cpu", "meta", "cuda"):
-            return
+        if t.layout is not torch.strided or t.device.type not in ("cpu", "cuda"):
+            return  # meta tensors (shapes only, e.g. DeepSpeed ZeRO-1/2's round_robin_bit16_meta) hold no memory
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # tensor subclasses without a storage
