@@ -13,8 +13,15 @@ from dataclasses import dataclass
 #: the phases of a training step the trace measures, in order
 FORWARD_BACKWARD = "forward_backward"
 OPTIMIZER_STEP = "optimizer_step"
-PHASES = (FORWARD_BACKWARD, OPTIMIZER_STEP)
-PHASE_TITLES = {FORWARD_BACKWARD: "train forward + backward", OPTIMIZER_STEP: "optimizer step"}
+EVAL_FORWARD = "eval_forward"
+GENERATE = "generate"
+PHASES = (FORWARD_BACKWARD, OPTIMIZER_STEP, EVAL_FORWARD, GENERATE)
+PHASE_TITLES = {
+    FORWARD_BACKWARD: "train forward + backward",
+    OPTIMIZER_STEP: "optimizer step",
+    EVAL_FORWARD: "eval forward",
+    GENERATE: "generate",
+}
 
 #: the parts of a phase, in the order they print
 PARAMETERS = "parameters"
@@ -22,7 +29,8 @@ GRADIENTS = "gradients"
 OPTIMIZER = "optimizer states"
 ZERO_BUFFERS = "ZeRO buffers"
 ACTIVATIONS = "activations + temporaries"
-PARTS = (PARAMETERS, GRADIENTS, OPTIMIZER, ZERO_BUFFERS, ACTIVATIONS)
+GENERATION_CACHE = "generation cache"
+PARTS = (PARAMETERS, GRADIENTS, OPTIMIZER, ZERO_BUFFERS, ACTIVATIONS, GENERATION_CACHE)
 
 NOT_COVERED = (
     "not covered: the CUDA context and cuBLAS workspace, NCCL buffers, the allocator's reserve and fragmentation "
@@ -31,12 +39,31 @@ NOT_COVERED = (
 
 
 @dataclass(frozen=True)
+class Allocation:
+    """One of the largest allocations of a phase, as the trace named it: the op, shape and dtype that asked for it.
+    ``traced_at`` is the (micro batch, length) it was traced at when the shape was scaled to the config's."""
+
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    traced_at: tuple[int, int] | None = None
+
+    def describe(self) -> str:
+        dims = " x ".join(f"{d:,}" for d in self.shape)
+        scaled = f", scaled from micro {self.traced_at[0]} x length {self.traced_at[1]}" if self.traced_at else ""
+        return f"{self.op} {self.dtype} {dims} ({self.nbytes / (1 << 20):,.1f} MiB{scaled})"
+
+
+@dataclass(frozen=True)
 class Part:
-    """One part of a phase's peak, in bytes on one rank; ``note`` says where it lives or comes from."""
+    """One part of a phase's peak, in bytes on one rank; ``note`` says where it lives or comes from; ``largest``
+    names the part's largest allocations (activations: the trace's three largest, by op and shape)."""
 
     name: str
     nbytes: int
     note: str = ""
+    largest: tuple[Allocation, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trials.contract import Knobs
-from tuner.errors import ConfigError
 from tuner.job.batching import accumulation_steps
 from tuner.memory.breakdown import (
     ACTIVATIONS,
+    EVAL_FORWARD,
     FORWARD_BACKWARD,
+    GENERATE,
+    GENERATION_CACHE,
     GRADIENTS,
     OPTIMIZER,
     OPTIMIZER_STEP,
@@ -34,17 +36,20 @@ from tuner.memory.breakdown import (
     RankEstimate,
 )
 from tuner.memory.states import (
+    PhaseBuffers,
     StateBytes,
     model_state_bytes,
     zero_buffers,
     zero_order_sound,
     zero_stage_need,
 )
-from tuner.memory.trace import Trace, TracePoint, trace
+from tuner.memory.trace import Evaluation, Trace, TracePoint, trace
+from tuner.memory.traced import named, traced
 
 __all__ = [
     "Estimate",
     "Estimator",
+    "Evaluation",
     "StateBytes",
     "Trace",
     "TracePoint",
@@ -94,26 +99,6 @@ class Estimator:
         zero2 = knobs.engine == "deepspeed" and knobs.zero_stage == 2
         return self.accumulates(knobs) and not zero2
 
-    def _traced(self, knobs: Knobs, value: Callable[[TracePoint], int]) -> int:
-        """``value`` of the traced point of this shape, or an interpolation over the traced points of the same
-        checkpointing/precision (activations grow like micro x (a*len + b*len^2))."""
-        hit = self.trace.find(knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)
-        if hit is not None:
-            return value(hit)
-        same = [
-            p
-            for p in self.trace.points
-            if p.gradient_checkpointing == knobs.gradient_checkpointing and p.precision == knobs.precision
-        ]
-        if not same:
-            raise ConfigError(
-                "the trace has no point with gradient_checkpointing="
-                f"{knobs.gradient_checkpointing} precision={knobs.precision}; trace one first"
-            )
-        a, b = _fit_length_curve([(p.max_length, value(p) / p.micro_batch_size) for p in same])
-        s = knobs.max_length
-        return max(0, int(knobs.micro_batch_size * (a * s + b * s * s)))
-
     def backward_activations(self, knobs: Knobs) -> int:
         """Activations + temporaries of the forward+backward (with the earlier micro-steps' grads resident when
         :meth:`_resident`; traces older than that field fall back to the plain peak)."""
@@ -124,14 +109,14 @@ class Estimator:
                 return p.resident_activation_bytes
             return p.activation_bytes
 
-        return self._traced(knobs, need)
+        return traced(self.trace, knobs, need) or 0
 
     def step_temporaries(self, knobs: Knobs) -> int:
         """The optimizer step's temporaries: the traced AdamW's for plain torch, ZeRO-0 and ZeRO-3; none beyond the
         grad partition for ZeRO-1/2, whose step runs on the partition (measured on the recorded tables)."""
         if knobs.engine == "deepspeed" and knobs.zero_stage in (1, 2):
             return 0
-        return self._traced(knobs, lambda p: p.step_temp_bytes)
+        return traced(self.trace, knobs, lambda p: p.step_temp_bytes) or 0
 
     def activation_bytes(self, knobs: Knobs) -> int:
         """The larger of the two phases' activations + temporaries (what the calibration scales)."""
@@ -142,11 +127,18 @@ class Estimator:
         return model_state_bytes(knobs, tr.param_count, self.world_size, tr.largest_param, tr.trainable_count)
 
     def breakdown(self, knobs: Mapping[str, Any] | Knobs) -> Breakdown:
-        """Each phase's peak on a rank, part by part (uncalibrated); data-parallel ranks alike."""
+        """Each phase's peak on a rank, part by part (uncalibrated); data-parallel ranks alike. The eval phases
+        appear when the config evaluates and the trace has them (traced with the job's Evaluation)."""
         k = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(dict(knobs))
+        return Breakdown(ranks=(RankEstimate(rank=None, phases=(*self._train_phases(k), *self._eval_phases(k))),))
+
+    def _zero(self, k: Knobs) -> PhaseBuffers:
         tr = self.trace
+        return zero_buffers(k, tr.param_count, self.world_size, tr.largest_param, tr.trainable_count)
+
+    def _train_phases(self, k: Knobs) -> list[PhaseEstimate]:
         st = self.states(k)
-        buffers = zero_buffers(k, tr.param_count, self.world_size, tr.largest_param, tr.trainable_count)
+        buffers = self._zero(k)
         host = "host memory (offload_optimizer)" if k.offload_optimizer and k.engine == "deepspeed" else ""
         resident = " (earlier micro-steps' grads resident)" if self._resident(k) else ""
         phases = []
@@ -161,10 +153,41 @@ class Estimator:
                 Part(GRADIENTS, st.grads),
                 Part(OPTIMIZER, st.optimizer, host),
                 Part(ZERO_BUFFERS, zero),
-                Part(ACTIVATIONS, act, note),
+                Part(ACTIVATIONS, act, note, named(self.trace, k, phase)),
             )
             phases.append(PhaseEstimate(phase, parts))
-        return Breakdown(ranks=(RankEstimate(rank=None, phases=tuple(phases)),))
+        return phases
+
+    def _eval_phases(self, k: Knobs) -> list[PhaseEstimate]:
+        """The eval forward and (``generate``) the decode: params, optimizer states and the ZeRO buffers that
+        persist, no grads (the Trainer evaluates after the step's zero_grad), the eval batch's activations."""
+        if k.eval_batch_size is None and not k.generate:
+            return []
+        size = k.eval_batch_size or k.micro_batch_size
+        tr, st, buffers = self.trace, self.states(k), self._zero(k)
+
+        def at(value: Callable[[TracePoint], int | None]) -> int | None:
+            return traced(tr, k, value, batch=lambda p: p.eval_batch_size or 1, wanted=size)
+
+        persistent = st.buffers if k.engine == "torch" or k.zero_stage in (0, 3) else buffers.reduce
+        host = "host memory (offload_optimizer)" if k.offload_optimizer and k.engine == "deepspeed" else ""
+        states = (
+            Part(PARAMETERS, st.params),
+            Part(GRADIENTS, 0, "freed by the step's zero_grad"),
+            Part(OPTIMIZER, st.optimizer, host),
+            Part(ZERO_BUFFERS, persistent),
+        )
+        phases = []
+        forward = at(lambda p: p.eval_bytes)
+        if forward is not None:
+            act = Part(ACTIVATIONS, forward, f"eval batch {size}", named(tr, k, EVAL_FORWARD, size))
+            phases.append(PhaseEstimate(EVAL_FORWARD, (*states, act)))
+        decode, cache = at(lambda p: p.generate_bytes), at(lambda p: p.generate_cache_bytes)
+        if k.generate and decode is not None:
+            c = cache or 0
+            act = Part(ACTIVATIONS, max(0, decode - c), f"eval batch {size}", named(tr, k, GENERATE, size))
+            phases.append(PhaseEstimate(GENERATE, (*states, act, Part(GENERATION_CACHE, c, "KV cache, full length"))))
+        return phases
 
     def predict(self, knobs: Mapping[str, Any] | Knobs) -> Estimate:
         k = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(dict(knobs))
@@ -213,25 +236,6 @@ class Estimator:
         for kd, measured in self.observations:
             out.append(self.predict(kd).calibrated / max(measured, 1) - 1.0)
         return out
-
-
-def _fit_length_curve(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """Fits per-sample bytes ~= a*len + b*len^2 (b >= 0) through the points; one length gives b = 0."""
-    lengths = {s for s, _ in points}
-    if len(lengths) == 1:
-        s = points[0][0]
-        return sum(v for _, v in points) / len(points) / s, 0.0
-    s11 = sum(s * s for s, _ in points)
-    s12 = sum(s**3 for s, _ in points)
-    s22 = sum(s**4 for s, _ in points)
-    y1 = sum(s * v for s, v in points)
-    y2 = sum(s * s * v for s, v in points)
-    det = s11 * s22 - s12 * s12
-    a = (y1 * s22 - y2 * s12) / det
-    b = (s11 * y2 - s12 * y1) / det
-    if b < 0:
-        return y1 / s11, 0.0
-    return a, b
 
 
 def _solve3(m: list[list[float]], v: list[float]) -> list[float]:

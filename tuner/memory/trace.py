@@ -17,6 +17,27 @@ from trials.contract import LoraSpec, ModelSpec
 from tuner.errors import ConfigError, ModelSourceError
 
 
+class TracedAllocation(BaseModel):
+    """One of the largest storages a traced phase created: the op that asked for it, its shape, dtype and bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+    op: str
+    shape: list[int]
+    dtype: str
+    nbytes: int
+
+
+class Evaluation(BaseModel):
+    """What the job's evaluation runs (the trace's eval phases): the eval batch, and a generate of
+    ``generation_max_length`` new tokens (None: the label length) over ``num_beams`` beams."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    eval_batch_size: int = Field(ge=1)
+    generate: bool = False
+    generation_max_length: int | None = Field(None, ge=1)
+    num_beams: int = Field(1, ge=1)
+
+
 class TracePoint(BaseModel):
     model_config = ConfigDict(extra="forbid")
     micro_batch_size: int = Field(ge=1)
@@ -27,6 +48,14 @@ class TracePoint(BaseModel):
     resident_activation_bytes: int | None = None  # the same with the grads resident (an accumulation micro-step)
     step_temp_bytes: int = 0  # optimizer-step temporaries above params + grads + state
     peak_bytes: int = 0  # the traced plain-torch step's peak (what engine "torch" needs)
+    # the eval phases (traces with an Evaluation): peaks above params + optimizer state (no grads), batch included
+    eval_batch_size: int | None = None
+    eval_bytes: int | None = None  # the eval forward (no grad; loss and logits)
+    generate_bytes: int | None = None  # a decode of every row to the generation length (trials.decode)
+    generate_cache_bytes: int | None = None  # of which the generation (KV) cache at its largest
+    generation_length: int | None = None
+    num_beams: int | None = None
+    largest: dict[str, list[TracedAllocation]] = Field(default_factory=dict)  # phase -> its largest allocations
 
 
 class Trace(BaseModel):
@@ -57,14 +86,17 @@ def trace(
     python: str | None = None,
     label_length: int | None = None,
     lora: LoraSpec | None = None,
+    evaluation: Evaluation | None = None,
 ) -> Trace:
     """Traces one training step per (micro, max_length, checkpointing, precision) on CPU fake tensors; seq2seq
     labels at ``label_length`` (the job's; None: max_length), as the probe pads them; with the job's ``lora``
-    adapters on the model as every probe of a LoRA job runs it."""
+    adapters on the model as every probe of a LoRA job runs it; with ``evaluation`` the eval forward and generate
+    of each point too."""
     request = {
         "model": model.model_dump(),
         "label_length": label_length,
         "lora": lora.model_dump(mode="json") if lora is not None else None,
+        "evaluation": evaluation.model_dump() if evaluation is not None else None,
         "points": [
             {"micro_batch_size": m, "max_length": s, "gradient_checkpointing": c, "precision": p}
             for m, s, c, p in points
