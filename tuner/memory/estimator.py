@@ -153,7 +153,7 @@ class Estimator:
                 Part(GRADIENTS, st.grads),
                 Part(OPTIMIZER, st.optimizer, host),
                 Part(ZERO_BUFFERS, zero),
-                Part(ACTIVATIONS, act, note, named(self.trace, k, phase)),
+                Part(ACTIVATIONS, act, note, named(self.trace, k, phase) if act else ()),
             )
             phases.append(PhaseEstimate(phase, parts))
         return phases

@@ -15,6 +15,7 @@ from tuner.errors import ConfigError
 from tuner.memory.breakdown import Allocation
 from tuner.memory.trace import Trace, TracePoint
 
+SHOWN = 3  # allocations named per phase, the largest at the config's shape (the trace keeps more, for the scaling)
 _ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1}
 
 
@@ -96,4 +97,4 @@ def named(trace: Trace, knobs: Knobs, phase: str, batch: int | None = None) -> t
             out.append(Allocation(a.op, shape, a.dtype, nbytes, (traced_batch or 0, point.max_length)))
         else:
             out.append(Allocation(a.op, tuple(a.shape), a.dtype, a.nbytes))
-    return tuple(sorted(out, key=lambda x: -x.nbytes))
+    return tuple(sorted(out, key=lambda x: -x.nbytes)[:SHOWN])
