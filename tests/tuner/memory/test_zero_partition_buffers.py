@@ -17,6 +17,7 @@ from tuner.probing.runner import run_probe
 TINY = ModelSpec(source="builtin:tiny-t5")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offload", [False, True])
 def test_zero1_probe_peak_matches_the_estimate(tmp_path: Path, offload: bool) -> None:
     knobs = Knobs(
