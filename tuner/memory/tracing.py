@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from trials.contract import LoraSpec, ModelSpec
 from tuner.errors import TunerError
 from tuner.job.space import Space
-from tuner.memory.estimator import Estimator, trace, zero_stage_need
+from tuner.memory.estimator import Estimator, Evaluation, trace, zero_stage_need
 
 ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a share of the budget
 
@@ -19,7 +19,8 @@ ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a shar
 @dataclass(frozen=True)
 class TraceShapes:
     """What the estimate traces and is for: the model (with the job's LoRA adapters), the space whose shapes are
-    traced, seq2seq labels at ``label_length`` (None: max_length), the world size and the global batch."""
+    traced, seq2seq labels at ``label_length`` (None: max_length), the world size and the global batch, and the
+    job's evaluation (its eval forward and generate are traced at every point too)."""
 
     model: ModelSpec
     space: Space
@@ -27,6 +28,7 @@ class TraceShapes:
     global_batch: int | None = None
     label_length: int | None = None
     lora: LoraSpec | None = None
+    evaluation: Evaluation | None = None  # the job's eval forward / generate (None: it does not evaluate)
     extra_lengths: tuple[int, ...] = ()  # more input lengths to trace (with data: its median), for the length curve
     length_cap: int | None = None  # no longer inputs traced; longer ones follow the fitted a*L + b*L^2
 
@@ -73,6 +75,7 @@ def build_estimator(shapes: TraceShapes, timeout_s: float) -> tuple[Estimator | 
             timeout_s=timeout_s,
             label_length=shapes.label_length,
             lora=shapes.lora,
+            evaluation=shapes.evaluation,
         )
     except (TunerError, RuntimeError, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__

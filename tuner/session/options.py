@@ -90,6 +90,7 @@ class SearchOptions:
     baseline: FileOrMapping | None = setting(
         "your current DeepSpeed / HF training-args JSON; probed first",
         None,
+        faces=_ESTIMATED,
         cli_type=Path,
         api_type=dict[str, Any] | None,
         api_help="your current DeepSpeed config (HF 'auto' values allowed), probed first as trial 0",
@@ -102,6 +103,7 @@ class SearchOptions:
     training_args: FileOrMapping | None = setting(
         "your training-args JSON, with --baseline DS_JSON (or name it inside)",
         None,
+        faces=_ESTIMATED,
         cli_type=Path,
         api_type=dict[str, Any] | None,
         api_help="your current HF TrainingArguments as JSON (alone or with `baseline`)",
