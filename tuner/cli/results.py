@@ -91,7 +91,7 @@ def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
             "trial": rec.number,
             "state": rec.state,
             "fidelity": rec.fidelity,
-            "status": rec.status,
+            "status": rec.status.value if rec.status else "",
             "cause": rec.cause or "",
             "objective": rec.objective,
             "peak": rec.peak_allocated,
@@ -137,9 +137,6 @@ def rank_note(result: Mapping[str, Any] | None) -> str:
     return f"{peaks}: {imb.summary()}"
 
 
-_ORDER = {"ok": 0, "oom": 2, "host-oom": 3, "timeout": 4, "error": 5}
-
-
 def select_rows(
     rows: list[dict[str, Any]], *, everything: bool = False, status: str | None = None, top: int | None = None
 ) -> list[dict[str, Any]]:
@@ -156,7 +153,7 @@ def select_rows(
         ]
         picked.sort(
             key=lambda r: (
-                0 if r["stable"] else (1 if str(r["status"]) == "ok" else _ORDER.get(str(r["status"]), 6)),
+                0 if r["stable"] else ProbeStatus(r["status"]).listing_order,
                 -(r["objective"] or 0.0),
                 -1 if r["trial"] is None else r["trial"],
             )

@@ -1,7 +1,7 @@
 """The probe row: one typed record per probe that ran (or was ruled out without running), as tuner_probes stores it
 and as selection, the frontier, the guide and the time model read it. Statuses and fidelities are enums, as optuna's
-``FrozenTrial`` has ``TrialState``. The builders of a row from a probe's result are tuner.search.observation's;
-tuner.search.study tells Optuna what a row means."""
+``FrozenTrial`` has ``TrialState`` (the status is trials.contract.Status, the project's one status enum). The builders
+of a row from a probe's result are tuner.search.observation's; tuner.search.study tells Optuna what a row means."""
 
 from __future__ import annotations
 
@@ -12,38 +12,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from trials.contract import memory_need
+from trials.contract import Status, memory_need
 
-
-class ProbeStatus(str, Enum):
-    """How a probe ended (trials.contract's ProbeResult.status), or that it was ruled out without running."""
-
-    OK = "ok"
-    OOM = "oom"
-    TIMEOUT = "timeout"
-    ERROR = "error"
-    INFERRED_OOM = "inferred-oom"  # the frontier or the memory estimate says it must run out of memory: never run
-    HOST_OOM = "host-oom"  # host memory ran out (the kernel's OOM killer, a failed pinned allocation)
-    DEVICE_BUSY = "device-busy"  # the GPU was in use by another process at rank start: nothing measured
-    KILLED = "killed"  # a rank was SIGKILLed from outside, with no OOM kill in its cgroup: nothing measured
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def out_of_memory(self) -> bool:
-        """Measured or inferred: the config does not fit in *device* memory (a host OOM says nothing about that)."""
-        return self in (ProbeStatus.OOM, ProbeStatus.INFERRED_OOM)
-
-    @property
-    def device_verdict(self) -> bool:
-        """A measurement of device memory (fits or not): what the frontier and the memory estimate learn from."""
-        return self in (ProbeStatus.OK, ProbeStatus.OOM)
-
-    @property
-    def transient(self) -> bool:
-        """Nothing about the config was learned (the runner already retried it once): it may be probed again."""
-        return self in (ProbeStatus.DEVICE_BUSY, ProbeStatus.KILLED)
+#: How a probe ended, or that it was ruled out without running: the project's one status enum (trials.contract.Status,
+#: with its exit codes, severity, transience and listing order), under the name the probe rows have always used.
+ProbeStatus = Status
 
 
 class Fidelity(str, Enum):

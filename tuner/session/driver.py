@@ -30,7 +30,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from trials.contract import ProbeConfig, ProbeResult
 from tuner.errors import StorageError
-from tuner.records import Candidate, Fidelity, ProbeRow
+from tuner.records import Candidate, Fidelity, ProbeRow, ProbeStatus
 from tuner.search.liveness import run_is_live
 from tuner.search.request import SearchRequest
 from tuner.search.selection import baseline_row, best_stable
@@ -335,7 +335,7 @@ class Search:
         except BaseException:
             # interrupted or the runner itself broke: leave no RUNNING trial and no claim behind
             if proposal.trial is not None:
-                proposal.trial.set_user_attr("status", "interrupted")
+                proposal.trial.set_user_attr("status", ProbeStatus.INTERRUPTED.value)
                 self.study.tell(proposal.trial, state=TrialState.FAIL)
             self.store.release_claim(self.request.study_name, proposal.config_key, proposal.fidelity, self.worker)
             raise

@@ -20,7 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.probing.forkserver import pid_alive
-from tuner.records import ProbeRow
+from tuner.records import ProbeRow, ProbeStatus
 from tuner.search.sampling import make_sampler
 from tuner.search.study import retell, set_user_attr, trial_id
 from tuner.storage import Store, optuna_storage
@@ -111,7 +111,7 @@ def reap_dead_local_workers(store: Store, study: optuna.Study, me: str, headroom
             if number in rows:  # it died after storing the row, before telling Optuna: the measurement stands
                 _tell_from_row(study, number, rows[number], headroom)
                 continue
-            set_user_attr(study, trial, "status", "interrupted")
+            set_user_attr(study, trial, "status", ProbeStatus.INTERRUPTED.value)
             set_user_attr(study, trial, "cause", cause)
             study.tell(trial.number, state=TrialState.FAIL)
             causes.append(f"trial {trial.number}: {cause}")
