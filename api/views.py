@@ -3,6 +3,7 @@ provenance. Reads only; the routes stay thin."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
@@ -26,14 +27,13 @@ from api.schemas import (
     TrialPageOut,
 )
 from tuner.records import DEFAULT_HEADROOM, Candidate, ProbeRow, ProbeStatus
+from tuner.records.run import RunStatus, SearchRun
 from tuner.reporting.production import ProductionRun, production_runs
 from tuner.reporting.trials import join_trials
-from tuner.search.liveness import run_is_live
-from tuner.search.selection import best_stable
-from tuner.session.best import serve_best
+from tuner.session.best import best_of, serve_best
 from tuner.storage import Store
 
-END_STATES = ("finished", "interrupted", "failed")
+_ENDED = frozenset(s.value for s in RunStatus if s.ended)  # a study status (study_status) that is a run's end
 
 
 @overload
@@ -47,39 +47,39 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
     return value.replace(tzinfo=dt.timezone.utc)
 
 
-def study_status(runs: list[dict[str, Any]], now: dt.datetime) -> str:
+def study_status(runs: list[SearchRun], now: dt.datetime) -> str:
     """``now``: the database's clock (Store.db_now), the one the workers' heartbeats are written on, so an API host
     whose wall clock is off still reads a live worker as live."""
     if not runs:
         return "defined"
-    if any(run_is_live(r, now) for r in runs):
-        return "running"
-    last = max(runs, key=lambda r: r["id"])["status"]
-    return last if last in END_STATES else "interrupted"
+    if any(r.is_live(now) for r in runs):
+        return RunStatus.RUNNING.value
+    last = max(runs, key=lambda r: r.id).status
+    return (last if last.ended else RunStatus.INTERRUPTED).value  # marked running, no longer beating
 
 
-def summary(row: dict[str, Any], runs: list[dict[str, Any]], now: dt.datetime) -> StudySummaryOut:
+def summary(row: dict[str, Any], runs: list[SearchRun], now: dt.datetime) -> StudySummaryOut:
     status = study_status(runs, now)
     return StudySummaryOut(
         name=row["name"], created_at=_utc(row["created_at"]), created_by=row["created_by"], status=status
     )
 
 
-def _progress(runs: list[dict[str, Any]], n_trials: int, n_probes: int, status: str, now: dt.datetime) -> ProgressOut:
-    starts = [_utc(r["started_at"]) for r in runs]
-    live = [r for r in runs if run_is_live(r, now)]
+def _progress(runs: list[SearchRun], n_trials: int, n_probes: int, status: str, now: dt.datetime) -> ProgressOut:
+    starts = [r.started_at for r in runs]
+    live = [r for r in runs if r.is_live(now)]
     out = ProgressOut(started_at=min(starts) if starts else None, trials=n_trials, probes=n_probes)
     if live:
-        begun = min(_utc(r["started_at"]) for r in live)
-        deadlines = [_utc(r["deadline_at"]) for r in live if r.get("deadline_at") is not None]
+        begun = min(r.started_at for r in live)
+        deadlines = [r.deadline_at for r in live if r.deadline_at is not None]
         out.elapsed_s = (now - begun).total_seconds()
         if deadlines:
             out.deadline_at = max(deadlines)
             out.remaining_s = max(0.0, (out.deadline_at - now).total_seconds())
             total = out.elapsed_s + out.remaining_s
             out.fraction = min(1.0, out.elapsed_s / total) if total > 0 else 1.0
-    elif status in END_STATES:
-        ends = [_utc(r["finished_at"]) for r in runs if r.get("finished_at") is not None]
+    elif status in _ENDED:
+        ends = [r.finished_at for r in runs if r.finished_at is not None]
         if starts and ends:
             out.elapsed_s = (max(ends) - min(starts)).total_seconds()
         out.remaining_s = 0.0
@@ -124,7 +124,7 @@ class Ranked:
 def ranked(store: Store, svc: Services, name: str) -> Ranked:
     def rank() -> Ranked:
         rows = store.probes(name)
-        return Ranked(rows, best_stable(rows))
+        return Ranked(rows, best_of(rows))
 
     return svc.ranking.get(store, name, "ranked", rank)
 
@@ -146,7 +146,7 @@ def study_detail(store: Store, svc: Services, row: dict[str, Any]) -> StudyOut:
     found = svc.cache.get(store, name, "summary", lambda: _summary_of(ranked(store, svc, name)))
     now = store.db_now()
     status = study_status(runs, now)
-    budgets = [float(r["budget_s"]) for r in runs if r.get("budget_s")]
+    budgets = [float(r.budget_s) for r in runs if r.budget_s]
     budget = definition.get("budget_s") or (max(budgets) if budgets else None)
     return StudyOut(
         **summary(row, runs, now).model_dump(),
@@ -156,7 +156,7 @@ def study_detail(store: Store, svc: Services, row: dict[str, Any]) -> StudyOut:
         best=found.best,
         trial_states=states,
         probe_statuses=found.probe_statuses,
-        runs=[RunOut(**{k: _utc(v) if isinstance(v, dt.datetime) else v for k, v in r.items()}) for r in runs],
+        runs=[RunOut(**{**dataclasses.asdict(r), "status": r.status.value}) for r in runs],
     )
 
 

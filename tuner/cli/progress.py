@@ -15,8 +15,7 @@ from rich.text import Text
 
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
-from tuner.records import Candidate, ProbeRow, ProbeStatus
-from tuner.search.strategy import Outcome, Proposal
+from tuner.records import Candidate, ProbeOutcome, ProbeRow, ProbeStatus, ProposedProbe
 from tuner.session.driver import SearchSummary
 from tuner.units import Deadline, format_duration, format_size
 
@@ -95,13 +94,13 @@ class LiveProgress:
         self.job = job  # the job's values (held fixed, printed once above the stream) are left out of each label
         self.trials: dict[str, tuple[int, ProbeStatus]] = {}  # a probed config's label -> its trial and status
         self.cited: set[str] = set()  # the reasons already printed: later configs they rule out are only counted
-        self.held: tuple[Proposal, ProbeRow] | None = None  # the last probe, printed with what it rules out
+        self.held: tuple[ProposedProbe, ProbeRow] | None = None  # the last probe, printed with what it rules out
         self.deadline = deadline
         self.objective = objective
         self.study = study
         self.counts = {"probed": 0, "ok": 0, "stable": 0, "oom": 0, "inferred": 0, "failed": 0, "confirmed": 0}
         self.best: tuple[float, dict[str, Any]] | None = None
-        self.current: tuple[Proposal, float] | None = None
+        self.current: tuple[ProposedProbe, float] | None = None
         self.recent: list[ProbeRow] = []
         self.pending: list[ProbeRow] = []  # inferred rows not printed yet (grouped by why they were ruled out)
         self.quiet = 0  # configs ruled out for a reason already printed
@@ -119,11 +118,11 @@ class LiveProgress:
     # A probe's line waits for the configs its result rules out (the strategy's next proposal, a moment later: the
     # driver reports them before it starts the next probe), so the line can say how many; configs ruled out for a
     # reason printed before are counted, not printed again (`tuner trials --all` lists every one).
-    def started(self, proposal: Proposal) -> None:
+    def started(self, proposal: ProposedProbe) -> None:
         self._flush()
         self.current = (proposal, time.monotonic())
 
-    def finished(self, proposal: Proposal, outcome: Outcome) -> None:
+    def finished(self, proposal: ProposedProbe, outcome: ProbeOutcome) -> None:
         self._flush()
         self.current = None
         row = outcome.row

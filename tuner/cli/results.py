@@ -20,8 +20,7 @@ from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
 from tuner.records import Fidelity, ProbeStatus
 from tuner.reporting.trials import join_trials
-from tuner.search.selection import best_stable
-from tuner.session.best import pick_study
+from tuner.session.best import best_of, pick_study
 from tuner.settings import load_settings
 from tuner.storage import Store
 from tuner.units import format_size
@@ -257,7 +256,7 @@ def studies(storage: StorageOpt = None) -> None:
     for s in rows:
         d = s["definition"]
         probes = store.probes(s["name"])
-        found = best_stable(probes)
+        found = best_of(probes)
         model = d.get("model")
         source = model.get("source", "-") if isinstance(model, dict) else str(model or "-")
         job = Job.model_validate(d["job"]).describe() if d.get("job") else "-"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -129,4 +129,33 @@ def is_stable(status: str, need: int | None, capacity: int | None, headroom: flo
     return not alloc_retries
 
 
-__all__ = ["DEFAULT_HEADROOM", "MEASURED", "Fidelity", "ProbeRow", "ProbeStatus", "is_stable"]
+# -- rules over a study's rows that every reader shares ------------------------------------------------------------
+def failed_in_production(rows: Iterable[ProbeRow]) -> set[str]:
+    """Config keys whose real training run (a production row) ran out of memory or failed: never served again."""
+    return {r.config_key for r in rows if r.fidelity == Fidelity.PRODUCTION and r.status != ProbeStatus.OK}
+
+
+def baseline_row(rows: Iterable[ProbeRow]) -> ProbeRow | None:
+    """The row that stands for the user's own config (trial 0, ``--baseline``) beside the pick: the speed-up of the
+    search's summary, `tuner best --changes`, ``GET /best-config`` and the report all read this one.
+
+    The first stored one (rows come in storage order). A study holds one baseline row unless its baseline was probed
+    twice: a worker took over the claim of one presumed dead whose row was still in its journal (that row arrives
+    later, replayed by tuner.session.recovery). The first stored
+    is the row the search acted on: the strategy stops proposing the baseline once one exists, and the evidence
+    reads the first measured row of a config (tuner.search.evidence.Evidence.measured); a later one is a duplicate
+    nothing decided on. It also never changes once given, so the summary a worker printed, the API and the report
+    keep naming the same row however many workers or resumes follow."""
+    return next((r for r in rows if r.fidelity == Fidelity.BASELINE), None)
+
+
+__all__ = [
+    "DEFAULT_HEADROOM",
+    "MEASURED",
+    "Fidelity",
+    "ProbeRow",
+    "ProbeStatus",
+    "baseline_row",
+    "failed_in_production",
+    "is_stable",
+]

@@ -4,7 +4,7 @@ best stable candidate, the baseline row), one export, one set of error texts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -12,8 +12,8 @@ from typing import Any
 from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
 from tuner.interop.export import FORMATS, ExportArgs, best_export_args, render_best
 from tuner.interop.export.changes import Changes, best_changes
-from tuner.records import Candidate, ProbeRow
-from tuner.search.selection import baseline_row, best_stable, failed_in_production
+from tuner.records import Candidate, ProbeRow, baseline_row, failed_in_production
+from tuner.search.selection import best_stable
 from tuner.session.options import api_option
 from tuner.settings import redact_url
 from tuner.storage import Store
@@ -60,6 +60,12 @@ class ServedBest:
         return lines
 
 
+def best_of(rows: Iterable[ProbeRow]) -> Candidate | None:
+    """The best stable config among a study's rows (tuner.search.selection's ranking), or None: what every face
+    shows as the best (`tuner studies`, the report, the API's study summary), as ``serve_best`` serves it."""
+    return best_stable(rows)
+
+
 def check_format(fmt: str, option: Callable[[str], str] = api_option) -> None:
     if fmt not in FORMATS:
         raise ConfigError(f"unknown {option('format')} {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -91,7 +97,7 @@ def serve_best(
     name, definition = pick_study(store, study)
     if ranked is None:
         rows = store.probes(name)
-        ranked = rows, best_stable(rows)
+        ranked = rows, best_of(rows)
     rows, found = ranked
     if found is None:
         raise NoStableConfig(no_stable_config(name, rows))

@@ -129,7 +129,7 @@ def test_liveness_is_judged_on_the_databases_clock_not_the_hosts(storage_url: st
     assert search._stale("slow-clock:7") is False
     assert search._claim(_proposal("k6")) is False
     assert search.store.claim_owner("claims", "k6", "confirm") == "slow-clock:7"
-    beat = search.store.runs("claims")[-1]["heartbeat_at"]
+    beat = search.store.runs("claims")[-1].heartbeat_at
     skew = abs(
         (search.store.db_now() - (beat if beat.tzinfo else beat.replace(tzinfo=dt.timezone.utc))).total_seconds()
     )
