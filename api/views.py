@@ -260,21 +260,21 @@ def _baseline(row: ProbeRow | None, best: Candidate) -> BaselineOut | None:
 
 
 def _production(run: ProductionRun) -> ProductionOut:
-    r, result = run.row, run.row.result or {}
+    r, rec = run.row, run.recorded
     return ProductionOut(
         status=r.status.value,
         cause=r.cause,
-        phase=result.get("phase"),
+        phase=rec.phase,
         peak_allocated=r.peak_allocated,
         peak_reserved=r.peak_reserved,
         capacity=r.capacity,
-        memory=result.get("memory"),
+        memory=rec.memory,
         samples_per_s=r.samples_per_s,
         probed_peak=run.probed_peak,
         probed_samples_per_s=run.probed_samples_per_s,
-        device=result.get("device"),
-        rank=result.get("rank"),
-        steps=result.get("steps"),
+        device=rec.device,
+        rank=rec.rank,
+        steps=rec.steps,
     )
 
 

@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from trials.contract import Knobs, ProbeConfig, ProbeResult, RankMemory, StepStats
 from tuner.job.objective import Objective
 from tuner.records import Fidelity, ProbeRow
+from tuner.search.evidence import Inference
 from tuner.search.observation import inferred_row, probe_row
 from tuner.storage import Store, optuna_storage
 
@@ -105,7 +106,9 @@ class SampleStudy:
 
     def inferred(self, config: ProbeConfig, *, trial_number: int, config_key: str, cause: str | None) -> ProbeRow:
         """Stores the row of a config ruled out without running (tuner.search.observation.inferred_row)."""
-        return self._store(inferred_row(trial_number, config, config_key, cause, None, config.device_memory))
+        return self._store(
+            inferred_row(trial_number, config, config_key, Inference("oom", cause), config.device_memory)
+        )
 
     def record(self, **columns: Any) -> ProbeRow:
         """Stores a hand-written row (ProbeRow.from_record of ``columns``)."""

@@ -13,6 +13,8 @@ from enum import Enum
 from typing import Any
 
 from trials.contract import Status, memory_need
+from tuner.records.production import ProductionResult
+from tuner.records.ruled_out import RecordError, RuledOutBy
 
 #: How a probe ended, or that it was ruled out without running: the project's one status enum (trials.contract.Status,
 #: with its exit codes, severity, transience and listing order), under the name the probe rows have always used.
@@ -62,11 +64,31 @@ class ProbeRow:
     probe_seconds: float | None = None  # wall clock of the probe
     setup_s: float | None = None  # the probe's fixed cost: launch to first step
     result: dict[str, Any] | None = None  # the whole ProbeResult, as JSON
+    ruled_out_by: RuledOutBy | None = None  # an inferred row's reason, as data (stored in the result column)
     # set by the storage
     id: int | None = None
     study_name: str | None = None
     run_id: int | None = None
     created_at: dt.datetime | None = None
+
+    def __post_init__(self) -> None:
+        """The invariants of a row, checked when it is built (as optuna's FrozenTrial._validate): a row ruled out
+        without running is inferred-oom, has no result and says by what (``ruled_out_by``); a measured row that
+        ran ok has its result and its peak. RecordError names the row and what is off."""
+        inferred = self.fidelity is Fidelity.INFERRED
+        if inferred != (self.status is ProbeStatus.INFERRED_OOM) or inferred != (self.ruled_out_by is not None):
+            raise RecordError(
+                f"probe row {self.config_key} ({self.fidelity}, {self.status}): an inferred row, and only one, is "
+                "inferred-oom and says what ruled it out (ruled_out_by)"
+            )
+        if inferred and self.result is not None:
+            raise RecordError(f"probe row {self.config_key}: an inferred row ran nothing, it has no result")
+        if (
+            self.fidelity.measured
+            and self.status is ProbeStatus.OK
+            and (self.result is None or self.peak_allocated is None)
+        ):
+            raise RecordError(f"probe row {self.config_key}: a measured ok row has its result and its peak")
 
     @property
     def measured(self) -> bool:
@@ -91,10 +113,20 @@ class ProbeRow:
             return max(needs)
         return self.peak_reserved or self.peak_allocated
 
+    @property
+    def production(self) -> ProductionResult | None:
+        """What the user's real run recorded, for a production row (None for any other)."""
+        if self.fidelity is not Fidelity.PRODUCTION:
+            return None
+        return ProductionResult.from_json(self.result or {})
+
     def to_record(self) -> dict[str, Any]:
         """The columns to store (enums as their values; the storage's own id and timestamp left to it)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _STORAGE_SET}
         out["fidelity"], out["status"] = self.fidelity.value, self.status.value
+        ruled = out.pop("ruled_out_by")
+        if ruled is not None:  # an inferred row's result column holds what ruled it out
+            out["result"] = {"ruled_out_by": ruled.to_json()}
         return out
 
     @classmethod
@@ -106,10 +138,17 @@ class ProbeRow:
         values["stable"] = bool(record.get("stable"))
         values["knobs"] = dict(record["knobs"])
         values["config"] = dict(record.get("config") or {})
+        if values["fidelity"] is Fidelity.INFERRED:
+            stored = (values.pop("result") or {}).get("ruled_out_by")
+            values["ruled_out_by"] = (
+                RuledOutBy.from_json(stored)
+                if stored is not None
+                else RuledOutBy.from_cause(values["cause"], values["estimate_bytes"])  # stored before it existed
+            )
         return cls(**values)
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(ProbeRow))
+_FIELDS = tuple(f.name for f in dataclasses.fields(ProbeRow) if f.name != "ruled_out_by")
 _STORAGE_SET = ("id", "created_at")
 
 

@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from tuner.records.ruled_out import RecordError
+
 STALE_AFTER_S = 120.0  # no heartbeat for this long: the worker is gone (killed, host down, cut off)
-
-
-class RecordError(ValueError):
-    """A stored record that breaks its invariants (a corrupt or foreign row): names the record and what is wrong."""
 
 
 class RunStatus(str, Enum):

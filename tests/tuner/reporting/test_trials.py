@@ -31,12 +31,14 @@ class Trial:  # the shape of optuna.trial.FrozenTrial the join reads
 def row(id: int, trial: int | None, fidelity: str = "short", status: str = "ok", **kw: Any) -> ProbeRow:
     return ProbeRow.from_record(
         {
+            "result": {},  # a measured ok row has its result (ProbeRow's invariant)
             "id": id,
             "config_key": f"k{id}",
             "trial_number": trial,
             "fidelity": fidelity,
             "status": status,
             "knobs": {"m": id},
+            "peak_allocated": 1 if status == "ok" and fidelity != "inferred" else None,
             **kw,
         }
     )
