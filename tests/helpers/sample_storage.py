@@ -111,8 +111,9 @@ class SampleStudy:
         )
 
     def record(self, **columns: Any) -> ProbeRow:
-        """Stores a hand-written row (ProbeRow.from_record of ``columns``)."""
-        row = ProbeRow.from_record({"study_name": self.name, "run_id": self.run_id, **columns})
+        """Stores a hand-written row (ProbeRow.from_record of ``columns``; an empty result unless given: a measured
+        ok row has its result)."""
+        row = ProbeRow.from_record({"study_name": self.name, "run_id": self.run_id, "result": {}, **columns})
         return dataclasses.replace(row, id=self.store.record_probe(row))
 
     def again(self, row: ProbeRow, **changes: Any) -> ProbeRow:

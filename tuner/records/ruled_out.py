@@ -8,14 +8,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.errors import TunerError
+
 #: how the cause of an inferred row begins, by what ruled it out (tuner.memory.frontier.Frontier.explain,
 #: tuner.search.evidence.Evidence.infer): only rows stored before ruled_out_by existed are read back from it
 _MEASURED = "inferred-oom from measured "
 _ESTIMATED = "inferred-oom: estimated peak"
 
 
-class RecordError(ValueError):
-    """A record that breaks its invariants (a corrupt or foreign row, or a bug building one): names what is wrong."""
+class RecordError(TunerError, ValueError):
+    """A record that breaks its invariants (a corrupt or foreign row, or a bug building one): names what is wrong;
+    one line and exit 2 on the command line, as every TunerError."""
 
 
 @dataclass(frozen=True)

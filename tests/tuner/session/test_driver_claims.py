@@ -41,6 +41,7 @@ def _gone_owner(store: Store, key: str, *, finished_probe: bool) -> None:
     assert store.claim("claims", key, Fidelity.CONFIRM.value, None, "other-host:1")
     if finished_probe:  # it stored the confirm probe's row, then its run ended
         row = {"study_name": "claims", "config_key": key, "fidelity": "confirm", "status": "ok", "knobs": {}}
+        row |= {"result": {}, "peak_allocated": 1}  # a measured ok row has its result and its peak
         store.record_probe(ProbeRow.from_record({**row, "knobs": KNOBS.model_dump(mode="json"), "run_id": run}))
     store.finish_run(run, "finished" if finished_probe else "interrupted")
 

@@ -206,6 +206,8 @@ def test_a_pre_alembic_postgres_database_upgrades_in_place_through_the_cli(new_p
                     config={},
                     status="ok",
                     stable=True,
+                    result={},
+                    peak_allocated=1,
                     created_at=now,
                 )
             )
@@ -244,6 +246,8 @@ def test_0003_adds_the_record_uid_and_keeps_the_rows(storage_url: str) -> None:
                 config={},
                 status="ok",
                 stable=True,
+                result={},
+                peak_allocated=1,
                 created_at=dt.datetime.now(dt.timezone.utc),
             )
         )
