@@ -17,8 +17,7 @@ from api.schemas import StudyCreate
 from trials.contract import BUILTIN_PREFIX, ModelSpec
 from tuner.errors import ModelSourceError
 from tuner.job.model_source import resolve_model
-from tuner.search.request import BaselineLoader
-from tuner.session.options import Face, SearchOptions, prepare_request
+from tuner.session.options import BaselineLoader, Face, SearchOptions, prepare_request
 
 if TYPE_CHECKING:
     from tuner.interop.baseline import Baseline
