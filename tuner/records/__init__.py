@@ -1,5 +1,6 @@
 """The records floor: typed records every layer reads (storage converts to and from them once), below storage,
-search, the API, the CLI and reporting. It imports only trials.contract (whose Status is the one status enum) and tuner.errors."""
+search, the API, the CLI and reporting. It imports only trials.contract (whose Status is the one status enum) and
+tuner.errors."""
 
 from tuner.records.candidate import Candidate
 from tuner.records.events import ProbeOutcome, ProposedProbe
