@@ -7,12 +7,10 @@ import dataclasses
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 from optuna.trial import TrialState
 
-from api import trial_counts, trial_reads
-from api.cache import probe_version
 from api.deps import Services
 from api.schemas import (
     BaselineOut,
@@ -30,21 +28,13 @@ from tuner.records import DEFAULT_HEADROOM, Candidate, ProbeRow, ProbeStatus
 from tuner.records.run import RunStatus, SearchRun
 from tuner.reporting.production import ProductionRun, production_runs
 from tuner.reporting.trials import join_trials
-from tuner.session.best import best_of, serve_best
+from tuner.session.best import rank, serve_best
 from tuner.storage import Store
+from tuner.storage.optuna_trials import numbers
+from tuner.storage.read_pool import ReadStore
+from tuner.storage.trial_counts import stamp
 
 _ENDED = frozenset(s.value for s in RunStatus if s.ended)  # a study status (study_status) that is a run's end
-
-
-@overload
-def _utc(value: dt.datetime) -> dt.datetime: ...
-@overload
-def _utc(value: dt.datetime | None) -> dt.datetime | None: ...
-def _utc(value: dt.datetime | None) -> dt.datetime | None:
-    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.replace(tzinfo=dt.timezone.utc)
 
 
 def study_status(runs: list[SearchRun], now: dt.datetime) -> str:
@@ -60,9 +50,7 @@ def study_status(runs: list[SearchRun], now: dt.datetime) -> str:
 
 def summary(row: dict[str, Any], runs: list[SearchRun], now: dt.datetime) -> StudySummaryOut:
     status = study_status(runs, now)
-    return StudySummaryOut(
-        name=row["name"], created_at=_utc(row["created_at"]), created_by=row["created_by"], status=status
-    )
+    return StudySummaryOut(name=row["name"], created_at=row["created_at"], created_by=row["created_by"], status=status)
 
 
 def _progress(runs: list[SearchRun], n_trials: int, n_probes: int, status: str, now: dt.datetime) -> ProgressOut:
@@ -122,27 +110,21 @@ class Ranked:
 
 
 def ranked(store: Store, svc: Services, name: str) -> Ranked:
-    def rank() -> Ranked:
-        rows = store.probes(name)
-        return Ranked(rows, best_of(rows))
-
-    return svc.ranking.get(store, name, "ranked", rank)
+    return svc.ranking.get(store, name, "ranked", lambda: Ranked(*rank(store, name)))
 
 
 def _summary_of(found: Ranked) -> _Summary:
     return _Summary(dict(Counter(r.status.value for r in found.rows)), _best_so_far(found.best))
 
 
-def study_detail(store: Store, svc: Services, row: dict[str, Any]) -> StudyOut:
-    """The study with its progress and best so far: trial counts from the unfinished tail (api.trial_counts), the
-    probe counts and best so far cached until a probe row is added (api.cache), so the answer costs a few indexed
-    queries whatever the size of the study."""
+def study_detail(store: ReadStore, svc: Services, row: dict[str, Any]) -> StudyOut:
+    """The study with its progress and best so far: trial counts from the unfinished tail
+    (tuner.storage.trial_counts), the probe counts and best so far cached until a probe row is added (api.cache), so
+    the answer costs a few indexed queries whatever the size of the study."""
     name = row["name"]
     definition = dict(row["definition"])
     runs = store.runs(name)
-    with store.engine.connect() as conn:
-        sid = svc.optuna_study_id(conn, name)
-        states = svc.trial_counts.counts(conn, sid) if sid is not None else {}
+    _, states = store.trials.study_counts(name)
     found = svc.cache.get(store, name, "summary", lambda: _summary_of(ranked(store, svc, name)))
     now = store.db_now()
     status = study_status(runs, now)
@@ -184,20 +166,19 @@ def _probe(row: ProbeRow) -> dict[str, Any]:
         "stable": row.stable,
         "probe_seconds": row.probe_seconds,
         "ranks": _ranks(row),
-        "created_at": _utc(row.created_at),
+        "created_at": row.created_at,
     }
 
 
-def trial_page(store: Store, svc: Services, name: str, offset: int, limit: int, state: str | None) -> bytes:
+def trial_page(store: ReadStore, svc: Services, name: str, offset: int, limit: int, state: str | None) -> bytes:
     """One page of the study's trials (optionally of one Optuna state) with their probe rows, as the JSON of a
-    TrialPageOut: paged and filtered in SQL (api.trial_reads), counted from the unfinished tail (api.trial_counts),
-    and built once per version of the study (api.cache: its trial counts and probe rows) when every trial on it has
-    finished, so a page costs the same on a study of 10 trials or 10,000 and a repeated read costs its version."""
-    with store.engine.connect() as conn:
-        sid = svc.optuna_study_id(conn, name)
-        counts = svc.trial_counts.counts(conn, sid) if sid is not None else {}
+    TrialPageOut: paged and filtered in SQL (tuner.storage.optuna_trials), counted from the unfinished tail
+    (tuner.storage.trial_counts), and built once per version of the study (api.cache: its trial counts and probe
+    rows) when every trial on it has finished, so a page costs the same on a study of 10 trials or 10,000 and a
+    repeated read costs its version."""
+    sid, counts = store.trials.study_counts(name)
     total = counts.get(state, 0) if state is not None else sum(counts.values())
-    version = (sid, trial_counts.stamp(counts), probe_version(store, name))
+    version = (sid, stamp(counts), store.probe_version(name))
     page = svc.cache.get(
         store,
         name,
@@ -215,13 +196,11 @@ class _Page:
     settled: bool  # every trial on it has finished, and so has the state it is filtered to: nothing on it can change
 
 
-def _page(store: Store, name: str, sid: int | None, total: int, offset: int, limit: int, state: str | None) -> _Page:
-    if sid is None:
-        page: list[trial_reads.PagedTrial] = []
-    else:
-        with store.engine.connect() as conn:
-            page = trial_reads.trial_page(conn, sid, offset, limit, state)
-    rows = store.probes_of_trials(name, trial_reads.numbers(page))
+def _page(
+    store: ReadStore, name: str, sid: int | None, total: int, offset: int, limit: int, state: str | None
+) -> _Page:
+    page = store.trials.page(sid, offset, limit, state)
+    rows = store.probes_of_trials(name, numbers(page))
     out = [
         {
             "number": rec.number,

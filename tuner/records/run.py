@@ -37,22 +37,13 @@ class RunStatus(str, Enum):
         return self is not RunStatus.RUNNING
 
 
-def utc(value: dt.datetime) -> dt.datetime:
-    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
-
-
-def _opt_utc(value: dt.datetime | None) -> dt.datetime | None:
-    return utc(value) if value is not None else None
-
-
 @dataclass(frozen=True)
 class SearchRun:
     id: int
     study_name: str
     worker: str  # host:pid
     status: RunStatus
-    started_at: dt.datetime  # UTC, as every timestamp below
+    started_at: dt.datetime  # aware UTC, as every timestamp below (tuner.storage.utc.UTCDateTime hands them so)
     deadline_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     heartbeat_at: dt.datetime | None = None
@@ -61,10 +52,10 @@ class SearchRun:
 
     def is_live(self, now: dt.datetime, stale_after: float = STALE_AFTER_S) -> bool:
         """True while the run is marked running and its last heartbeat is at most ``stale_after`` seconds before
-        ``now`` (the database's clock: Store.db_now). A naive ``now`` is read as UTC."""
+        ``now`` (the database's clock: Store.db_now; aware, as the storage's timestamps)."""
         if self.status is not RunStatus.RUNNING or self.heartbeat_at is None:
             return False
-        return (utc(now) - self.heartbeat_at).total_seconds() <= stale_after
+        return (now - self.heartbeat_at).total_seconds() <= stale_after
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> SearchRun:
@@ -78,10 +69,10 @@ class SearchRun:
             study_name=str(record["study_name"]),
             worker=str(record["worker"]),
             status=status,
-            started_at=utc(record["started_at"]),
-            deadline_at=_opt_utc(record.get("deadline_at")),
-            finished_at=_opt_utc(record.get("finished_at")),
-            heartbeat_at=_opt_utc(record.get("heartbeat_at")),
+            started_at=record["started_at"],
+            deadline_at=record.get("deadline_at"),
+            finished_at=record.get("finished_at"),
+            heartbeat_at=record.get("heartbeat_at"),
             budget_s=record.get("budget_s"),
             message=record.get("message"),
         )
@@ -96,7 +87,7 @@ class Claim:
     fidelity: str  # tuner.records.Fidelity's value
     trial_number: int | None
     worker: str
-    claimed_at: dt.datetime  # UTC
+    claimed_at: dt.datetime  # aware UTC
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Claim:
@@ -107,8 +98,8 @@ class Claim:
             fidelity=str(record["fidelity"]),
             trial_number=int(trial) if trial is not None else None,
             worker=str(record["worker"]),
-            claimed_at=utc(record["claimed_at"]),
+            claimed_at=record["claimed_at"],
         )
 
 
-__all__ = ["STALE_AFTER_S", "Claim", "RecordError", "RunStatus", "SearchRun", "utc"]
+__all__ = ["STALE_AFTER_S", "Claim", "RecordError", "RunStatus", "SearchRun"]

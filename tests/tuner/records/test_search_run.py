@@ -12,10 +12,8 @@ from tuner.records.run import STALE_AFTER_S, Claim, RecordError, RunStatus, Sear
 NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
 
 
-def run(status: str = "running", beat_age_s: float | None = 5.0, naive: bool = False) -> SearchRun:
+def run(status: str = "running", beat_age_s: float | None = 5.0) -> SearchRun:
     beat = None if beat_age_s is None else NOW - dt.timedelta(seconds=beat_age_s)
-    if beat is not None and naive:
-        beat = beat.replace(tzinfo=None)  # what SQLite hands back
     started = NOW - dt.timedelta(hours=1)
     return SearchRun.from_record(
         {
@@ -23,7 +21,7 @@ def run(status: str = "running", beat_age_s: float | None = 5.0, naive: bool = F
             "study_name": "s",
             "worker": "h:1",
             "status": status,
-            "started_at": started.replace(tzinfo=None) if naive else started,
+            "started_at": started,
             "heartbeat_at": beat,
             "deadline_at": None,
         }
@@ -40,26 +38,22 @@ def run(status: str = "running", beat_age_s: float | None = 5.0, naive: bool = F
         (run("finished"), False),
         (run("interrupted"), False),
         (run("failed", beat_age_s=0), False),
-        (run(naive=True), True),
-        (run(beat_age_s=300, naive=True), False),
     ],
 )
 def test_live_while_running_and_beating(row: SearchRun, live: bool) -> None:
     assert row.is_live(NOW) is live
 
 
-def test_the_threshold_is_a_parameter_and_a_naive_now_is_utc() -> None:
+def test_the_threshold_is_a_parameter() -> None:
     row = run(beat_age_s=30)
     assert row.is_live(NOW, stale_after=60) and not row.is_live(NOW, stale_after=10)
-    assert row.is_live(NOW.replace(tzinfo=None))
     assert STALE_AFTER_S == 120.0
 
 
-def test_a_stored_run_is_typed_with_utc_timestamps() -> None:
-    r = run(naive=True)
+def test_a_stored_run_is_typed() -> None:
+    r = run()
     assert r.status is RunStatus.RUNNING and not r.status.ended and RunStatus.FAILED.ended
-    assert r.started_at.tzinfo is dt.timezone.utc and r.heartbeat_at is not None
-    assert r.heartbeat_at.tzinfo is dt.timezone.utc
+    assert (r.id, r.worker, r.started_at, r.deadline_at) == (1, "h:1", NOW - dt.timedelta(hours=1), None)
 
 
 def test_a_run_with_an_unknown_status_is_a_record_error() -> None:
@@ -75,7 +69,7 @@ def test_a_claim_from_its_columns() -> None:
             "fidelity": "short",
             "trial_number": None,
             "worker": "h:2",
-            "claimed_at": NOW.replace(tzinfo=None),
+            "claimed_at": NOW,
             "id": 7,
         }
     )
