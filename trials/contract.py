@@ -242,6 +242,10 @@ class ProbeConfig(_Strict):
         return self.knobs.micro_batch_size * self.gradient_accumulation_steps * self.world_size
 
 
+#: the phases a probe measures a peak of (RankMemory.phases), in order
+MEMORY_PHASES = ("train", "eval_forward", "generate")
+
+
 class RankMemory(_Strict):
     rank: int
     peak_allocated: int = 0  # bytes: CUDA max_memory_allocated, or the emulated device's peak live bytes on CPU
@@ -256,6 +260,9 @@ class RankMemory(_Strict):
     overhead: int = 0
     device_used_peak: int | None = None
     device_used_start: int | None = None
+    # the peak allocated bytes of each phase of the memory window (MEMORY_PHASES: the train step, then the eval
+    # forward and generate when the job evaluates); peak_allocated is the most of them and the timed steps
+    phases: dict[str, int] = Field(default_factory=dict)
 
     @property
     def need(self) -> int:
@@ -335,6 +342,15 @@ class ProbeResult(_Strict):
     @property
     def peak_allocated(self) -> int | None:
         return max((r.peak_allocated for r in self.ranks), default=None)
+
+    @property
+    def phase_peaks(self) -> dict[str, int]:
+        """The peak allocated bytes of each measured phase (MEMORY_PHASES), the most over the ranks."""
+        out: dict[str, int] = {}
+        for r in self.ranks:
+            for phase, peak in r.phases.items():
+                out[phase] = max(out.get(phase, 0), peak)
+        return {p: out[p] for p in MEMORY_PHASES if p in out}
 
     @property
     def oom_need(self) -> int | None:

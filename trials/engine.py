@@ -191,6 +191,7 @@ _ZERO_HOST_BUFFERS = (
     "single_partition_of_fp32_groups",
     "accumulated_grads_in_cpu",
     "temp_grad_buffer_for_cpu_offload",
+    "param_buffer_of_bit16_for_cpu_offload_groups",  # stage 1/2: one partition, pinned host memory on a GPU
     "fp32_partitioned_groups_flat",
 )
 

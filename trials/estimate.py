@@ -55,13 +55,9 @@ def _adapters_stay_put() -> Iterator[None]:
 
 def _build(spec: ModelSpec, lora: LoraSpec | None = None) -> PreTrainedModel:
     """The model as a probe builds it: fp32, train mode, with the job's LoRA adapters (base frozen) if any."""
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from trials.models import instantiate, load_config
 
-    from trials.models import load_config
-
-    config = load_config(spec)
-    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-    model = auto.from_config(config, dtype=torch.float32)
+    model: Any = instantiate(load_config(spec), dtype=torch.float32)  # peft wraps it below
     if lora is not None:
         from trials.lora import apply_lora
 
@@ -116,9 +112,11 @@ def trace_point(
     fake: bool = True,
     label_length: int | None = None,
     lora: LoraSpec | None = None,
+    evaluation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One point; ``fake=False`` runs the same steps on real tensors (to check the trace against reality). With
-    ``lora`` the model carries the job's adapters and AdamW holds the trainable (adapter) params only."""
+    ``lora`` the model carries the job's adapters and AdamW holds the trainable (adapter) params only; with
+    ``evaluation`` ({eval_batch_size, generate, generation_max_length, num_beams}) the eval phases too."""
     with FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext():
         tracker = LiveTensorTracker()
         with tracker:
@@ -138,9 +136,21 @@ def trace_point(
             grads_bytes = sum(p.grad.untyped_storage().nbytes() for p in params if p.grad is not None)
             opt.zero_grad(set_to_none=True)
             base = tracker.live  # params + state + batch
-            fwd_bwd, step_peak = _step(model, opt, batch, precision, tracker)
+            tracker.largest_since(TOP)
+            fwd_bwd = _forward_backward(model, batch, precision, tracker)
+            named = {"forward_backward": _named(tracker)}
+            tracker.largest_since(TOP)
+            tracker.reset_peak()
+            opt.step()
+            step_peak = tracker.peak
+            named["optimizer_step"] = _named(tracker)
+            tracker.keep_largest = 0
             opt.zero_grad(set_to_none=False)  # grads resident, as in the later micro-steps of an accumulation
             resident = _forward_backward(model, batch, precision, tracker)
+            opt.zero_grad(set_to_none=True)  # the Trainer evaluates after the step's zero_grad
+            del batch
+            evaluated = _eval_phases(model, length, precision, tracker, evaluation or {}, label_length)
+            named.update(evaluated.pop("largest"))
     with_grads = base + grads_bytes
     return {
         "param_count": param_count,
@@ -156,8 +166,81 @@ def trace_point(
             "resident_activation_bytes": max(0, resident - with_grads + batch_bytes),
             "step_temp_bytes": max(0, step_peak - with_grads),
             "peak_bytes": max(fwd_bwd, step_peak),
+            **evaluated,
+            "largest": named,
         },
     }
+
+
+TOP = 12  # allocations named per phase: more than the three shown, so a longer config's largest (scaled) is among them
+
+
+def _named(tracker: LiveTensorTracker) -> list[dict[str, Any]]:
+    return [{"op": a.op, "shape": list(a.shape), "dtype": a.dtype, "nbytes": a.nbytes} for a in tracker.largest]
+
+
+def _eval_phases(
+    model: Any,
+    length: int,
+    precision: str,
+    tracker: LiveTensorTracker,
+    evaluation: dict[str, Any],
+    label_length: int | None,
+) -> dict[str, Any]:
+    """The eval forward (no grad, the eval batch with labels: loss and logits) and, with ``generate``, a decode of
+    the generation length (trials.decode: every row to the full length), each a peak above what is live before its
+    batch (params + optimizer state, no grads). Nothing when the job does not evaluate."""
+    size = evaluation.get("eval_batch_size")
+    if size is None:
+        return {"largest": {}}
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    ctx = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    out: dict[str, Any] = {"eval_batch_size": size, "largest": {}}
+    model.eval()
+    before = tracker.live
+    batch = _batch(model, size, length, label_length)
+    tracker.largest_since(TOP)
+    tracker.reset_peak()
+    with torch.no_grad(), ctx:
+        result = model(**batch)
+    del result
+    out["eval_bytes"] = max(0, tracker.peak - before)
+    out["largest"]["eval_forward"] = _named(tracker)
+    if evaluation.get("generate"):
+        from trials.decode import fixed_length_decode
+
+        new_tokens = int(evaluation.get("generation_max_length") or label_length or length)
+        beams = int(evaluation.get("num_beams") or 1)
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        tracker.largest_since(TOP)
+        tracker.reset_peak()
+        with ctx:
+            _tokens, cache = fixed_length_decode(model, inputs, new_tokens, beams)
+        out["generate_bytes"] = max(0, tracker.peak - before)
+        out["generate_cache_bytes"] = _cache_bytes(cache)
+        out["generation_length"], out["num_beams"] = new_tokens, beams
+        out["largest"]["generate"] = _named(tracker)
+    tracker.keep_largest = 0
+    model.train()
+    return out
+
+
+def _cache_bytes(cache: Any) -> int:
+    """The bytes of the generation cache's tensors (each storage once)."""
+    seen: dict[int, int] = {}
+    stack = [cache]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            seen[id(storage)] = storage.nbytes()
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif obj is not None and hasattr(obj, "__dict__"):
+            stack.extend(
+                v for v in vars(obj).values() if isinstance(v, (torch.Tensor, list, tuple)) or hasattr(v, "layers")
+            )
+    return sum(seen.values())
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
@@ -174,6 +257,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             str(p.get("precision", "fp32")),
             label_length=request.get("label_length"),
             lora=lora,
+            evaluation=request.get("evaluation"),
         )
         out.update({k: got[k] for k in ("param_count", "trainable_count", "param_bytes", "largest_param")})
         out["points"].append(got["point"])

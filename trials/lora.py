@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from trials.contract import LoraSpec, ModelSpec
-from trials.models import is_encoder_decoder, load_config
+from trials.models import instantiate, is_encoder_decoder, load_config
 
 EXIT_BAD_SPEC = 3
 EXIT_NO_PEFT = 4
@@ -71,12 +71,9 @@ def trainable_count(model: torch.nn.Module) -> int:
 
 def check(model: ModelSpec, spec: LoraSpec) -> dict[str, int]:
     """The parameter counts of ``model`` with the adapters, built on the meta device (nothing allocated)."""
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
-
     config = load_config(model)
-    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     with torch.device("meta"):
-        built = auto.from_config(config)
+        built = instantiate(config)
         wrapped = apply_lora(built, spec)
     return {"params": sum(p.numel() for p in wrapped.parameters()), "trainable": trainable_count(wrapped)}
 

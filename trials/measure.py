@@ -9,8 +9,8 @@ import itertools
 import statistics
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -151,3 +151,47 @@ class DeviceSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+@dataclass
+class PhasePeaks:
+    """The peak allocated bytes of each phase of a probe's memory window (the train step, the eval forward, the
+    generate), keeping the window's overall peaks the max of them. ``read`` gives the (allocated, reserved) peaks
+    since the last ``reset``: the emulated device's tracker, or torch.cuda's peak stats."""
+
+    read: Callable[[], tuple[int, int]]
+    reset: Callable[[], None]
+    peaks: dict[str, int] = field(default_factory=dict)
+    allocated: int = 0  # the most allocated over the phases ended so far
+    reserved: int = 0
+
+    @classmethod
+    def of(cls, tracker: Callable[[], Any], device: torch.device) -> PhasePeaks:
+        """Over the emulated device's tracker (``tracker()``: the probe's, once made), else torch.cuda's peaks."""
+
+        def read() -> tuple[int, int]:
+            if (t := tracker()) is not None:
+                return t.peak, t.peak
+            if device.type == "cuda":
+                return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+            return 0, 0
+
+        def reset() -> None:
+            if (t := tracker()) is not None:
+                t.reset_peak()
+            elif device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+
+        return cls(read, reset)
+
+    def end(self, phase: str) -> None:
+        """Ends ``phase``: its peak recorded, the peaks reset for the next."""
+        allocated, reserved = self.read()
+        self.peaks[phase] = max(self.peaks.get(phase, 0), allocated)
+        self.allocated, self.reserved = max(self.allocated, allocated), max(self.reserved, reserved)
+        self.reset()
+
+    def overall(self) -> tuple[int, int]:
+        """The window's peaks: the phases' and what came after the last one (the timed steps)."""
+        allocated, reserved = self.read()
+        return max(self.allocated, allocated), max(self.reserved, reserved)

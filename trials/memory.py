@@ -15,6 +15,7 @@ import resource
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,6 +25,16 @@ from torch.utils._pytree import tree_leaves
 from trials.contract import Status
 
 MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One storage the tracker saw created: the op that asked for it, its shape and dtype, its bytes."""
+
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -45,6 +56,8 @@ class LiveTensorTracker(TorchDispatchMode):
         self._paused = 0
         self._lock = threading.Lock()
         self.oom_need: int | None = None  # live bytes + the allocation refused at the capacity (a lower bound)
+        self.keep_largest = 0  # how many of the largest new storages to name (0: none; see largest_since)
+        self.largest: list[Allocation] = []  # the largest storages created since largest_since, largest first
 
     # -- accounting -------------------------------------------------------------------------------------------------
     def track(self, tensors: Iterable[Any]) -> None:
@@ -53,21 +66,37 @@ class LiveTensorTracker(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self._add(t, check=False)
 
-    def _add(self, t: torch.Tensor, check: bool = True, inputs: frozenset[int] = frozenset()) -> None:
-        if t.layout is not torch.strided or t.device.type not in ("cpu", "meta", "cuda"):
+    def largest_since(self, keep: int = 3) -> None:
+        """From now on, name the ``keep`` largest storages created (op, shape, dtype, bytes) in ``largest``."""
+        self.keep_largest = keep
+        self.largest = []
+
+    def _name(self, func: Any, t: torch.Tensor, nbytes: int) -> None:
+        if nbytes <= 0 or (len(self.largest) >= self.keep_largest and nbytes <= self.largest[-1].nbytes):
             return
+        op = str(getattr(func, "__name__", func))
+        self.largest.append(
+            Allocation(op=op, shape=tuple(t.shape), dtype=str(t.dtype).replace("torch.", ""), nbytes=nbytes)
+        )
+        self.largest.sort(key=lambda a: -a.nbytes)
+        del self.largest[self.keep_largest :]
+
+    def _add(self, t: torch.Tensor, check: bool = True, inputs: frozenset[int] = frozenset()) -> int:
+        """Counts ``t``'s storage if new (or grown); returns the bytes it added."""
+        if t.layout is not torch.strided or t.device.type not in ("cpu", "cuda"):
+            return 0  # meta tensors (shapes only, e.g. DeepSpeed ZeRO-1/2's round_robin_bit16_meta) hold no memory
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # tensor subclasses without a storage
-            return
+            return 0
         key = id(storage)
         nbytes = storage.nbytes()
         with self._lock:
             if key in self._host:
-                return
+                return 0
             old = self._sizes.get(key)
             if old is None and key in inputs:
-                return  # a view of (or in-place op on) a storage created before tracking: not a new storage
+                return 0  # a view of (or in-place op on) a storage created before tracking: not a new storage
             if old is None:
                 self._sizes[key] = nbytes
                 weakref.finalize(storage, self._free, key)
@@ -88,6 +117,7 @@ class LiveTensorTracker(TorchDispatchMode):
                 f"emulated device out of memory: tried to allocate {delta / MiB:.2f} MiB with "
                 f"{self.live / MiB:.2f} MiB live of {self.capacity / MiB:.2f} MiB capacity"  # type: ignore[operator]
             )
+        return delta
 
     def _free(self, key: int) -> None:
         with self._lock:
@@ -139,7 +169,9 @@ class LiveTensorTracker(TorchDispatchMode):
             inputs = frozenset() if fresh else frozenset(_storage_ids(tree_leaves((args, kwargs))))
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
-                    self._add(t, inputs=inputs)
+                    added = self._add(t, inputs=inputs)
+                    if self.keep_largest:
+                        self._name(func, t, added)
         return out
 
 

@@ -114,6 +114,10 @@ def load_config(spec: ModelSpec) -> PretrainedConfig:
             config: PretrainedConfig = LlamaConfig(**{**_LLAMA_COMMON, **LLAMA_PRESETS[name]})
         elif name in PRESETS:
             config = T5Config(**{**_COMMON, **PRESETS[name]})
+            # transformers 5's T5Config forces tie_word_embeddings=True whatever it is given; flan-t5 unties its
+            # lm_head (32,128 x 1,024 = 33M params of flan-t5-large): set the preset's value after construction
+            # (from_config then unties the encoder/decoder input embeddings too: instantiate ties those back)
+            config.tie_word_embeddings = PRESETS[name]["tie_word_embeddings"]
         else:
             raise ValueError(
                 f"unknown built-in model {source!r}; choose one of "
@@ -134,6 +138,21 @@ def _override(config: PretrainedConfig, spec: ModelSpec) -> PretrainedConfig:
     if getattr(config, "use_cache", None) is not None:
         config.use_cache = False  # training: no KV cache
     return config
+
+
+def instantiate(config: PretrainedConfig, dtype: torch.dtype | None = None) -> PreTrainedModel:
+    """``AutoModel*.from_config`` (seq2seq or causal by the config), as the published model is laid out: a T5 with an
+    untied lm_head keeps its encoder and decoder input embeddings tied to ``shared`` (transformers 5 unties all
+    three when ``tie_word_embeddings`` is False; google/flan-t5-large has one shared input embedding)."""
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    model = auto.from_config(config) if dtype is None else auto.from_config(config, dtype=dtype)
+    shared = getattr(model, "shared", None)
+    if isinstance(shared, torch.nn.Embedding):
+        for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
+            embed = getattr(stack, "embed_tokens", None)
+            if isinstance(embed, torch.nn.Embedding) and embed.weight is not shared.weight:
+                embed.weight = shared.weight
+    return model
 
 
 def build_model(
@@ -165,7 +184,7 @@ def build_model(
         if local and not spec.overrides:
             model = auto.from_pretrained(spec.source, config=config, dtype=torch.float32)
         else:
-            model = auto.from_config(config, dtype=torch.float32)
+            model = instantiate(config, dtype=torch.float32)
     if where == "device" and device is not None:
         model = model.to(device)  # type: ignore[arg-type]  # from_pretrained loads on the host: one copy
     model.train()

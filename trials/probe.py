@@ -50,6 +50,7 @@ from trials.last_words import LastWords
 from trials.measure import (
     DeviceSampler,
     MemoryWindow,
+    PhasePeaks,
     StepClock,
     device_used,
     split_steps,
@@ -88,6 +89,7 @@ class Probe:
         self.used_start: int | None = None
         self.used_peak: int | None = None
         self.overhead = 0
+        self.peaks = PhasePeaks.of(lambda: self.tracker, self.device)  # per phase of the memory window
 
     def _mark(self, phase: str) -> None:
         now = time.time()
@@ -213,10 +215,7 @@ class Probe:
     def _settle(self) -> None:
         """After the first real optimizer step every lazily built buffer exists (AdamW state, ZeRO's offload buffers
         now taken off the device): the peak is taken from here on, over steady-state cycles with state resident."""
-        if self.tracker is not None:
-            self.tracker.reset_peak()
-        elif self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
+        self.peaks.reset()
 
     def _eval(self, engine: Engine, vocab: int, encdec: bool) -> None:
         knobs = self.config.knobs
@@ -239,6 +238,7 @@ class Probe:
             with torch.no_grad(), engine.autocast():
                 self.phase = "eval"
                 model(**batch)
+                self.peaks.end("eval_forward")
                 if knobs.generate:
                     self.phase = "generate"
                     zero3 = knobs.engine == "deepspeed" and knobs.zero_stage == 3 and self.world_size > 1
@@ -252,6 +252,7 @@ class Probe:
                         use_cache=True,
                         synced_gpus=zero3,
                     )
+                    self.peaks.end("generate")
         finally:
             model.train()
         self._quiet_sample()
@@ -295,6 +296,7 @@ class Probe:
                     action = window.record(self._cycle(engine, batch, accum))
                     if action == "settle":
                         self._settle()
+                self.peaks.end("train")
                 self._eval(engine, vocab, encdec)
             if sampler is not None:
                 self.used_peak = max(self.used_peak or 0, sampler.peak)
@@ -317,12 +319,14 @@ class Probe:
 
     def _memory(self) -> RankMemory:
         rss = max(0, memory.peak_rss() - self.baseline_rss)
+        allocated, reserved = self.peaks.overall()
         if self.device.type == "cuda":
             stats = torch.cuda.memory_stats(self.device)
             return RankMemory(
                 rank=self.rank,
-                peak_allocated=torch.cuda.max_memory_allocated(self.device),
-                peak_reserved=torch.cuda.max_memory_reserved(self.device),
+                peak_allocated=allocated,
+                peak_reserved=reserved,
+                phases=dict(self.peaks.peaks),
                 peak_rss=rss,
                 capacity=self.capacity,
                 alloc_retries=int(stats.get("num_alloc_retries", 0)),
@@ -330,11 +334,11 @@ class Probe:
                 device_used_peak=self.used_peak,
                 device_used_start=self.used_start,
             )
-        peak = self.tracker.peak if self.tracker is not None else 0
         return RankMemory(
             rank=self.rank,
-            peak_allocated=peak,
-            peak_reserved=peak,
+            peak_allocated=allocated,
+            peak_reserved=allocated,
+            phases=dict(self.peaks.peaks),
             capacity=self.capacity,
             peak_rss=rss,
             oom_need=self.tracker.oom_need if self.tracker is not None else None,

@@ -51,7 +51,10 @@ def test_tuner_estimate_has_the_declared_job_settings_with_its_own_defaults() ->
         own = ESTIMATE_OWN.get(d.name, {})
         assert options[d.name].help == own.get("help", d.spec.help), d.name
     assert {"lora_r", "lora_target_modules", "max_length", "precision", "model"} <= set(options)
-    assert options["max_length"].default == 512 and options["precision"].default == "fp32"
+    # the job as `tuner search` reads it: the baseline files and every job flag, their defaults the search's
+    job = {"baseline", "training_args", "max_target_length", "eval_batch_size", "generate", "generation_max_length"}
+    assert job | {"num_beams"} <= set(options)
+    assert options["max_length"].default is None and options["precision"].default is None
 
 
 def test_tune_takes_the_declared_settings_as_keywords_and_documents_them() -> None:

@@ -3,6 +3,7 @@ device), tuner.best_config hands back what `tuner best` does, tuner.estimate wha
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,23 @@ def test_dry_run_says_what_the_search_would_do_and_writes_nothing(tmp_path: Path
     assert "space: 2 configs; " in done.stdout and "ruled out by the memory estimate" in done.stdout
     ruled = int(done.stdout.split("space: 2 configs; ")[1].split()[0])
     assert f"expected: at most about {2 - ruled} probes" in done.stdout and not db.exists()
+    assert "  searched: micro_batch_size: 2, 32" in done.stdout  # the one knob with more than one choice
+    assert "ruled out = predicted peak above 1.5 x the device memory (240 MiB)" in done.stdout
+
+
+def test_dry_run_predicts_the_baseline_phase_by_phase(tmp_path: Path) -> None:
+    """With a baseline, the dry run prints its predicted peak per phase against the device memory (the one shared
+    estimate: the same numbers `tuner estimate` prints)."""
+    baseline = tmp_path / "ds.json"
+    baseline.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}}))
+    tuner_bin = Path(sys.executable).with_name("tuner")
+    args = ["search", "--budget", "30m", "--storage", f"sqlite:///{tmp_path / 'tuner.db'}", "--device-memory", "1MiB"]
+    args += ["--space", str(_space_file(tmp_path)), "--baseline", str(baseline), "--dry-run"]
+    done = subprocess.run([str(tuner_bin), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "your baseline, predicted peak per rank of 1 MiB device memory (uncalibrated):" in done.stdout
+    assert "  train forward + backward: " in done.stdout and "  optimizer step: " in done.stdout
+    assert " MiB OVER" in done.stdout and "not covered: the CUDA context" in done.stdout
 
 
 def _space_file(tmp_path: Path) -> Path:

@@ -40,6 +40,7 @@ COMMAND_MODULES = [
     "tuner.cli.search",
     "tuner.cli.results",
     "tuner.cli.export",
+    "tuner.cli.lengths",
 ]
 
 

@@ -1,31 +1,34 @@
-"""`tuner estimate`: the predicted peak device memory of one config, without probing (no GPU needed)."""
+"""`tuner estimate`: the predicted peak device memory of one config per phase and part, without probing (no GPU
+needed); ``--solve`` the longest length or largest micro batch that fits."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import MISSING
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
 from trials.contract import Knobs, ModelSpec
 from tuner.cli.app import app
 from tuner.cli.declared import with_settings
+from tuner.cli.estimate_job import EstimateJob, estimate_job
+from tuner.cli.estimate_view import Shown, emit
 from tuner.declared import ESTIMATE
 from tuner.errors import ConfigError
-from tuner.job.batching import accumulation_steps
-from tuner.job.lora import LORA_FLAGS, check_lora, lora_spec
+from tuner.job.lora import check_lora
 from tuner.job.model_source import resolve_model
-from tuner.memory.estimator import Estimate, Estimator, trace
+from tuner.job.space import KNOB_RANGES
+from tuner.memory import solve as solving
+from tuner.memory.estimator import Estimator, trace
 from tuner.session.options import cli_option
 from tuner.settings import load_settings
 from tuner.units import parse_size
 
 MAX_CALIBRATION_POINTS = 8
+TRACE_MAX_LENGTH = 1024  # longer configs are extrapolated from two short traced lengths (a long trace takes minutes)
+SHORT_LENGTHS = (320, 640)  # the lengths traced then: not a model dimension of the presets (the shape scaling)
 MiB = 1 << 20
+SOLVE = ("max-length", "micro-batch")
 
 
 def _parse_size(text: str | None) -> int | None:
@@ -53,10 +56,6 @@ def _calibration_rows(study: str, storage: str | None, model: ModelSpec, world_s
     return out[-MAX_CALIBRATION_POINTS:]
 
 
-def _row(table: Table, name: str, nbytes: int, note: str = "") -> None:
-    table.add_row(name, f"{nbytes / MiB:,.1f}", note)
-
-
 #: where `tuner estimate` means something else than `tuner search` by a declared setting
 ESTIMATE_OWN: dict[str, dict[str, Any]] = {
     "model": {"default": MISSING, "help": "builtin:<preset>, an HF id or a local save_pretrained dir"},
@@ -66,8 +65,6 @@ ESTIMATE_OWN: dict[str, dict[str, Any]] = {
         "help": "micro x accumulation x world; without it gradient accumulation is assumed (earlier micro-steps' "
         "grads resident: the larger need)",
     },
-    "max_length": {"default": 512},
-    "precision": {"default": "fp32"},
     "device_memory": {"help": "e.g. 80GiB: say whether it fits"},
     "storage": {"help": "SQLAlchemy URL of the study"},
 }
@@ -77,120 +74,121 @@ ESTIMATE_OWN: dict[str, dict[str, Any]] = {
 @with_settings(ESTIMATE, into="job", overrides=ESTIMATE_OWN)
 def estimate(
     job: dict[str, Any],
-    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)],
-    zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3)] = 0,
-    engine: Annotated[str, typer.Option("--engine", help="deepspeed or torch")] = "deepspeed",
-    offload_optimizer: Annotated[bool, typer.Option("--offload-optimizer/--no-offload-optimizer")] = False,
+    micro_batch_size: Annotated[
+        int | None, typer.Option("--micro-batch-size", min=1, help="default: baseline's")
+    ] = None,
+    zero_stage: Annotated[
+        int | None, typer.Option("--zero-stage", min=0, max=3, help="default: baseline's, else 0")
+    ] = None,
+    engine: Annotated[str | None, typer.Option("--engine", help="deepspeed (default) or torch")] = None,
+    offload_optimizer: Annotated[bool | None, typer.Option("--offload-optimizer/--no-offload-optimizer")] = None,
     gradient_checkpointing: Annotated[
-        bool, typer.Option("--gradient-checkpointing/--no-gradient-checkpointing")
-    ] = False,
-    overlap_comm: Annotated[bool, typer.Option("--overlap-comm/--no-overlap-comm")] = False,
-    contiguous_gradients: Annotated[bool, typer.Option("--contiguous-gradients/--no-contiguous-gradients")] = True,
+        bool | None, typer.Option("--gradient-checkpointing/--no-gradient-checkpointing")
+    ] = None,
+    overlap_comm: Annotated[bool | None, typer.Option("--overlap-comm/--no-overlap-comm")] = None,
+    contiguous_gradients: Annotated[
+        bool | None, typer.Option("--contiguous-gradients/--no-contiguous-gradients")
+    ] = None,
     reduce_bucket_size: Annotated[str | None, typer.Option("--reduce-bucket-size", help="elements, e.g. 2e8")] = None,
     allgather_bucket_size: Annotated[str | None, typer.Option("--allgather-bucket-size")] = None,
     margin: Annotated[float, typer.Option("--margin", min=0.0, max=0.9, help="safety margin for the verdict")] = 0.10,
     calibrate_from_study: Annotated[
         str | None, typer.Option("--calibrate-from-study", help="fit to its probes")
     ] = None,
+    solve: Annotated[
+        str | None,
+        typer.Option(
+            "--solve",
+            help="max-length: the longest length that fits at the micro batch; micro-batch: the largest micro "
+            "batch at the length (needs --device-memory)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
-    """Predict the peak device memory per rank of one config: a fake-tensor trace of one training step plus DeepSpeed's
-    model-state arithmetic, optionally calibrated against a study's measured probes."""
-    world_size, global_batch = int(job["world_size"]), job["global_batch"]
-    try:
-        knobs = Knobs(
-            micro_batch_size=micro_batch_size,
-            max_length=job["max_length"],
-            engine=engine,
-            zero_stage=zero_stage,
-            precision=job["precision"],
-            offload_optimizer=offload_optimizer,
-            gradient_checkpointing=gradient_checkpointing,
-            overlap_comm=overlap_comm,
-            contiguous_gradients=contiguous_gradients,
-            reduce_bucket_size=_parse_size(reduce_bucket_size),
-            allgather_bucket_size=_parse_size(allgather_bucket_size),
-        )
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ())) or "knobs"
-        raise ConfigError(f"{where}: {first['msg']}") from None
-    if global_batch is not None and accumulation_steps(global_batch, micro_batch_size, world_size) is None:
-        raise ConfigError(
-            f"--global-batch {global_batch} is not a whole number of micro batches: give a multiple of "
-            f"--micro-batch-size x --world-size = {micro_batch_size * world_size}"
-        )
-    spec = resolve_model(job["model"])
-    lora = lora_spec(*(job[name] for name in LORA_FLAGS), option=cli_option)
-    if lora is not None:
-        check_lora(spec, lora, cli_option)
+    """Predict the peak device memory per rank of one config, phase by phase (train forward+backward, optimizer step,
+    eval forward, generate) and part by part: a fake-tensor trace plus DeepSpeed's model-state arithmetic, optionally
+    calibrated against a study's measured probes. The job is read as `tuner search` reads it (--baseline,
+    --training-args, the job flags); the config's knobs are the baseline's unless an option names them."""
+    if solve is not None and solve not in SOLVE:
+        raise ConfigError(f"--solve {solve!r}: choose one of {', '.join(SOLVE)}")
     capacity = _parse_size(job["device_memory"])
-    calib = _calibration_rows(calibrate_from_study, job["storage"], spec, world_size) if calibrate_from_study else []
-    wanted = {(knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)}
-    wanted |= {(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision) for k, _ in calib}
-    tr = trace(spec, sorted(wanted), lora=lora)
-    est = Estimator(trace=tr, world_size=world_size, global_batch=global_batch)
+    if solve is not None and capacity is None:
+        raise ConfigError(f"--solve {solve} needs --device-memory (what must it fit in?)")
+    spec = resolve_model(job["model"])
+    knob_options = {
+        "micro_batch_size": micro_batch_size,
+        "engine": engine,
+        "zero_stage": zero_stage,
+        "offload_optimizer": offload_optimizer,
+        "gradient_checkpointing": gradient_checkpointing,
+        "overlap_comm": overlap_comm,
+        "contiguous_gradients": contiguous_gradients,
+        "reduce_bucket_size": _parse_size(reduce_bucket_size),
+        "allgather_bucket_size": _parse_size(allgather_bucket_size),
+    }
+    ej = estimate_job(spec, job, knob_options)
+    if ej.job.lora is not None:
+        check_lora(spec, ej.job.lora, cli_option)
+    calib = _calibration_rows(calibrate_from_study, job["storage"], spec, ej.world_size) if calibrate_from_study else []
+    est, how = _traced(ej, calib)
     for k, peak in calib:
         est.observe(k, peak)
+    knobs = ej.knobs
+    solved = _solve(est, knobs, solve, capacity, margin) if solve is not None and capacity is not None else None
     result = est.predict(knobs)
-    _print(result, est.accumulates(knobs), tr.param_count, est, capacity, margin, as_json, tr.trace_s)
-
-
-def _print(
-    result: Estimate,
-    accumulates: bool,
-    params: int,
-    est: Estimator,
-    capacity: int | None,
-    margin: float,
-    as_json: bool,
-    trace_s: float,
-) -> None:
-    verdict = None if capacity is None else ("fits" if result.calibrated * (1 + margin) <= capacity else "over budget")
-    if as_json:
-        out: dict[str, Any] = {
-            "param_count": params,
-            "trainable_count": est.trace.trainable_count,
-            "params": result.states.params,
-            "grads": result.states.grads,
-            "optimizer": result.states.optimizer,
-            "buffers": result.states.buffers,
-            "activations": result.activations,
-            "gradient_accumulation": accumulates,
-            "raw": result.raw,
-            "calibrated": result.calibrated,
-            "calibration": list(result.calibration),
-            "calibration_probes": len(est.observations),
-            "capacity": capacity,
-            "verdict": verdict,
-        }
-        typer.echo(json.dumps(out))
-        return
-    trainable = est.trace.trainable_count
-    lora = f", {trainable:,} of them LoRA adapters that train" if trainable is not None and trainable < params else ""
-    t = Table(title=f"peak device memory per rank ({params / 1e6:,.1f}M params{lora}, traced in {trace_s:.1f} s)")
-    t.add_column("part")
-    t.add_column("MiB", justify="right")
-    t.add_column("")
-    _row(t, "params", result.states.params)
-    _row(t, "gradients", result.states.grads)
-    _row(t, "optimizer state", result.states.optimizer, "host memory" if result.states.optimizer == 0 else "")
-    _row(t, "ZeRO buffers", result.states.buffers)
-    _row(
-        t,
-        "activations + temporaries",
-        result.activations,
-        "fake-tensor trace" + ("; the grads of earlier micro-steps resident" if accumulates else ""),
+    shown = Shown(
+        result=result,
+        accumulates=est.accumulates(knobs),
+        param_count=est.trace.param_count,
+        trainable_count=est.trace.trainable_count,
+        capacity=capacity,
+        margin=margin,
+        calibration_probes=len(est.observations),
+        calibration_errors=est.errors(),
+        header=f"{spec.source} on {ej.world_size} rank(s), {ej.job.describe()}; config from {ej.source}: "
+        f"{_describe(knobs)}",
+        traced=how,
+        solved=solved,
+        config=knobs.model_dump(mode="json"),
     )
-    _row(t, "estimate", result.raw, "uncalibrated")
-    if est.observations:
-        a, b, c = result.calibration
-        errs = est.errors()
-        note = (
-            f"fit to {len(errs)} probes: {a:.2f}*states + {b:.2f}*act + {c / MiB:.0f} MiB, "
-            f"max err {max(map(abs, errs)):.0%}"
+    emit(shown, as_json)
+
+
+def _traced(ej: EstimateJob, calib: list[tuple[Knobs, int]]) -> tuple[Estimator, str]:
+    """The trace of the config (two lengths, so the length curve can be fitted; long configs from two short
+    lengths, extrapolated) and the calibration probes' shapes; how it was taken, in words."""
+    k = ej.knobs
+    long = k.max_length > TRACE_MAX_LENGTH
+    lengths = SHORT_LENGTHS if long else tuple(sorted({max(1, k.max_length // 2), k.max_length}))
+    wanted = {(k.micro_batch_size, n, k.gradient_checkpointing, k.precision) for n in lengths}
+    wanted |= {(c.micro_batch_size, c.max_length, c.gradient_checkpointing, c.precision) for c, _ in calib}
+    labels = ej.job.max_target_length
+    tr = trace(ej.model, sorted(wanted), lora=ej.job.lora, label_length=labels, evaluation=ej.evaluation)
+    est = Estimator(trace=tr, world_size=ej.world_size, global_batch=ej.global_batch)
+    how = f"traced in {tr.trace_s:.1f} s"
+    if long:
+        how += (
+            f"; length {k.max_length:,} extrapolated from lengths {', '.join(map(str, SHORT_LENGTHS))} "
+            "(activations ~ a*len + b*len^2 per sample; a trace at the full length takes minutes on CPU)"
         )
-        _row(t, "calibrated estimate", result.calibrated, note)
-    if capacity is not None:
-        _row(t, "device memory", capacity, f"{verdict} (with {margin:.0%} margin)")
-    Console(highlight=False).print(t)
+    return est, how
+
+
+def _solve(est: Estimator, knobs: Knobs, solve: str, capacity: int, margin: float) -> str:
+    if solve == "max-length":
+        n = solving.max_length(est, knobs, capacity, margin, KNOB_RANGES["max_length"][1])
+        what = f"the longest max_length that fits at micro batch {knobs.micro_batch_size}"
+    else:
+        n = solving.max_micro_batch(est, knobs, capacity, margin, KNOB_RANGES["micro_batch_size"][1])
+        what = f"the largest micro batch that fits at length {knobs.max_length:,}"
+    if n is None:
+        return f"{what}: none (even 1 is over {capacity / MiB:,.1f} MiB with the {margin:.0%} margin)"
+    return f"{what}: {n:,} (with the {margin:.0%} margin, same estimate)"
+
+
+def _describe(k: Knobs) -> str:
+    parts = [f"micro {k.micro_batch_size}", k.engine if k.engine == "torch" else f"ZeRO-{k.zero_stage}"]
+    parts += [
+        name for name, on in (("offload", k.offload_optimizer), ("checkpointing", k.gradient_checkpointing)) if on
+    ]
+    return ", ".join(parts)

@@ -42,6 +42,8 @@ class Rendered(Events):
         )
         held = f"your job (held fixed): {request.job.describe()}; " if request.job is not None else ""
         console.print(Text(f"{held}searching {request.space.size()} configs for {request.objective.unit}"))
+        for line in request.data_lines():
+            console.print(Text(line))
         if request.job_changes:
             console.print(
                 f"[yellow]the space file searches job settings on purpose: {escape(', '.join(request.job_changes))}; "

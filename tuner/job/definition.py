@@ -83,14 +83,14 @@ class JobFlags:
     these fields."""
 
     max_length: int | None = setting("your job's input length in tokens (encoder / causal)", None, min=1, faces=_ALL)
-    max_target_length: int | None = setting("your job's seq2seq label length", None, min=1)
+    max_target_length: int | None = setting("your job's seq2seq label length", None, min=1, faces=_ALL)
     precision: Precision | None = setting("your job's precision: bf16, fp16 or fp32", None, cli_type=str, faces=_ALL)
-    eval_batch_size: int | None = setting("your job's per-device eval batch", None, min=1)
+    eval_batch_size: int | None = setting("your job's per-device eval batch", None, min=1, faces=_ALL)
     generate: bool | None = setting(
-        "your job evaluates with predict_with_generate", None, flag="--generate/--no-generate"
+        "your job evaluates with predict_with_generate", None, flag="--generate/--no-generate", faces=_ALL
     )
-    generation_max_length: int | None = setting("new tokens per eval generate", None, min=1)
-    num_beams: int | None = setting("beams per eval generate", None, min=1)
+    generation_max_length: int | None = setting("new tokens per eval generate", None, min=1, faces=_ALL)
+    num_beams: int | None = setting("beams per eval generate", None, min=1, faces=_ALL)
     # LoRA: not in an API body (checking the adapters builds the model: a torch subprocess the API never starts)
     lora_r: int | None = setting(
         "a LoRA job: adapters of this rank train, the base is frozen (peft)", None, faces=_LOCAL

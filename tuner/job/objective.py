@@ -1,14 +1,13 @@
 """What the search maximises: throughput at the fixed global batch.
 
 With one max_length, samples/s. When max_length varies, retained tokens/s = samples/s x mean(min(len, max_length))
-over the user's length distribution (``--lengths FILE``), or samples/s x max_length with no dataset, so a shorter
-max_length that truncates the data away never wins by processing fewer tokens. Pure, no torch.
+over the user's length distribution (``--lengths FILE``, its input column), or samples/s x max_length with no
+dataset, so a shorter max_length that truncates the data away never wins by processing fewer tokens. Pure, no torch.
 """
 
 from __future__ import annotations
 
 import bisect
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -17,6 +16,7 @@ from typing import Literal, cast, get_args
 
 from trials.contract import ProbeResult
 from tuner.errors import ConfigError
+from tuner.job.lengths import read_lengths_file
 
 Kind = Literal["samples_per_s", "retained_tokens_per_s"]
 
@@ -79,16 +79,6 @@ def objective_for(max_length_choices: Sequence[int], lengths: Sequence[int] | No
 
 
 def load_lengths(path: str | Path) -> list[int]:
-    """Sample lengths in tokens: a JSON list, or integers separated by whitespace, commas or newlines."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"lengths file {p} does not exist; give a file of token counts, one per line")
-    text = p.read_text().strip()
-    try:
-        values = json.loads(text) if text.startswith("[") else [t for t in text.replace(",", " ").split()]
-        lengths = [int(v) for v in values]
-    except (ValueError, TypeError):
-        raise ConfigError(f"lengths file {p} must hold integer token counts (one per line, or a JSON list)") from None
-    if not lengths or min(lengths) < 0:
-        raise ConfigError(f"lengths file {p} must hold at least one non-negative token count")
-    return lengths
+    """The input lengths of a lengths file: ``input<TAB>target`` per line (``tuner lengths -o``), or the one-column
+    form (a JSON list, or integers separated by whitespace, commas or newlines). The objective truncates inputs."""
+    return [int(n) for n in read_lengths_file(path).input.tolist()]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from trials.contract import LoraSpec, ModelSpec
 from tuner.errors import TunerError
 from tuner.job.space import Space
-from tuner.memory.estimator import Estimator, trace, zero_stage_need
+from tuner.memory.estimator import Estimator, Evaluation, trace, zero_stage_need
 
 ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a share of the budget
 
@@ -19,7 +19,8 @@ ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a shar
 @dataclass(frozen=True)
 class TraceShapes:
     """What the estimate traces and is for: the model (with the job's LoRA adapters), the space whose shapes are
-    traced, seq2seq labels at ``label_length`` (None: max_length), the world size and the global batch."""
+    traced, seq2seq labels at ``label_length`` (None: max_length), the world size and the global batch, and the
+    job's evaluation (its eval forward and generate are traced at every point too)."""
 
     model: ModelSpec
     space: Space
@@ -27,6 +28,14 @@ class TraceShapes:
     global_batch: int | None = None
     label_length: int | None = None
     lora: LoraSpec | None = None
+    evaluation: Evaluation | None = None  # the job's eval forward / generate (None: it does not evaluate)
+    extra_lengths: tuple[int, ...] = ()  # more input lengths to trace (with data: its median), for the length curve
+    length_cap: int | None = None  # no longer inputs traced; longer ones follow the fitted a*L + b*L^2
+
+
+#: with the user's data, the longest input length traced: a CPU fake-tensor trace of a large model at the data's
+#: longest samples (6,000+ tokens) takes minutes; longer inputs follow the fitted a*L + b*L^2 (attention's L^2 term)
+DATA_TRACE_CAP = 2048
 
 
 def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
@@ -42,24 +51,42 @@ def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
     ]
 
 
+def shape_points(shapes: TraceShapes) -> list[tuple[int, int, bool, str]]:
+    """``trace_points`` of the space, its lengths at most ``length_cap``, plus each of ``extra_lengths`` shorter than
+    that at the smallest micro batch, so the estimator fits how activations grow with length."""
+    points = trace_points(shapes.space)
+    if shapes.length_cap is None and not shapes.extra_lengths:
+        return points
+    cap = shapes.length_cap or max(p[1] for p in points)
+    micro = min(p[0] for p in points)
+    out = {(m, min(length, cap), ckpt, prec) for m, length, ckpt, prec in points}
+    for n in shapes.extra_lengths:
+        out |= {(micro, n, ckpt, prec) for _, length, ckpt, prec in points if n < min(length, cap)}
+    return sorted(out)
+
+
 def build_estimator(shapes: TraceShapes, timeout_s: float) -> tuple[Estimator | None, str]:
     """The estimator's fake-tensor trace of the model (a subprocess), or None with the reason it is unavailable."""
     started = time.monotonic()
     try:
         traced = trace(
             shapes.model,
-            trace_points(shapes.space),
+            shape_points(shapes),
             timeout_s=timeout_s,
             label_length=shapes.label_length,
             lora=shapes.lora,
+            evaluation=shapes.evaluation,
         )
     except (TunerError, RuntimeError, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         return None, f"memory estimate unavailable ({reason}); probing without it"
     took = time.monotonic() - started
+    longest = max((p.max_length for p in traced.points), default=0)
+    beyond = max(shapes.space.max_length) > longest
+    extrapolated = f"; inputs longer than {longest:,} tokens extrapolated by the fitted length curve" if beyond else ""
     return Estimator(
         traced, world_size=shapes.world_size, global_batch=shapes.global_batch
-    ), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params)"
+    ), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params{extrapolated})"
 
 
 def stage_order(estimator: Estimator, shapes: TraceShapes) -> dict[int, int] | None:

@@ -22,6 +22,7 @@ from tuner.search.schedule import Schedule
 
 if TYPE_CHECKING:
     from tuner.interop.baseline import Baseline
+    from tuner.job.data_job import DataJob
 
 
 @dataclass
@@ -44,6 +45,14 @@ class SearchRequest:
     seed: int | None = None
     job: Job | None = None  # what stays fixed (tuner.job.definition); None: a study stored before the job existed
     job_changes: tuple[str, ...] = ()  # job knobs a space file searches on purpose
+    data: DataJob | None = None  # the user's data (--dataset): its lengths; not stored (re-read from the dataset)
+    length_sources: dict[str, str] = field(default_factory=dict)  # where each job length came from
+
+    def data_lines(self) -> list[str]:
+        """What the dry run and a search's header say about the data (none without --dataset)."""
+        if self.data is None or self.job is None:
+            return []
+        return self.data.lines(self.job.max_length, self.job.max_target_length, self.length_sources)
 
     def definition(self) -> dict[str, Any]:
         return {
@@ -88,6 +97,7 @@ def build_request(
     job_flags: JobFlags | None = None,
     space_listed: Collection[str] = (),
     length_hint: str | None = None,
+    data: DataJob | None = None,
 ) -> SearchRequest:
     """The one place `tuner search` (tuner.cli.search) and ``POST /studies`` (api.definitions) check a search's
     settings and build its request from values each has already parsed from its own input (files, a JSON body).
@@ -109,8 +119,18 @@ def build_request(
     if flags.max_length is None and "max_length" in space_listed:  # a space file naming lengths says what they are
         flags = dataclasses.replace(flags, max_length=max(space.max_length))
     builtin = model.source.startswith(BUILTIN_PREFIX)
-    guess = flags.max_length or (int(BUILTIN_DEFAULTS["max_length"]) if builtin else max(space.max_length))
+    data_longest = data.defaults().max_length if data is not None else None
+    guess = (
+        flags.max_length or data_longest or (int(BUILTIN_DEFAULTS["max_length"]) if builtin else max(space.max_length))
+    )
     base = baseline(world_size, guess) if baseline is not None else None
+    sources: dict[str, str] = {}
+    if data is not None:  # their data's longest sample, unless their args or a flag set a length (then: truncation)
+        from tuner.job.data_job import fill_from_data, length_sources
+
+        sources = length_sources(flags, base.hf_args if base is not None else None, True, builtin)
+        flags = fill_from_data(flags, data, base.hf_args if base is not None else None)
+        lengths = lengths if lengths is not None else data.lengths.input.tolist()
     job = resolve_job(
         builtin=builtin,
         baseline_knobs=base.knobs if base is not None else None,
@@ -153,6 +173,8 @@ def build_request(
         seed=seed,
         job=job,
         job_changes=tuple(job_changes),
+        data=data,
+        length_sources=sources,
     )
 
 

@@ -6,10 +6,17 @@ all build it here: the replay from the trace recorded with its table, the others
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from tuner.memory.estimator import Estimator, Trace
+from tuner.memory.estimator import Estimator, Evaluation, Trace
 from tuner.memory.frontier import Frontier
-from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, TraceShapes, build_estimator, stage_order
+from tuner.memory.tracing import (
+    DATA_TRACE_CAP,
+    ESTIMATE_AUTO_MIN_BUDGET_S,
+    TraceShapes,
+    build_estimator,
+    stage_order,
+)
 from tuner.search.request import SearchRequest
 
 
@@ -25,7 +32,7 @@ class MemoryModel:
 
 def shapes(request: SearchRequest) -> TraceShapes:
     """What the trace covers for this request: its model, space, world size and global batch, and the job's label
-    length and LoRA adapters (as every probe of the job runs them)."""
+    length, LoRA adapters and evaluation (as every probe of the job runs them)."""
     job = request.job
     return TraceShapes(
         model=request.model,
@@ -34,7 +41,32 @@ def shapes(request: SearchRequest) -> TraceShapes:
         global_batch=request.global_batch,
         label_length=job.max_target_length if job is not None else None,
         lora=job.lora if job is not None else None,
+        evaluation=evaluation(request),
+        **_data_shapes(request),
     )
+
+
+def evaluation(request: SearchRequest) -> Evaluation | None:
+    """The job's evaluation as the trace runs it: its eval batch (the space's largest micro batch when the job
+    does not name one), generate at the generation length (default: the label length) over its beams."""
+    job = request.job
+    if job is None or not job.evaluates:
+        return None
+    return Evaluation(
+        eval_batch_size=job.eval_batch_size or max(request.space.micro_batch_size),
+        generate=job.generate,
+        generation_max_length=job.generation_max_length or job.max_target_length,
+        num_beams=job.num_beams,
+    )
+
+
+def _data_shapes(request: SearchRequest) -> dict[str, Any]:
+    """With the user's data: its median input length traced too, and no input longer than DATA_TRACE_CAP."""
+    if request.data is None:
+        return {}
+    from tuner.job.lengths import Quantiles
+
+    return {"extra_lengths": (Quantiles.of(request.data.lengths.input).p50,), "length_cap": DATA_TRACE_CAP}
 
 
 def wanted(request: SearchRequest, estimate: bool | None) -> bool:

@@ -22,6 +22,7 @@ from tuner.errors import BaselineError, ConfigError, TunerError
 from tuner.job.definition import JobFlags
 from tuner.job.model_source import resolve_model
 from tuner.job.objective import load_lengths
+from tuner.job.padding import Padding
 from tuner.job.space import (
     MAX_GLOBAL_BATCH,
     MAX_WORLD_SIZE,
@@ -39,6 +40,7 @@ from tuner.units import parse_duration, parse_size
 
 if TYPE_CHECKING:
     from tuner.interop.baseline import Baseline
+    from tuner.job.data_job import DataJob
 
 DEFAULT_MODEL = "builtin:tiny-t5"
 FileOrMapping = Path | str | Mapping[str, Any]
@@ -88,6 +90,7 @@ class SearchOptions:
     baseline: FileOrMapping | None = setting(
         "your current DeepSpeed / HF training-args JSON; probed first",
         None,
+        faces=_ESTIMATED,
         cli_type=Path,
         api_type=dict[str, Any] | None,
         api_help="your current DeepSpeed config (HF 'auto' values allowed), probed first as trial 0",
@@ -100,6 +103,7 @@ class SearchOptions:
     training_args: FileOrMapping | None = setting(
         "your training-args JSON, with --baseline DS_JSON (or name it inside)",
         None,
+        faces=_ESTIMATED,
         cli_type=Path,
         api_type=dict[str, Any] | None,
         api_help="your current HF TrainingArguments as JSON (alone or with `baseline`)",
@@ -109,6 +113,32 @@ class SearchOptions:
         None,
         flag="--estimate/--no-estimate",
         faces=_LOCAL,
+    )
+    # the user's data (tuner.job.dataset): the job's lengths and batches come from it
+    dataset: str | None = setting(
+        "your training data: a save_to_disk folder, a JSON-lines/JSON/CSV/Parquet file or folder, or a hub dataset "
+        "in your local cache; the job's lengths are its samples'",
+        None,
+        faces=_LOCAL,
+    )
+    split: str = setting("the dataset's training split", "train", faces=_LOCAL)
+    eval_split: str | None = setting("the dataset's eval split (its lengths are shown)", None, faces=_LOCAL)
+    input_column: str | None = setting("seq2seq input text column of --dataset", None, faces=_LOCAL)
+    target_column: str | None = setting("seq2seq label text column of --dataset", None, faces=_LOCAL)
+    text_column: str | None = setting("causal LM text column of --dataset", None, faces=_LOCAL)
+    tokenizer: str | None = setting(
+        "tokenizer id or directory for --dataset (default: the model's own; built-in presets have none)",
+        None,
+        faces=_LOCAL,
+    )
+    padding: Padding = setting(
+        "how your collator pads: longest (per batch, the Trainer's default) or max_length",
+        "longest",
+        cli_type=str,
+        faces=_LOCAL,
+    )
+    max_samples: int | None = setting(
+        "scan a seeded random sample of this many samples of --dataset", None, min=1, faces=_LOCAL
     )
     job_flags: JobFlags | None = None
 
@@ -170,7 +200,9 @@ def _space(space: FileOrMapping | None) -> tuple[Space, set[str]]:
     return load_space(space), space_file_knobs(space)
 
 
-def prepare_request(options: SearchOptions, storage: str, face: Face = PYTHON) -> tuple[SearchRequest, set[str]]:
+def prepare_request(
+    options: SearchOptions, storage: str, face: Face = PYTHON, cache_dir: Path | None = None
+) -> tuple[SearchRequest, set[str]]:
     """Parses ``options`` (durations, sizes, files or mappings) and hands them to tuner.search.request.build_request,
     which checks them; returns the request on ``storage`` plus the settings given explicitly (what a resumed study
     must agree on). ``baseline`` is your DeepSpeed JSON or training-args JSON (a file, or its contents as a mapping);
@@ -203,6 +235,7 @@ def prepare_request(options: SearchOptions, storage: str, face: Face = PYTHON) -
         job_flags=o.job_flags,
         space_listed=listed,
         length_hint=face.length_hint,
+        data=read_data(o, option, cache_dir) if o.dataset is not None else None,
     )
     # the 64-rank and global-batch caps (the GPUs this host shows: check_world_size, before the study is written)
     check_job_limits(request.world_size, request.global_batch, option)
@@ -211,6 +244,32 @@ def prepare_request(options: SearchOptions, storage: str, face: Face = PYTHON) -
 
         check_lora(request.model, request.job.lora, option)
     return request, explicit_settings(o, baseline_world=loaded[-1].world_size if loaded else None)
+
+
+def read_data(o: SearchOptions, option: Callable[[str], str], cache_dir: Path | None) -> DataJob:
+    """The lengths of ``o.dataset`` (its train split, and its eval split when given) with the model's tokenizer."""
+    from tuner.job.data_job import DataJob
+    from tuner.job.dataset import DataSource, read_lengths, tokenizer_for
+    from tuner.job.padding import PADDINGS
+    from tuner.settings import load_settings
+
+    assert o.dataset is not None
+    if o.padding not in PADDINGS:
+        raise ConfigError(f"{option('padding')} {o.padding!r}: choose one of {', '.join(PADDINGS)}")
+    if o.dataset is not None and o.lengths is not None:
+        raise ConfigError(f"give {option('dataset')} or {option('lengths')}, not both (the dataset gives the lengths)")
+    tokenizer = tokenizer_for(o.tokenizer, o.model, option)
+    cache = cache_dir if cache_dir is not None else load_settings().cache_dir
+    source = DataSource(o.dataset, o.split, o.input_column, o.target_column, o.text_column, o.max_samples)
+    train = read_lengths(source, tokenizer, cache)
+    evaluated = read_lengths(source.with_split(o.eval_split), tokenizer, cache) if o.eval_split else None
+    return DataJob(
+        train.lengths,
+        train.describe(),
+        o.padding,
+        evaluated.lengths if evaluated is not None else None,
+        evaluated.describe() if evaluated is not None else None,
+    )
 
 
 def _size(value: str | int | None, option: Callable[[str], str]) -> int | None:
@@ -231,7 +290,7 @@ def explicit_settings(o: SearchOptions, baseline_world: int | None) -> set[str]:
         "world_size": o.world_size is not None or baseline_world is not None,
         "global_batch": o.global_batch is not None or o.baseline is not None,
         "device_memory": o.device_memory is not None,
-        "objective": o.lengths is not None,
+        "objective": o.lengths is not None or o.dataset is not None,
         "job": o.baseline is not None or (o.job_flags is not None and o.job_flags != JobFlags()),
         "headroom": o.headroom != DEFAULT_HEADROOM,
         "baseline": o.baseline is not None,

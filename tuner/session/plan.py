@@ -9,6 +9,8 @@ from typing import Any
 from trials.contract import Knobs
 from tuner.search.request import SearchRequest
 
+MiB = 1 << 20
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -20,6 +22,10 @@ class Plan:
     estimate_note: str | None  # how the trace went, or why there is none
     expected_probes: int  # about: the configs left, at most --n-trials, at most what the budget holds
     expected_s: float  # about: expected_probes x the first probe's expected seconds, at most the budget
+    crash: str | None = None  # with --dataset and a baseline: when their config would crash on their data
+    searched: tuple[str, ...] = ()  # "knob: choices" per knob with more than one choice
+    baseline: tuple[str, ...] = ()  # the baseline's predicted peak per phase against the device memory
+    rule: str | None = None  # what "ruled out" means for this search
 
     def lines(self, request: SearchRequest) -> list[str]:
         ruled = "no memory estimate" if self.ruled_out is None else f"{self.ruled_out} ruled out by the memory estimate"
@@ -27,10 +33,17 @@ class Plan:
             f"study {request.study_name}: {request.model.source}, world size {request.world_size}, global batch "
             f"{request.global_batch}, budget {request.budget_s:.0f} s",
             f"your job (held fixed): {self.job}" if self.job else "your job: (no job settings stored)",
+            *request.data_lines(),
             f"space: {self.configs} configs; {ruled}",
+            *(f"  searched: {line}" for line in self.searched),
         ]
+        if self.rule:
+            out.append(self.rule)
+        if self.crash:
+            out.append(self.crash)
         if self.estimate_note:
             out.append(self.estimate_note)
+        out += list(self.baseline)
         out.append(
             f"expected: at most about {self.expected_probes} probes in {self.expected_s / 60:.0f} min (before any "
             f"probe is measured, one is guessed at {request.schedule.first_probe_s:.0f} s; inferred configs cost "
@@ -58,6 +71,13 @@ def plan(request: SearchRequest, estimate: bool | None) -> Plan:
     left = len(configs) - (ruled_out or 0)
     per_probe = request.schedule.first_probe_s
     probes = min(left, request.n_trials or left, max(1, int(request.budget_s // per_probe)))
+    rule = None
+    if ruled_out is not None and capacity:
+        margin = request.schedule.estimate_margin
+        rule = (
+            f"ruled out = predicted peak above {margin:g} x the device memory ({margin * capacity / MiB:,.0f} MiB): "
+            "so far over that a probe would only confirm the OOM; configs nearer the edge are probed"
+        )
     return Plan(
         job=request.job.describe() if request.job is not None else None,
         configs=len(configs),
@@ -65,7 +85,77 @@ def plan(request: SearchRequest, estimate: bool | None) -> Plan:
         estimate_note=note,
         expected_probes=probes,
         expected_s=min(request.budget_s, probes * per_probe),
+        crash=baseline_crash(request, estimator),
+        searched=searched(request),
+        baseline=baseline_phases(estimator, request.baseline, capacity),
+        rule=rule,
     )
+
+
+def baseline_crash(request: SearchRequest, estimator: Any) -> str | None:
+    """With the user's data and config: the share of its batches their config cannot hold and when a shuffled run
+    meets the first (tuner.memory.crash), from the estimate at each batch's padded input length."""
+    if request.data is None or request.baseline is None or estimator is None or not request.device_memory:
+        return None
+    from functools import cache
+
+    from tuner.errors import TunerError
+    from tuner.job.padding import BatchShape
+    from tuner.memory.crash import crash_odds
+
+    job, base = request.job, request.baseline
+    assert job is not None
+
+    @cache
+    def peak(batch: int, length: int) -> float:
+        knobs = base.model_copy(update={"micro_batch_size": batch, "max_length": length})
+        return float(estimator.predict(knobs).calibrated)
+
+    def need(shape: BatchShape) -> float:
+        return peak(shape.batch, shape.input_length)
+
+    collation = request.data.collation(job.max_length, job.max_target_length)
+    try:
+        odds = crash_odds(
+            request.data.lengths, base.micro_batch_size, request.world_size, collation, need, request.device_memory
+        )
+    except TunerError as err:  # no traced point for the config's checkpointing/precision
+        return f"your config on your data: no crash estimate ({err})"
+    traced = sorted({p.max_length for p in estimator.trace.points})
+    return (
+        f"your config on your data: {odds.describe()} [the estimate traced inputs of {', '.join(map(str, traced))} "
+        f"tokens, labels at {job.max_target_length or job.max_length}; other input lengths follow its a*L + b*L^2 "
+        "fit, extrapolated beyond the traced ones]"
+    )
+
+
+def searched(request: SearchRequest) -> tuple[str, ...]:
+    """The knobs the search varies, each with its choices (the others are fixed: the job's, or the space's one)."""
+    space = request.space.model_dump(mode="json")
+    return tuple(
+        f"{name}: {', '.join('default' if v is None else str(v) for v in values)}"
+        for name, values in space.items()
+        if isinstance(values, list) and len(values) > 1
+    )
+
+
+def baseline_phases(estimator: Any, baseline: Knobs | None, capacity: int | None) -> tuple[str, ...]:
+    """The baseline's predicted peak per phase (the one shared estimate, uncalibrated) against the device memory."""
+    from tuner.errors import TunerError
+
+    if estimator is None or baseline is None:
+        return ()
+    try:
+        rank = estimator.breakdown(baseline).worst
+    except TunerError as err:
+        return (f"your baseline: no estimate ({err})",)
+    against = f" of {capacity / MiB:,.0f} MiB device memory" if capacity else ""
+    out = [f"your baseline, predicted peak per rank{against} (uncalibrated):"]
+    for phase in rank.phases:
+        over = " OVER" if capacity and phase.total > capacity else ""
+        out.append(f"  {phase.title}: {phase.total / MiB:,.1f} MiB{over}")
+    out.append(f"  {estimator.breakdown(baseline).not_covered}")
+    return tuple(out)
 
 
 def _predicted(estimator: Any, knobs: Knobs) -> int:

@@ -184,7 +184,7 @@ class SearchSession:
 
     def request(self) -> tuple[SearchRequest, set[str]]:
         """The request the options ask for, checked, and the settings given explicitly."""
-        request, explicit = prepare_request(self.options, self.settings.storage, self.face)
+        request, explicit = prepare_request(self.options, self.settings.storage, self.face, self.settings.cache_dir)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         return request, explicit
 

@@ -1,0 +1,42 @@
+"""The memory estimator's accuracy on the recorded tables: the uncalibrated estimate (tuner.memory.estimator, plus the
+recording's tracker artifacts, benchmarks.replay.tracker_artifacts) against every measured peak, and the online
+calibrated one (each peak predicted from the peaks measured before it, in grid order).
+
+``PYTHONPATH=. python -m benchmarks.estimator benchmarks/tables/*.json`` prints the Markdown table BENCHMARKS.md
+holds. Pure arithmetic on the recorded traces: no torch, seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks.replay import estimator_error
+from benchmarks.table import Table
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.estimator", description=__doc__.splitlines()[0])
+    ap.add_argument("tables", nargs="+", help="recorded tables (benchmarks/tables/*.json)")
+    args = ap.parse_args(argv)
+    print("| table | ok probes | median error | max error | within 10% | online-calibrated median / max |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for path in args.tables:
+        table = Table.load(path)
+        r = estimator_error(table)
+        if r is None:
+            print(f"| {table.name} | no trace or no ok probe | | | | |")
+            continue
+        online = (
+            f"{100 * r['online_median_abs']:.1f}% / {100 * r['online_max_abs']:.1f}%"
+            if r["online_median_abs"] is not None
+            else "-"
+        )
+        print(
+            f"| {table.name} | {r['n']} | {100 * r['median_abs']:.1f}% | {100 * r['max_abs']:.1f}% | "
+            f"{100 * r['within_10pct']:.0f}% | {online} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""The estimate by phase and part (tuner.memory.breakdown / states.PhaseBuffers / traced / solve), on hand-made
+traces: which ZeRO buffer each phase holds, the eval phases, the named allocations scaled to the config's shape, and
+the --solve bisection."""
+
+from __future__ import annotations
+
+from trials.contract import Knobs
+from tuner.memory import solve
+from tuner.memory.breakdown import (
+    ACTIVATIONS,
+    EVAL_FORWARD,
+    FORWARD_BACKWARD,
+    GENERATE,
+    GENERATION_CACHE,
+    GRADIENTS,
+    OPTIMIZER_STEP,
+    ZERO_BUFFERS,
+)
+from tuner.memory.estimator import Estimator, Trace, TracePoint
+from tuner.memory.trace import TracedAllocation
+
+P = 1_000_000
+BUCKET = 1000
+
+
+def kn(**kw: object) -> Knobs:
+    base: dict[str, object] = {
+        "micro_batch_size": 2,
+        "max_length": 100,
+        "reduce_bucket_size": BUCKET,
+        "allgather_bucket_size": BUCKET,
+    }
+    base.update(kw)
+    return Knobs.model_validate(base)
+
+
+def point(length: int, micro: int = 2, **kw: object) -> TracePoint:
+    per_sample = 1000 * length + 10 * length * length  # a*len + b*len^2
+    fields: dict[str, object] = {
+        "micro_batch_size": micro,
+        "max_length": length,
+        "activation_bytes": micro * per_sample,
+        "resident_activation_bytes": micro * per_sample + 4 * P,
+        "step_temp_bytes": 4 * P,
+    }
+    fields.update(kw)
+    return TracePoint.model_validate(fields)
+
+
+def estimator(*points: TracePoint, world: int = 2, batch: int | None = 8) -> Estimator:
+    tr = Trace(param_count=P, param_bytes=4 * P, largest_param=10_000, points=list(points))
+    return Estimator(trace=tr, world_size=world, global_batch=batch)
+
+
+def test_zero1_gathers_in_the_step_only_and_zero2_builds_its_grad_partition() -> None:
+    est = estimator(point(100))
+    z1 = est.breakdown(kn(zero_stage=1)).worst
+    fb, step = z1.phase(FORWARD_BACKWARD), z1.phase(OPTIMIZER_STEP)
+    assert fb.part(ZERO_BUFFERS) == 4 * BUCKET  # the fp32 reduce bucket; no all-gather during backward
+    assert step.part(ZERO_BUFFERS) == 4 * BUCKET + 4 * BUCKET  # + the all-gather chunk of the updated partitions
+    z2 = est.breakdown(kn(zero_stage=2)).worst
+    assert z2.phase(OPTIMIZER_STEP).part(ZERO_BUFFERS) == 4 * BUCKET + 4 * BUCKET + 4 * P // 2  # + fp32 partition
+    # ZeRO-2 reduces grads into its partition as the backward goes: no full grads of earlier micro-steps resident
+    assert z2.phase(FORWARD_BACKWARD).part(ACTIVATIONS) == point(100).activation_bytes
+    assert z1.phase(FORWARD_BACKWARD).part(ACTIVATIONS) == point(100).resident_activation_bytes
+    off = est.breakdown(kn(zero_stage=1, offload_optimizer=True)).worst
+    assert off.phase(FORWARD_BACKWARD).part(ZERO_BUFFERS) == 4 * BUCKET + 4 * 10_000  # + the grad staging buffer
+    assert est.predict(kn(zero_stage=1)).raw == max(fb.total, step.total)
+
+
+def test_eval_phases_from_an_evaluating_trace() -> None:
+    evaluated = point(
+        100,
+        eval_batch_size=4,
+        eval_bytes=3_000_000,
+        generate_bytes=5_000_000,
+        generate_cache_bytes=2_000_000,
+        largest={"generate": [TracedAllocation(op="bmm.default", shape=[4, 8, 100, 100], dtype="float32", nbytes=1)]},
+    )
+    est = estimator(evaluated)
+    plain = est.breakdown(kn(zero_stage=0)).worst
+    assert [p.phase for p in plain.phases] == [FORWARD_BACKWARD, OPTIMIZER_STEP]  # the config does not evaluate
+    rank = est.breakdown(kn(zero_stage=0, eval_batch_size=4, generate=True)).worst
+    assert [p.phase for p in rank.phases] == [FORWARD_BACKWARD, OPTIMIZER_STEP, EVAL_FORWARD, GENERATE]
+    gen = rank.phase(GENERATE)
+    assert gen.part(GRADIENTS) == 0 and gen.part(GENERATION_CACHE) == 2_000_000
+    assert gen.part(ACTIVATIONS) == 3_000_000  # the decode's peak less its cache
+    assert rank.phase(EVAL_FORWARD).part(ACTIVATIONS) == 3_000_000
+    # twice the eval batch: the eval phases scale with it (one traced length: linear)
+    double = est.breakdown(kn(zero_stage=0, eval_batch_size=8, generate=True)).worst
+    assert double.phase(EVAL_FORWARD).part(ACTIVATIONS) == 6_000_000
+    named = next(p for p in double.phase(GENERATE).parts if p.largest).largest[0]
+    assert named.shape == (8, 8, 100, 100) and named.nbytes == 8 * 8 * 100 * 100 * 4 and named.traced_at == (4, 100)
+
+
+def test_longer_configs_extrapolate_and_name_scaled_allocations() -> None:
+    softmax = TracedAllocation(op="_safe_softmax.default", shape=[2, 16, 320, 320], dtype="float32", nbytes=1)
+    est = estimator(point(320, largest={FORWARD_BACKWARD: [softmax]}), point(640))
+    long = est.breakdown(kn(zero_stage=2, max_length=6352)).worst.phase(FORWARD_BACKWARD)
+    assert long.part(ACTIVATIONS) == 2 * (1000 * 6352 + 10 * 6352 * 6352)  # a*len + b*len^2 fitted exactly
+    named = long.parts[-1].largest[0]
+    assert named.shape == (2, 16, 6352, 6352) and named.nbytes == 2 * 16 * 6352 * 6352 * 4  # the seed's 4.81 GiB
+    assert "scaled from micro 2 x length 640" not in named.describe()  # the longest point carrying names: 320
+    assert "scaled from micro 2 x length 320" in named.describe()
+
+
+def test_solve_finds_the_edge_of_the_verdict() -> None:
+    est = estimator(point(100), point(200))
+    k = kn(zero_stage=0)
+    capacity = est.predict(k.model_copy(update={"max_length": 1500})).calibrated + 1
+    n = solve.max_length(est, k, capacity, 0.0, 1 << 20)
+    assert n is not None and n >= 1500
+    assert solve.fits(est, k.model_copy(update={"max_length": n}), capacity, 0.0)
+    assert not solve.fits(est, k.model_copy(update={"max_length": n + 1}), capacity, 0.0)
+    m = solve.max_micro_batch(est, k, capacity, 0.0, 1 << 16)
+    assert m is not None and not solve.fits(est, k.model_copy(update={"micro_batch_size": m + 1}), capacity, 0.0)
+    assert solve.max_length(est, k, 1, 0.0, 1 << 20) is None  # nothing fits in one byte

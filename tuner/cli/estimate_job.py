@@ -1,0 +1,110 @@
+"""What `tuner estimate` estimates: the job and the config from the same settings `tuner search` reads (the model,
+--baseline / --training-args, world size, global batch, the job flags), the config's knobs from the baseline unless
+an option names them. Pure but for reading the user's files."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from trials.contract import BUILTIN_PREFIX, Knobs, ModelSpec
+from tuner.errors import BaselineError, ConfigError
+from tuner.job.batching import accumulation_steps
+from tuner.job.definition import BUILTIN_DEFAULTS, Job, JobFlags, resolve_job
+from tuner.memory.trace import Evaluation
+from tuner.session.options import cli_option
+
+#: the knobs `tuner estimate` takes as options, and their value without a baseline
+KNOB_DEFAULTS: Mapping[str, Any] = {
+    "micro_batch_size": None,
+    "engine": "deepspeed",
+    "zero_stage": 0,
+    "offload_optimizer": False,
+    "gradient_checkpointing": False,
+    "overlap_comm": False,
+    "contiguous_gradients": True,
+    "reduce_bucket_size": None,
+    "allgather_bucket_size": None,
+}
+
+
+@dataclass(frozen=True)
+class EstimateJob:
+    """One config of one job on ``world_size`` ranks; ``global_batch`` None: accumulation assumed."""
+
+    model: ModelSpec
+    job: Job
+    knobs: Knobs
+    world_size: int
+    global_batch: int | None
+    source: str  # where the knobs came from, for the header
+
+    @property
+    def evaluation(self) -> Evaluation | None:
+        """What the eval phases trace (None: the job does not evaluate)."""
+        if not self.job.evaluates:
+            return None
+        return Evaluation(
+            eval_batch_size=self.job.eval_batch_size or self.knobs.micro_batch_size,
+            generate=self.job.generate,
+            generation_max_length=self.job.generation_max_length or self.job.max_target_length,
+            num_beams=self.job.num_beams,
+        )
+
+
+def estimate_job(model: ModelSpec, settings: Mapping[str, Any], knobs: Mapping[str, Any]) -> EstimateJob:
+    """The job and config from the declared settings (``settings``: `tuner estimate`'s face of SearchOptions and
+    JobFlags) and the knob options (``knobs``: None = not given: the baseline's, else :data:`KNOB_DEFAULTS`)."""
+    flags = JobFlags(**{k: settings.get(k) for k in JobFlags.__dataclass_fields__})
+    builtin = model.source.startswith(BUILTIN_PREFIX)
+    base = None
+    if settings.get("baseline") is not None:
+        from tuner.interop.baseline_files import load_baseline
+
+        guess = flags.max_length or int(BUILTIN_DEFAULTS["max_length"])
+        training = settings.get("training_args")
+        base = load_baseline(
+            Path(settings["baseline"]),
+            Path(training) if training is not None else None,
+            world_size=settings.get("world_size"),
+            max_length=guess,
+        )
+    elif settings.get("training_args") is not None:
+        raise BaselineError("--training-args goes with --baseline (your DeepSpeed JSON); pass both")
+    job = resolve_job(
+        builtin=builtin,
+        baseline_knobs=base.knobs if base is not None else None,
+        hf_args=base.hf_args if base is not None else None,
+        flags=flags,
+        option=cli_option,
+    )
+    world = settings.get("world_size") or (base.world_size if base is not None else None) or 1
+    batch = settings.get("global_batch") or (base.global_batch if base is not None else None)
+    values = {k: v for k, v in (base.knobs if base is not None else {}).items() if k in Knobs.model_fields}
+    for name, default in KNOB_DEFAULTS.items():
+        if knobs.get(name) is not None:
+            values[name] = knobs[name]
+        elif name not in values and default is not None:
+            values[name] = default
+    if values.get("micro_batch_size") is None:
+        raise ConfigError("no micro batch: pass --micro-batch-size, or --baseline with your DeepSpeed / HF config")
+    values.update(
+        precision=job.precision, max_length=job.max_length, eval_batch_size=job.eval_batch_size, generate=job.generate
+    )
+    try:
+        config = Knobs.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "knobs"
+        raise ConfigError(f"{where}: {first['msg']}") from None
+    if batch is not None and accumulation_steps(batch, config.micro_batch_size, world) is None:
+        raise ConfigError(
+            f"--global-batch {batch} is not a whole number of micro batches: give a multiple of "
+            f"--micro-batch-size x --world-size = {config.micro_batch_size * world}"
+        )
+    source = "your baseline" + (" with options" if any(v is not None for v in knobs.values()) else "")
+    return EstimateJob(model, job, config, world, batch, source if base is not None else "options")

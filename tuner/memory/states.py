@@ -1,0 +1,231 @@
+"""Model states per rank: DeepSpeed's ZeRO arithmetic per stage / offload / world size, and the ZeRO buffers by phase.
+
+Model-state bytes per parameter (P params, N ranks; "mixed" = bf16/fp16, whose optimizer keeps an fp32 master copy;
+DeepSpeed's ZeRO optimizers clone an fp32 partition even in fp32 training):
+
+======= ================ ================ ==================================================
+stage   params           grads            optimizer (Adam m, v [+ fp32 copy])
+======= ================ ================ ==================================================
+torch   4P               4P               8P (autocast keeps fp32 weights)
+0       w P              w P              8P fp32, 12P mixed
+1       w P              w P              12P / N
+2       w P              w P / N          12P / N
+3       w P / N + gather w P / N          12P / N
+======= ================ ================ ==================================================
+
+w = 2 for bf16/fp16, 4 for fp32. A LoRA job (trainable T < P: adapters on a frozen base) keeps the params column
+at P (the base weights once, at the job's precision) and charges the grads and optimizer columns, and the ZeRO-1/2
+all-gather, T instead of P: only the adapters get grads and optimizer states. offload_optimizer moves the optimizer
+column to host memory. ZeRO with
+contiguous_gradients (stage 1 or 2) keeps a reduce bucket of ``reduce_bucket_size`` elements (two with overlap_comm),
+whatever the model size (DeepSpeed 0.19 ``setup_buckets``); ZeRO-1/2
+all-gather updated params in chunks of at most ``allgather_bucket_size`` elements; ZeRO-3 gathers the largest layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from trials.contract import DS_DEFAULT_BUCKET, Knobs
+from tuner.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    params: int
+    grads: int
+    optimizer: int
+    buffers: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.buffers
+
+
+def model_state_bytes(
+    knobs: Knobs,
+    param_count: int,
+    world_size: int = 1,
+    largest_param: int | None = None,
+    trainable: int | None = None,
+) -> StateBytes:
+    """DeepSpeed's model-state arithmetic (see the module docstring) for one rank; ``trainable``: the params that
+    get grads and optimizer states (a LoRA job's adapters; None: all ``param_count``)."""
+    if world_size < 1:
+        raise ConfigError(f"world size {world_size} must be at least 1")
+    p, n = param_count, world_size
+    t = p if trainable is None else min(trainable, p)
+    mixed = knobs.precision in ("bf16", "fp16")
+    if knobs.engine == "torch":
+        return StateBytes(params=4 * p, grads=4 * t, optimizer=8 * t, buffers=0)
+    w = 2 if mixed else 4
+    stage = knobs.zero_stage
+    params = w * p if stage < 3 else math.ceil(w * p / n)
+    grads = w * t if stage < 2 else math.ceil(w * t / n)
+    if stage == 0:
+        optimizer = (12 if mixed else 8) * t
+    else:
+        optimizer = math.ceil(12 * t / n)
+    if knobs.offload_optimizer:
+        optimizer = 0
+    reduce = knobs.reduce_bucket_size or DS_DEFAULT_BUCKET
+    allgather = knobs.allgather_bucket_size or DS_DEFAULT_BUCKET
+    buffers = 0
+    if stage in (1, 2):
+        buffers += w * min(allgather, t)  # all-gather of the updated partitions, in chunks
+        if knobs.contiguous_gradients:  # DeepSpeed 0.19 allocates the full bucket (stage 1: an fp32 accumulator)
+            buffers += (4 if stage == 1 else w) * reduce * (2 if knobs.overlap_comm else 1)
+        else:
+            buffers += w * min(reduce, t)
+    elif stage == 3:
+        buffers += w * max(largest_param or 0, min(allgather, p))  # gathered layer / prefetch
+        buffers += w * min(reduce, t) * (2 if knobs.overlap_comm else 1)
+    return StateBytes(params=params, grads=grads, optimizer=optimizer, buffers=buffers)
+
+
+def zero_order_sound(param_count: int, world_size: int, space_knobs: list[Knobs]) -> bool:
+    """True when, by the model-state arithmetic, every higher ZeRO stage needs no more than a lower one for every
+    config of ``space_knobs`` (same knobs otherwise) — the condition for ``Frontier(zero_order=True)``."""
+    for k in space_knobs:
+        if k.engine != "deepspeed":
+            continue
+        for hi in range(k.zero_stage + 1, 4):
+            other = k.model_copy(update={"zero_stage": hi})
+            if (
+                model_state_bytes(other, param_count, world_size).total
+                > model_state_bytes(k, param_count, world_size).total
+            ):
+                return False
+    return True
+
+
+def zero_stage_need(
+    param_count: int,
+    world_size: int,
+    space_knobs: list[Knobs],
+    largest_param: int | None = None,
+    trainable: int | None = None,
+) -> dict[int, int] | None:
+    """The order of ZeRO stages by memory need for this model, world size and space — ``Frontier(stage_need=...)`` —
+    or None when no single order holds for every config of the space.
+
+    Stages are ranked by their mean model-state bytes; the order is returned only if, for every pair of the space's
+    configs that the frontier would compare under it, the one it says needs more has at least the model-state bytes
+    of the other (activations do not depend on the stage).
+    """
+    from tuner.memory.frontier import DEFAULT_ORDER, needs_at_least
+
+    totals: dict[tuple[Any, ...], tuple[dict[str, Any], int]] = {}
+    for k in space_knobs:
+        if k.engine != "deepspeed":
+            continue
+        sig = (
+            k.zero_stage,
+            k.precision,
+            k.offload_optimizer,
+            k.reduce_bucket_size,
+            k.allgather_bucket_size,
+            k.overlap_comm,
+            k.contiguous_gradients,
+        )
+        if sig not in totals:
+            base = k.model_copy(
+                update={
+                    "micro_batch_size": 1,
+                    "max_length": 1,
+                    "gradient_checkpointing": False,
+                    "eval_batch_size": None,
+                    "generate": False,
+                    "alloc_conf": None,
+                }
+            )
+            states = model_state_bytes(k, param_count, world_size, largest_param, trainable)
+            totals[sig] = (base.model_dump(), states.total)
+    stages = sorted({sig[0] for sig in totals})
+    if len(stages) < 2:
+        return None
+    mean = {
+        s: sum(t for sig, (_, t) in totals.items() if sig[0] == s) / sum(1 for sig in totals if sig[0] == s)
+        for s in stages
+    }
+    ranked = sorted(set(mean.values()))
+    need = {s: ranked.index(mean[s]) for s in stages}
+    order = {**DEFAULT_ORDER, "zero_stage": "rank"}
+    items = list(totals.values())
+    for a, ta in items:
+        for b, tb in items:
+            if a["zero_stage"] != b["zero_stage"] and needs_at_least(a, b, order, need) and ta < tb:
+                return None
+    return need
+
+
+# -- ZeRO buffers by phase ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PhaseBuffers:
+    """ZeRO's device buffers of one rank (bytes) and the phase each is live in (DeepSpeed 0.19,
+    runtime/zero/stage_1_and_2.py and stage3.py). ``StateBytes.buffers`` is the phase-blind sum the stage ordering
+    uses; the peak per phase takes these.
+
+    - ``reduce``: the reduce (ipg) bucket(s), live from the first backward on: ZeRO-1/2 with contiguous_gradients
+      allocate ``reduce_bucket_size`` elements (stage 1 an fp32 accumulator), two with overlap_comm;
+    - ``allgather``: ZeRO-1/2 all-gather the updated partitions in the optimizer step only, in chunks of
+      ``allgather_bucket_size``; ZeRO-3 gathers the largest layer (or a prefetch bucket) in every phase;
+    - ``grad_partition``: the flat fp32 grad partition the ZeRO-1/2 step builds (``flatten_dense_tensors_aligned(
+      averaged_gradients)``): stage 2 copies its contiguous grad partition into it; stage 1 in fp32 frees the full
+      grads as it fills it (no extra), in bf16/fp16 it is the fp32 cast of the bf16 partition (not measured here:
+      the recorded tables are fp32);
+    - ``offload_staging``: with CPU offload, ZeRO-1/2 keep ``temp_grad_buffer_for_gpu_offload`` on the device, one
+      largest parameter at the job's precision.
+    """
+
+    reduce: int = 0
+    allgather: int = 0
+    allgather_in_backward: bool = False
+    grad_partition: int = 0
+    offload_staging: int = 0
+
+    @property
+    def forward_backward(self) -> int:
+        return self.reduce + self.offload_staging + (self.allgather if self.allgather_in_backward else 0)
+
+    @property
+    def optimizer_step(self) -> int:
+        return self.reduce + self.offload_staging + self.allgather + self.grad_partition
+
+
+def zero_buffers(
+    knobs: Knobs,
+    param_count: int,
+    world_size: int = 1,
+    largest_param: int | None = None,
+    trainable: int | None = None,
+) -> PhaseBuffers:
+    """The ZeRO buffers of one rank by phase (see :class:`PhaseBuffers`); none for plain torch or ZeRO-0."""
+    p, n = param_count, world_size
+    t = p if trainable is None else min(trainable, p)
+    stage = knobs.zero_stage
+    if knobs.engine == "torch" or stage == 0:
+        return PhaseBuffers()
+    w = 2 if knobs.precision in ("bf16", "fp16") else 4
+    reduce = knobs.reduce_bucket_size or DS_DEFAULT_BUCKET
+    allgather = knobs.allgather_bucket_size or DS_DEFAULT_BUCKET
+    copies = 2 if knobs.overlap_comm else 1
+    if stage == 3:
+        return PhaseBuffers(
+            reduce=w * min(reduce, t) * copies,
+            allgather=w * max(largest_param or 0, min(allgather, p)),
+            allgather_in_backward=True,
+        )
+    if knobs.contiguous_gradients:
+        bucket = (4 if stage == 1 else w) * reduce * copies
+    else:
+        bucket = w * min(reduce, t)
+    partition = math.ceil(4 * t / n)
+    mixed = w < 4
+    grad_partition = 0 if knobs.offload_optimizer or (stage == 1 and not mixed) else partition
+    staging = w * min(largest_param or 0, t) if knobs.offload_optimizer else 0
+    return PhaseBuffers(
+        reduce=bucket, allgather=w * min(allgather, t), grad_partition=grad_partition, offload_staging=staging
+    )

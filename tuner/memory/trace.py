@@ -1,0 +1,120 @@
+"""What the fake-tensor trace reports (trials/estimate.py writes exactly this JSON), and running it in a subprocess
+(tuner/ never imports torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trials.contract import LoraSpec, ModelSpec
+from tuner.errors import ConfigError, ModelSourceError
+
+
+class TracedAllocation(BaseModel):
+    """One of the largest storages a traced phase created: the op that asked for it, its shape, dtype and bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+    op: str
+    shape: list[int]
+    dtype: str
+    nbytes: int
+
+
+class Evaluation(BaseModel):
+    """What the job's evaluation runs (the trace's eval phases): the eval batch, and a generate of
+    ``generation_max_length`` new tokens (None: the label length) over ``num_beams`` beams."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    eval_batch_size: int = Field(ge=1)
+    generate: bool = False
+    generation_max_length: int | None = Field(None, ge=1)
+    num_beams: int = Field(1, ge=1)
+
+
+class TracePoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    micro_batch_size: int = Field(ge=1)
+    max_length: int = Field(ge=1)
+    gradient_checkpointing: bool = False
+    precision: str = "fp32"
+    activation_bytes: int = 0  # fwd+bwd peak above params + full grads + optimizer state, grads built during it
+    resident_activation_bytes: int | None = None  # the same with the grads resident (an accumulation micro-step)
+    step_temp_bytes: int = 0  # optimizer-step temporaries above params + grads + state
+    peak_bytes: int = 0  # the traced plain-torch step's peak (what engine "torch" needs)
+    # the eval phases (traces with an Evaluation): peaks above params + optimizer state (no grads), batch included
+    eval_batch_size: int | None = None
+    eval_bytes: int | None = None  # the eval forward (no grad; loss and logits)
+    generate_bytes: int | None = None  # a decode of every row to the generation length (trials.decode)
+    generate_cache_bytes: int | None = None  # of which the generation (KV) cache at its largest
+    generation_length: int | None = None
+    num_beams: int | None = None
+    largest: dict[str, list[TracedAllocation]] = Field(default_factory=dict)  # phase -> its largest allocations
+
+
+class Trace(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    param_count: int
+    trainable_count: int | None = None  # params that train (a LoRA job's adapters); None: all (older traces)
+    param_bytes: int  # as built (fp32)
+    largest_param: int  # elements of the largest parameter tensor (ZeRO-3 gathers at least this)
+    points: list[TracePoint] = Field(default_factory=list)
+    trace_s: float = 0.0
+
+    def find(self, micro: int, length: int, ckpt: bool, precision: str) -> TracePoint | None:
+        for p in self.points:
+            if (p.micro_batch_size, p.max_length, p.gradient_checkpointing, p.precision) == (
+                micro,
+                length,
+                ckpt,
+                precision,
+            ):
+                return p
+        return None
+
+
+def trace(
+    model: ModelSpec,
+    points: Sequence[tuple[int, int, bool, str]],
+    timeout_s: float = 600.0,
+    python: str | None = None,
+    label_length: int | None = None,
+    lora: LoraSpec | None = None,
+    evaluation: Evaluation | None = None,
+) -> Trace:
+    """Traces one training step per (micro, max_length, checkpointing, precision) on CPU fake tensors; seq2seq
+    labels at ``label_length`` (the job's; None: max_length), as the probe pads them; with the job's ``lora``
+    adapters on the model as every probe of a LoRA job runs it; with ``evaluation`` the eval forward and generate
+    of each point too."""
+    request = {
+        "model": model.model_dump(),
+        "label_length": label_length,
+        "lora": lora.model_dump(mode="json") if lora is not None else None,
+        "evaluation": evaluation.model_dump() if evaluation is not None else None,
+        "points": [
+            {"micro_batch_size": m, "max_length": s, "gradient_checkpointing": c, "precision": p}
+            for m, s, c, p in points
+        ],
+    }
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with tempfile.TemporaryDirectory(prefix="tuner-trace-") as tmp:
+        out = Path(tmp) / "trace.json"
+        cmd = [python or sys.executable, "-m", "trials.estimate", "--request", json.dumps(request), "--out", str(out)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise ConfigError(f"the memory trace took longer than {timeout_s:.0f} s; trace fewer points") from exc
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        if done.returncode == 3:
+            raise ModelSourceError(last)
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"trials.estimate exited {done.returncode}: {last}")
+        return Trace.model_validate_json(out.read_text())
