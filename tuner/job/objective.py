@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal, cast, get_args
 
 from trials.contract import ProbeResult
+from tuner.bounded import MAX_LENGTHS_BYTES, read_text_file
 from tuner.errors import ConfigError
 
 Kind = Literal["samples_per_s", "retained_tokens_per_s"]
@@ -81,13 +82,13 @@ def objective_for(max_length_choices: Sequence[int], lengths: Sequence[int] | No
 def load_lengths(path: str | Path) -> list[int]:
     """Sample lengths in tokens: a JSON list, or integers separated by whitespace, commas or newlines."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"lengths file {p} does not exist; give a file of token counts, one per line")
-    text = p.read_text().strip()
+    text = read_text_file(p, "lengths file", MAX_LENGTHS_BYTES).strip()
     try:
-        values = json.loads(text) if text.startswith("[") else [t for t in text.replace(",", " ").split()]
-        lengths = [int(v) for v in values]
-    except (ValueError, TypeError):
+        values = json.loads(text) if text.startswith("[") else text.replace(",", " ").split()
+        lengths = [int(v) for v in values]  # a list of numbers, one level: nothing nested passes int()
+    except (ValueError, TypeError, RecursionError):
         raise ConfigError(f"lengths file {p} must hold integer token counts (one per line, or a JSON list)") from None
     if not lengths or min(lengths) < 0:
         raise ConfigError(f"lengths file {p} must hold at least one non-negative token count")

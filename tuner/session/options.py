@@ -239,6 +239,14 @@ def explicit_settings(o: SearchOptions, baseline_world: int | None) -> set[str]:
     return {key for key, set_ in given.items() if set_}
 
 
+def _mapping(given: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """A baseline given as a mapping, its nesting and size bounded as a file's (tuner.bounded)."""
+    from tuner.bounded import check_shape
+
+    check_shape(given, what)
+    return dict(given)
+
+
 def _baseline_loader(
     baseline: FileOrMapping, training_args: FileOrMapping | None, loaded: list[Baseline]
 ) -> Callable[[int | None, int], Baseline]:
@@ -253,11 +261,15 @@ def _baseline_loader(
             args_path = Path(training_args) if training_args is not None else None
             loaded.append(load_baseline(Path(baseline), args_path, world_size=world, max_length=max_length))
             return loaded[-1]
-        first = dict(baseline) if isinstance(baseline, Mapping) else read_json(Path(baseline), "baseline file")
+        first = (
+            _mapping(baseline, "baseline")
+            if isinstance(baseline, Mapping)
+            else read_json(Path(baseline), "baseline file")
+        )
         second = None
         if training_args is not None:
             second = (
-                dict(training_args)
+                _mapping(training_args, "training_args")
                 if isinstance(training_args, Mapping)
                 else read_json(Path(training_args), "training-args file")
             )
