@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from tuner import names
 from tuner.bounded import ShapeError, check_shape
 from tuner.declared import API, declared
 from tuner.job.definition import JobFlags
 from tuner.session.options import SearchOptions
 
-STUDY_NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
-STUDY_NAME_MAX = 128
+STUDY_NAME_PATTERN = names.STUDY_NAME_PATTERN  # one rule for the API and `tuner search --study` (tuner.names)
+STUDY_NAME_MAX = names.STUDY_NAME_MAX
 Format = Literal["json", "deepspeed", "hf", "accelerate", "env"]
 TrialStateName = Literal["RUNNING", "COMPLETE", "PRUNED", "FAIL", "WAITING"]
 

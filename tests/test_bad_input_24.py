@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,45 @@ CLI: list[Cli] = [
     Cli("i24-lengths-dev-zero", ["search", "--budget", "1m", "--lengths", "/dev/zero"], r"not a regular file"),
     Cli("i24-lengths-deep", ["search", "--budget", "1m", "--lengths", "{tmp}/deep100k.json"], r"lengths file"),
 ]
+LONG = "s" * 200
+CLI += [
+    # -- §4: tracebacks on user mistakes -----------------------------------------------------------------------------
+    Cli("i24-storage-mysql", ["trials", "--storage", "mysql://u:pw@127.0.0.1/x"], r"SQLite or PostgreSQL, not 'mysql'"),
+    Cli(
+        "i24-storage-psycopg2",
+        ["trials", "--storage", "postgresql+psycopg2://u@127.0.0.1:9/x"],
+        r"driver of 'postgresql\+psycopg2' is not installed",
+    ),
+    Cli("i24-storage-memory", ["trials", "--storage", "sqlite://"], r"in-memory database"),
+    Cli("i24-storage-memory-named", ["trials", "--storage", "sqlite:///:memory:"], r"in-memory database"),
+    Cli("i24-storage-not-sqlite", ["trials", "--storage", "sqlite:///{tmp}/deep900.json"], r"not a SQLite database"),
+    Cli(
+        "i24-storage-newer-optuna",
+        ["db", "upgrade", "--storage", "sqlite:///{tmp}/newer-optuna.db"],
+        r"written by optuna 9\.0\.0, which this host's optuna .* cannot read",
+    ),
+    Cli(
+        "i24-storage-refuses-study",
+        ["search", "--budget", "1m", "--model", "builtin:tiny-t5", "--storage", "sqlite:///{tmp}/full.db"],
+        r"storage refused the study .*disk is full \(injected\)",
+    ),
+    Cli(
+        "i24-estimate-micro-batch-1e18",
+        ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "1000000000000000000"],
+        r"--micro-batch-size.*65536",
+    ),
+    Cli(
+        "i24-estimate-world",
+        ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "2", "--world-size", "500"],
+        r"--world-size 500 is above 64",
+    ),
+    Cli("i24-study-long", ["search", "--budget", "1m", "--study", LONG], r"--study 's{60}\.\.\. \(200 characters\)'"),
+    Cli("i24-study-dotdot", ["search", "--budget", "1m", "--study", ".."], r"--study '\.\.' is not a study name"),
+    Cli("i24-study-dot", ["search", "--budget", "1m", "--study", "."], r"not a study name"),
+    Cli(
+        "i24-study-escape", ["search", "--budget", "1m", "--study", "a\x1b[31mred\nb"], r"--study 'a\[31mred b' is not"
+    ),
+]
 API: list[Api] = [
     Api(
         "i24-api-training-args-deep",
@@ -84,6 +124,9 @@ API: list[Api] = [
         body={"name": "wide", "training_args": {"per_device_train_batch_size": 2, "x": [0] * 11_000}},
         headers=AUTH,
     ),
+    Api("i24-api-name-dotdot", "POST", "/studies", r"name", body={"name": ".."}, headers=AUTH),
+    Api("i24-api-name-dot", "POST", "/studies", r"name", body={"name": "."}, headers=AUTH),
+    Api("i24-api-get-dotdot", "GET", "/studies/%2e%2e", r"name|pattern"),
     Api("i24-api-raw-deep", "POST", "/studies", r"body|json|deep", (400, 422), raw="[" * 100_000, headers=AUTH),
 ]
 
@@ -96,7 +139,31 @@ def world24(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     populate_study(url, "rep")
     for name, text in FILES.items():
         (tmp / name).write_text(text)
+    _newer_optuna(tmp / "newer-optuna.db")
+    _refusing(tmp / "full.db")
     return {"tmp": tmp, "db": db, "url": url}
+
+
+def _newer_optuna(path: Path) -> None:
+    """A storage whose Optuna tables say a newer Optuna (9.0.0, an unknown schema revision) wrote them."""
+    from tuner.storage import optuna_storage
+
+    optuna_storage(f"sqlite:///{path}", heartbeat_interval=None, grace_period=None)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = 'v9.0.0.z'")
+        conn.execute("UPDATE version_info SET library_version = '9.0.0'")
+
+
+def _refusing(path: Path) -> None:
+    """A tuner storage whose study INSERTs all fail as a full disk would (not a duplicate name)."""
+    from tuner.storage.store import Store
+
+    Store(f"sqlite:///{path}")
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TRIGGER full BEFORE INSERT ON tuner_studies "
+            "BEGIN SELECT RAISE(ABORT, 'database or disk is full (injected)'); END"
+        )
 
 
 @pytest.mark.parametrize("case", CLI, ids=lambda c: c.id)

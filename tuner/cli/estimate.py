@@ -19,6 +19,7 @@ from tuner.errors import ConfigError
 from tuner.job.batching import accumulation_steps
 from tuner.job.lora import LORA_FLAGS, check_lora, lora_spec
 from tuner.job.model_source import resolve_model
+from tuner.job.space import KNOB_RANGES, check_job_limits
 from tuner.memory.estimator import Estimate, Estimator, trace
 from tuner.session.options import cli_option
 from tuner.settings import load_settings
@@ -77,7 +78,12 @@ ESTIMATE_OWN: dict[str, dict[str, Any]] = {
 @with_settings(ESTIMATE, into="job", overrides=ESTIMATE_OWN)
 def estimate(
     job: dict[str, Any],
-    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)],
+    micro_batch_size: Annotated[
+        int,
+        typer.Option(
+            "--micro-batch-size", min=KNOB_RANGES["micro_batch_size"][0], max=KNOB_RANGES["micro_batch_size"][1]
+        ),
+    ],
     zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3)] = 0,
     engine: Annotated[str, typer.Option("--engine", help="deepspeed or torch")] = "deepspeed",
     offload_optimizer: Annotated[bool, typer.Option("--offload-optimizer/--no-offload-optimizer")] = False,
@@ -97,6 +103,7 @@ def estimate(
     """Predict the peak device memory per rank of one config: a fake-tensor trace of one training step plus DeepSpeed's
     model-state arithmetic, optionally calibrated against a study's measured probes."""
     world_size, global_batch = int(job["world_size"]), job["global_batch"]
+    check_job_limits(world_size, global_batch or 0, cli_option)  # the bounds a search's are held to
     try:
         knobs = Knobs(
             micro_batch_size=micro_batch_size,

@@ -31,6 +31,7 @@ from tuner.job.space import (
     load_space,
     space_file_knobs,
 )
+from tuner.names import check_study_name
 from tuner.records import DEFAULT_HEADROOM
 from tuner.search.request import BaselineLoader, SearchRequest
 from tuner.search.request import build_request as build_search_request
@@ -185,7 +186,7 @@ def prepare_request(options: SearchOptions, storage: str, face: Face = PYTHON) -
     lengths = o.lengths
     lens = load_lengths(lengths) if isinstance(lengths, (str, Path)) else list(lengths) if lengths is not None else None
     request = build_search_request(
-        study_name=o.study or "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        study_name=check_study_name(o.study, option("study")) if o.study else _new_study_name(),
         storage=storage,
         model=face.model(o.model),
         space=parsed_space,
@@ -237,6 +238,10 @@ def explicit_settings(o: SearchOptions, baseline_world: int | None) -> set[str]:
         "baseline": o.baseline is not None,
     }
     return {key for key, set_ in given.items() if set_}
+
+
+def _new_study_name() -> str:
+    return "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
 def _mapping(given: Mapping[str, Any], what: str) -> dict[str, Any]:
