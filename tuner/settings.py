@@ -100,6 +100,9 @@ class Settings(BaseSettings):
         pattern=r"^[A-Za-z0-9._-]+$",
         description="the study GET /best-config serves without study= (unset: study= is required)",
     )
+    api_body_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="seconds a request body may take to arrive at `tuner serve` (408 after)"
+    )
     cache_dir: Path = Field(default_factory=_cache_dir, description="DeepSpeed's compiled ops, kept across probes")
     # how single-host probe ranks start: "auto" (the preloaded fork server on hosts without a GPU, else a fresh
     # interpreter), "forkserver" or "spawn"
@@ -136,6 +139,7 @@ _TAKES = {
     "probe_launcher": "one of auto, forkserver, spawn",
     "host": "a host name or IP address",
     "cache_dir": "a directory path",
+    "api_body_timeout_s": "a number of seconds above 0, at most 3600",
     "storage": "a SQLAlchemy URL such as sqlite:///tuner.db",
     "default_study": "a study name (letters, digits, . _ -)",
 }
