@@ -8,12 +8,12 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
 from trials.contract import Knobs, ModelSpec
 from tuner.cli.app import app
 from tuner.cli.declared import with_settings
+from tuner.cli.safe_console import SafeConsole
 from tuner.declared import ESTIMATE
 from tuner.errors import ConfigError
 from tuner.job.batching import accumulation_steps
@@ -200,4 +200,4 @@ def _print(
         _row(t, "calibrated estimate", result.calibrated, note)
     if capacity is not None:
         _row(t, "device memory", capacity, f"{verdict} (with {margin:.0%} margin)")
-    Console(highlight=False).print(t)
+    SafeConsole(highlight=False).print(t)

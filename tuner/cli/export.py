@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from tuner.cli.app import app
+from tuner.cli.safe_console import SafeConsole
 from tuner.errors import BaselineError, ConfigError
 
-out_console = Console(highlight=False, soft_wrap=True)
-note_console = Console(stderr=True, highlight=False, soft_wrap=True)
+out_console = SafeConsole(highlight=False, soft_wrap=True)
+note_console = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
 
 StorageOpt = Annotated[
     str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from tuner.cli.app import app
 from tuner.cli.progress import brief_cause, compact, fmt_num
+from tuner.cli.safe_console import SafeConsole
 from tuner.errors import ConfigError
 from tuner.job.definition import Job
 from tuner.job.objective import Objective
@@ -26,17 +27,17 @@ from tuner.settings import load_settings
 from tuner.storage import Store
 from tuner.units import format_size
 
-console = Console(highlight=False, soft_wrap=True)
+console = SafeConsole(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
-    console = Console(highlight=False, soft_wrap=True, width=200)
+    console = SafeConsole(highlight=False, soft_wrap=True, width=200)
 
 
 def table_console() -> Console:
     """The console for `tuner trials`' table: the terminal's width, else $COLUMNS, else 100 columns."""
-    found = Console(highlight=False)
+    found = SafeConsole(highlight=False)
     if found.is_terminal or "COLUMNS" in os.environ:
         return found
-    return Console(highlight=False, width=100)
+    return SafeConsole(highlight=False, width=100)
 
 
 StorageOpt = Annotated[
