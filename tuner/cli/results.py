@@ -16,6 +16,7 @@ from tuner.cli.app import app
 from tuner.cli.progress import brief_cause, compact, fmt_num
 from tuner.cli.safe_console import SafeConsole
 from tuner.errors import ConfigError
+from tuner.files import write_atomic
 from tuner.job.definition import Job
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
@@ -68,7 +69,7 @@ def best(
         typer.echo(text, nl=False)
         return
     try:
-        output.write_text(text)
+        write_atomic(output, text)
     except OSError as err:
         raise ConfigError(f"cannot write {output}: {err.strerror}; pick a writable path for -o") from None
     console.print(Text(f"wrote the best config of study {name!r} ({fmt}) to {output}", style="dim"))
