@@ -29,7 +29,7 @@ class ValidationErrorOut(ErrorOut):
 
 class HealthOut(BaseModel):
     status: Literal["ok"]
-    storage: str = Field(description="the storage URL, password hidden")
+    storage: str = Field(description="the storage's scheme and database name (no user, host, port or path)")
     version: str
 
 

@@ -61,6 +61,20 @@ def redact_url(url: str) -> str:
     return _QUERY_SECRET.sub(rf"\1{SECRET}", shown)
 
 
+def public_url(url: str) -> str:
+    """What an unauthenticated caller may see of the storage URL ``url`` (`/health`, the API's 503 bodies): its scheme
+    and database name, no user, host, port, path or query ("sqlite database tuner.db")."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return "storage (unparsable URL)"
+    name = Path(parsed.database).name if parsed.get_backend_name() == "sqlite" and parsed.database else parsed.database
+    return f"{parsed.drivername} database {name or '(none)'}"
+
+
 def redact(text: str, url: str) -> str:
     """``text`` (an error message, say) with every secret of the storage URL ``url`` replaced by ***."""
     for secret in sorted(url_secrets(url), key=len, reverse=True):
