@@ -99,6 +99,11 @@ CLI += [
         "i24-study-escape", ["search", "--budget", "1m", "--study", "a\x1b[31mred\nb"], r"--study 'a\[31mred b' is not"
     ),
 ]
+CLI += [
+    Cli(
+        "i24-trials-status", ["trials", "--storage", "{db}", "--status", "bogus"], r"--status 'bogus'.*ok, oom, timeout"
+    ),
+]
 API: list[Api] = [
     Api(
         "i24-api-training-args-deep",
@@ -179,7 +184,11 @@ def test_issue24_cli_bad_input(
     monkeypatch.delenv("TUNER_API_TOKEN", raising=False)
     monkeypatch.setenv("COLUMNS", "400")
     before = _snapshot(world24["db"])
-    monkeypatch.setattr(sys, "argv", ["tuner", *(a.replace("{tmp}", str(world24["tmp"])) for a in case.argv)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["tuner", *(a.replace("{tmp}", str(world24["tmp"])).replace("{db}", world24["url"]) for a in case.argv)],
+    )
     with pytest.raises(SystemExit) as exit_info:
         tuner_main()
     out = capsys.readouterr()

@@ -205,6 +205,9 @@ def trials(
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row")] = False,
 ) -> None:
     """List a study's probes, best first (--all: every trial): status and cause, throughput, peak memory, config."""
+    statuses = [str(s.value) for s in ProbeStatus]
+    if status is not None and status not in statuses:
+        raise ConfigError(f"--status {status!r} is not a probe status; give one of: {', '.join(statuses)}")
     store = Store(load_settings(storage=storage).storage)
     name, definition = pick_study(store, study)
     objective = Objective.from_dict(definition.get("objective"))
