@@ -1,11 +1,14 @@
-"""Writing a user's output file (`-o`) whole or not at all: a temporary file in the same folder, fsync'd, then renamed
-over the old one. A full disk (or any failed write) leaves the old file as it was and no temporary file behind."""
+"""Files tuner writes for a user: an output file (`-o`) whole or not at all (a temporary file in the same folder,
+fsync'd, then renamed over the old one: a full disk leaves the old file as it was and no temporary file behind), and
+folders only this user may enter (the cache dir, the GPU locks)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+from tuner.errors import ConfigError
 
 
 def write_atomic(path: Path, text: str, encoding: str = "utf-8") -> None:
@@ -33,4 +36,19 @@ def _mode(path: Path) -> int:
         return 0o666 & ~umask
 
 
-__all__ = ["write_atomic"]
+def private_dir(path: Path) -> Path:
+    """``path`` as a folder of this user's, mode 0700: made so, or tightened when it is ours and open to others; one
+    line when another user owns it (their files would be ours to trust: op builds, journals, locks)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise ConfigError(
+            f"{path} belongs to another user (uid {info.st_uid}); remove it, or point TUNER_CACHE_DIR / TMPDIR at a "
+            "folder of yours"
+        )
+    if info.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+__all__ = ["private_dir", "write_atomic"]

@@ -4,11 +4,14 @@ on the real CLI: one line, exit 2, the old file as it was, no temporary file."""
 
 from __future__ import annotations
 
+import os
 import resource
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.helpers.report_study import populate_study
 from tuner.files import write_atomic
@@ -48,3 +51,31 @@ def test_write_atomic_replaces_whole_and_keeps_the_old_mode(tmp_path: Path) -> N
     write_atomic(path, "new")
     assert path.read_text() == "new" and path.stat().st_mode & 0o777 == 0o640
     assert [p.name for p in tmp_path.iterdir()] == ["best.json"]
+
+
+def test_the_cache_and_gpu_lock_folders_are_this_users_alone(tmp_path: Path) -> None:
+    """Issue 24 §6: both were made 0755 by the umask (the GPU-lock folder shared by every user, with 0666 lock
+    files), with no owner check."""
+    from tuner.errors import ConfigError
+    from tuner.files import private_dir
+    from tuner.probing.environment import probe_env
+    from tuner.probing.gpus import gpu_locks
+    from tuner.settings import Settings
+
+    cache = tmp_path / "cache"
+    probe_env(1, base={}, settings=Settings(cache_dir=cache))
+    assert cache.stat().st_mode & 0o777 == 0o700
+    locks = tmp_path / "locks"
+    with gpu_locks(["gpu0"], 5, lock_dir=locks) as held:
+        assert held
+    assert locks.stat().st_mode & 0o777 == 0o700 and (locks / "gpu0").stat().st_mode & 0o777 == 0o600
+    opened = tmp_path / "opened"
+    opened.mkdir(mode=0o755)
+    opened.chmod(0o755)
+    assert private_dir(opened).stat().st_mode & 0o777 == 0o700  # ours and open to others: tightened
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    if os.getuid() == 0:  # only root can give a folder away; as another user the check is the same
+        os.chown(theirs, 12345, 12345)
+        with pytest.raises(ConfigError, match="belongs to another user"):
+            private_dir(theirs)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from trials.contract import BUILTIN_PREFIX, ModelSpec
+from tuner.files import private_dir
 from tuner.settings import Settings, load_settings
 
 
@@ -20,7 +21,9 @@ def probe_env(
     ``settings``: where the op cache is (the probe runner passes its own); None reads them, for a one-off caller
     (``tuner prepare``, the preflight)."""
     env = without_secrets(dict(os.environ if base is None else base))
-    ext = (settings or load_settings()).torch_extensions_dir
+    settings = settings or load_settings()
+    private_dir(settings.cache_dir)  # op builds run from here: no other user's files
+    ext = settings.torch_extensions_dir
     ext.mkdir(parents=True, exist_ok=True)
     env["TORCH_EXTENSIONS_DIR"] = str(ext)
     venv_bin = str(Path(sys.executable).parent)

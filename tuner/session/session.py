@@ -20,6 +20,7 @@ from typing import Any
 import optuna
 
 from trials.contract import ProbeConfig, ProbeResult
+from tuner.files import private_dir
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
 from tuner.search.strategy import SearchSetup, Strategy
 from tuner.session.checks import check_host, check_world_size
@@ -131,7 +132,7 @@ def join(request: SearchRequest, store: Store, cache_dir: Path) -> Joined:
     rows stored, their trials told or failed, stale trials failed (tuner.session.recovery.recover)."""
     study = open_study(request.study_name, request.storage, request.seed, fail_stale=False)
     worker = worker_name()
-    places = journal_places(request.storage, cache_dir)
+    places = journal_places(request.storage, private_dir(cache_dir))
     recovered = recover(store, study, places, worker, request.headroom)
     return Joined(store, study, Journal(places[0], request.study_name, worker, places[1:]), worker, recovered)
 
