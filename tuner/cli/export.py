@@ -7,14 +7,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from tuner.cli.app import app
+from tuner.cli.safe_console import SafeConsole
 from tuner.errors import BaselineError, ConfigError
+from tuner.files import write_atomic
 
-out_console = Console(highlight=False, soft_wrap=True)
-note_console = Console(stderr=True, highlight=False, soft_wrap=True)
+out_console = SafeConsole(highlight=False, soft_wrap=True)
+note_console = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
 
 StorageOpt = Annotated[
     str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
@@ -23,7 +24,7 @@ StorageOpt = Annotated[
 
 def _write(path: Path, text: str) -> None:
     try:
-        path.write_text(text)
+        write_atomic(path, text)
     except OSError as err:
         raise ConfigError(f"cannot write {path}: {err.strerror or err}; pick a writable path for -o") from None
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError
+from tuner.files import private_dir
 
 _DEV = re.compile(r"^nvidia(\d+)$")
 
@@ -152,19 +153,21 @@ def first_visible_index(visible: Sequence[str]) -> int:
     return int(visible[0]) if visible and visible[0].isdigit() else 0
 
 
-LOCK_DIR = Path(tempfile.gettempdir()) / "tuner-gpu-locks"
+# one per user, 0700 (tuner.files.private_dir): a folder shared by every user belonged to whoever made it first, with
+# lock files anyone could hold; another user's probe on a GPU is caught as device-busy at rank start instead
+LOCK_DIR = Path(tempfile.gettempdir()) / f"tuner-gpu-locks-{os.getuid()}"
 
 
 @contextlib.contextmanager
 def gpu_locks(names: Sequence[str], timeout_s: float, lock_dir: Path = LOCK_DIR) -> Iterator[bool]:
     """Holds an exclusive flock on each named GPU (one probe per GPU across the workers of this host); yields False
     when they were not all free within ``timeout_s`` (nothing is held then). The kernel drops a dead holder's lock."""
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(lock_dir)
     held: list[int] = []
     deadline = time.monotonic() + timeout_s
     try:
         for name in names:
-            fd = os.open(lock_dir / name, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = os.open(lock_dir / name, os.O_RDWR | os.O_CREAT, 0o600)
             held.append(fd)
             while True:
                 try:
