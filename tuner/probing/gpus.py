@@ -100,6 +100,12 @@ def host_visible_devices(env: Mapping[str, str] | None = None) -> tuple[list[str
     return visible_devices(cuda_visible, physical), physical, cuda_visible
 
 
+def has_visible_gpus(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ranks started with ``env`` see NVIDIA GPUs (DeepSpeed then runs its CUDA accelerator)."""
+    visible, physical, _ = host_visible_devices(env)
+    return physical > 0 and bool(visible)
+
+
 @contextlib.contextmanager
 def _nvml_device(index: int) -> Iterator[tuple[Any, ctypes.c_void_p] | None]:
     """(NVML, the handle of physical GPU ``index``) while NVML is initialised; None without the driver or the GPU."""

@@ -100,7 +100,8 @@ class ProbeRunner:
         except OSError:
             if self.explicit:
                 raise
-            return None  # "auto": fall back to fresh interpreters
+            launch_forkserver.disable()  # "auto": fresh interpreters for the rest of the search, no restart per probe
+            return None
 
     def _attempt(self, config: ProbeConfig, work: Path, how: str) -> _Attempt:
         """One launch of the probe."""
