@@ -14,9 +14,8 @@ import errno
 import fcntl
 import os
 import re
-import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +61,18 @@ def check_world_size(world_size: int, visible: Sequence[str], physical: int, cud
     )
 
 
-def lock_names(world_size: int, visible: Sequence[str]) -> list[str]:
+def lock_names(world_size: int, visible: Sequence[str], uuid_of: Callable[[int], str] | None = None) -> list[str]:
     """The per-GPU locks a probe of ``world_size`` ranks takes (rank r uses visible device r), sorted (no deadlock
-    between workers taking several)."""
-    return sorted(f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', dev)}" for dev in visible[:world_size])
+    between workers taking several). Keyed by the GPU itself, not by how this process's CUDA_VISIBLE_DEVICES names it:
+    an index is mapped to its UUID (``uuid_of``, NVML's; "index<N>" where NVML cannot say), a UUID is taken as given."""
+
+    def key(dev: str) -> str:
+        name = dev
+        if dev.isdigit():
+            name = (uuid_of(int(dev)) if uuid_of is not None else "") or f"index{dev}"
+        return f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}"
+
+    return sorted(key(dev) for dev in visible[:world_size])
 
 
 def fingerprint_refusal(stored: Mapping[str, Any] | None, here: str, device_memory_given: bool) -> str | None:
@@ -158,19 +165,51 @@ def first_visible_index(visible: Sequence[str]) -> int:
     return int(visible[0]) if visible and visible[0].isdigit() else 0
 
 
-LOCK_DIR = Path(tempfile.gettempdir()) / "tuner-gpu-locks"
+def gpu_uuid(index: int) -> str:
+    """The UUID of physical GPU ``index`` from NVML ("GPU-..."), "" without one."""
+    with _nvml_device(index) as device:
+        if device is None:
+            return ""
+        nvml, handle = device
+        buf = ctypes.create_string_buffer(96)
+        if nvml.nvmlDeviceGetUUID(handle, buf, ctypes.c_uint(96)) != 0:
+            return ""
+        return buf.value.decode(errors="replace")
+
+
+# one directory for the whole host (never $TMPDIR, which differs between workers): world-writable and sticky, like
+# /tmp, so the workers of every user share the locks and none can remove another's lock file
+LOCK_DIR = Path("/tmp/tuner-gpu-locks")
+
+
+def _lock_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or not path.is_dir():
+        raise OSError(f"{path} is not a directory")
+    with contextlib.suppress(PermissionError):  # another user's directory: theirs to set
+        if path.stat().st_uid == os.getuid():
+            path.chmod(0o1777)
+    return path
+
+
+def _open_lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    with contextlib.suppress(PermissionError):
+        if os.fstat(fd).st_uid == os.getuid():
+            os.fchmod(fd, 0o666)  # the umask would keep other users' workers out of the lock
+    return fd
 
 
 @contextlib.contextmanager
 def gpu_locks(names: Sequence[str], timeout_s: float, lock_dir: Path = LOCK_DIR) -> Iterator[bool]:
     """Holds an exclusive flock on each named GPU (one probe per GPU across the workers of this host); yields False
     when they were not all free within ``timeout_s`` (nothing is held then). The kernel drops a dead holder's lock."""
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    _lock_dir(lock_dir)
     held: list[int] = []
     deadline = time.monotonic() + timeout_s
     try:
         for name in names:
-            fd = os.open(lock_dir / name, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = _open_lock(lock_dir / name)
             held.append(fd)
             while True:
                 try:

@@ -111,7 +111,7 @@ class ProbeRunner:
         except OSError as exc:
             return _Attempt(ProbeResult(status="error", cause=f"could not prepare the probe: {exc}"), not_launched=True)
         visible, physical, _ = gpus.host_visible_devices()
-        names = gpus.lock_names(config.world_size, visible) if physical else []
+        names = gpus.lock_names(config.world_size, visible, gpus.gpu_uuid) if physical else []
         with gpus.gpu_locks(names, timeout_s=config.timeout_s) as free:
             if not free:
                 cause = f"GPUs {', '.join(names)} stayed held by another probe on this host for {config.timeout_s:g} s"
