@@ -56,7 +56,7 @@ from trials.measure import (
     split_steps,
     step_stats,
 )
-from trials.models import build_model, is_encoder_decoder, load_config, placement
+from trials.models import build_dtype, build_model, is_encoder_decoder, load_config, placement
 from trials.outcome import classify, launch_fault, one_line
 
 
@@ -144,7 +144,8 @@ class Probe:
                 cuda=self.device.type == "cuda",
                 hidden_size=hidden_size_of_config(load_config(cfg.model)),
             )
-        model = build_model(cfg.model, where=where, device=self.device, zero_config=zero_config)
+        dtype = build_dtype(cfg.knobs, where)
+        model = build_model(cfg.model, where=where, device=self.device, zero_config=zero_config, dtype=dtype)
         if cfg.job.lora is not None:  # the user's adapters, before the engine: its optimizer holds only theirs
             from trials.lora import apply_lora
 
