@@ -90,6 +90,19 @@ def fingerprint_refusal(stored: Mapping[str, Any] | None, here: str, device_memo
     )
 
 
+# The quick start's memory per rank: on the CPU an emulated device of 160 MiB; on a GPU the CUDA context (0.5-1 GiB,
+# outside the caching allocator) alone is more than that, so no probe could ever be stable there: a 2 GiB share of the
+# card instead, in which the tiny T5's largest DeepSpeed buckets (2e8 elements: 763 MiB each) still run out of memory.
+QUICKSTART_CPU_MEMORY = "160MiB"
+QUICKSTART_GPU_MEMORY = "2GiB"
+
+
+def quickstart_device_memory(physical: int, visible: Sequence[str]) -> str:
+    """The quick start's --device-memory on this host (pure): QUICKSTART_GPU_MEMORY with a visible GPU, else
+    QUICKSTART_CPU_MEMORY."""
+    return QUICKSTART_GPU_MEMORY if physical > 0 and visible else QUICKSTART_CPU_MEMORY
+
+
 # -- the edge: device files, NVML, lock files ------------------------------------------------------------------------
 def physical_gpus(dev: Path = Path("/dev")) -> int:
     """NVIDIA GPUs whose device files this host (container) has."""

@@ -193,3 +193,13 @@ def test_nccls_own_reason_reaches_the_cause(tmp_path: Path) -> None:
     said = said_tail(err)
     assert "DistBackendError" in said and "NCCL: h:1:2 [1] NCCL WARN Cuda failure 'out of memory'" in said
     assert stderr_fallback(said) == "oom"
+
+
+def test_the_quick_start_caps_a_gpu_at_a_share_of_the_card_not_the_cpus_emulated_160_mib() -> None:
+    """160 MiB plus a CUDA context outside the allocator is never stable: on a GPU host the quick start searches a
+    2 GiB share of the card, where the largest buckets still run out of memory (issue 23, defect 12)."""
+    assert gpus.quickstart_device_memory(0, []) == "160MiB"
+    assert gpus.quickstart_device_memory(4, ["0", "1", "2", "3"]) == "2GiB"
+    assert gpus.quickstart_device_memory(4, []) == "160MiB"  # CUDA_VISIBLE_DEVICES="": the CPU's emulated device
+    script = (Path(__file__).resolve().parents[3] / "scripts" / "quickstart.sh").read_text()
+    assert "quickstart_device_memory(physical_gpus(), host_visible_devices()[0])" in script
