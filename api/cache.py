@@ -1,11 +1,11 @@
 """Caches what the API builds from a study (its best config, its best so far and probe counts, its trial pages) until
 what it was built from changes.
 
-Probe rows are insert-only (Store.record_probe), so (row count, highest id) of a study identifies its content: one
-indexed aggregate per request instead of loading and ranking every row. A trial page adds the study's trial counts
-by state (api.trial_counts) to that version, and is kept only when every trial on it has finished (Optuna refuses
-any change to a finished trial). A new probe row or trial changes the version, so a client never sees a stale
-answer: the next read recomputes it."""
+Probe rows are insert-only (Store.record_probe), so (row count, highest id) of a study identifies its content
+(Store.probe_version): one indexed aggregate per request instead of loading and ranking every row. A trial page adds
+the study's trial counts by state (tuner.storage.trial_counts) to that version, and is kept only when every trial on
+it has finished (Optuna refuses any change to a finished trial). A new probe row or trial changes the version, so a
+client never sees a stale answer: the next read recomputes it."""
 
 from __future__ import annotations
 
@@ -13,20 +13,9 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-import sqlalchemy as sa
-
 from tuner.storage import Store
-from tuner.storage.schema import probes
 
-Version = tuple[int, int | None]
 T = TypeVar("T")
-
-
-def probe_version(store: Store, study: str) -> Version:
-    q = sa.select(sa.func.count(), sa.func.max(probes.c.id)).where(probes.c.study_name == study)
-    with store.engine.connect() as conn:
-        count, top = conn.execute(q).one()
-    return int(count), top
 
 
 def _always(_: object) -> bool:
@@ -52,12 +41,12 @@ class StudyCache:
         keep: Callable[[T], bool] = _always,
     ) -> T:
         """``compute()`` for (study, what), reused while ``version`` stays the same (default: the study's probe
-        rows, probe_version); ``what`` names what is cached: an export format, "summary" for GET /studies/{name}, a
-        page. A result ``keep`` refuses is not reused (a page with a running trial on it): later requests at that
-        version compute their own, side by side. One request computes a missing entry while the others for the same
-        key wait for it: 100 clients arriving at a cold 10,000-row study would otherwise each load every row at once
-        and hold every pooled connection."""
-        version = probe_version(store, study) if version is None else version
+        rows, Store.probe_version); ``what`` names what is cached: an export format, "summary" for GET
+        /studies/{name}, a page. A result ``keep`` refuses is not reused (a page with a running trial on it): later
+        requests at that version compute their own, side by side. One request computes a missing entry while the
+        others for the same key wait for it: 100 clients arriving at a cold 10,000-row study would otherwise each load
+        every row at once and hold every pooled connection."""
+        version = store.probe_version(study) if version is None else version
         key = (study, what)
         hit = self._hit(key, version)
         if hit is not None:

@@ -17,7 +17,6 @@ from api.schemas import StudyCreate
 from trials.contract import BUILTIN_PREFIX, ModelSpec
 from tuner.errors import ModelSourceError
 from tuner.job.model_source import resolve_model
-from tuner.search.request import BaselineLoader
 from tuner.session.options import Face, SearchOptions, prepare_request
 
 if TYPE_CHECKING:
@@ -38,7 +37,9 @@ def _model(source: str) -> ModelSpec:
     return ModelSpec(source=source)
 
 
-def _baseline(o: SearchOptions, option: Callable[[str], str], loaded: list[Baseline]) -> BaselineLoader | None:
+def _baseline(
+    o: SearchOptions, option: Callable[[str], str], loaded: list[Baseline]
+) -> Callable[[int | None, int], Baseline] | None:
     """The user's current config, parsed exactly as `tuner search --baseline FILE` parses the file's content:
     ``baseline`` their DeepSpeed JSON, ``training_args`` their training args (alone or with it)."""
     ds, hf = _mapping(o.baseline), _mapping(o.training_args)

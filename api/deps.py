@@ -5,91 +5,33 @@ from __future__ import annotations
 
 import hmac
 import threading
-from typing import Annotated, Any
+from typing import Annotated
 
-import sqlalchemy as sa
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError
 
-from api import trial_reads
 from api.cache import StudyCache
-from api.trial_counts import TrialCounts
 from tuner.settings import Settings
-from tuner.storage import Store
-from tuner.storage.db import _sqlite_pragmas, engine_kwargs, get_engine
-
-# One API process holds at most POOL_SIZE + MAX_OVERFLOW connections (one pool: the API reads Optuna's tables in SQL,
-# api.trial_reads, without an RDBStorage of its own); a request waits POOL_TIMEOUT_S for one, then answers 503; a new
-# PostgreSQL connection gives up after CONNECT_TIMEOUT_S (unless the URL sets its own connect_timeout).
-POOL_SIZE = 8
-MAX_OVERFLOW = 4
-POOL_TIMEOUT_S = 10
-CONNECT_TIMEOUT_S = 5
-
-
-def api_engine(url: str) -> Engine:
-    """The API's engine on ``url``: a bounded pool with timeouts (the search's engine, tuner.storage.db.get_engine,
-    is sized for a worker's writes)."""
-    kwargs: dict[str, Any] = dict(engine_kwargs(url))
-    kwargs.update(pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW, pool_timeout=POOL_TIMEOUT_S, pool_recycle=1800)
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
-        kwargs["connect_args"] = {**kwargs.get("connect_args", {}), "connect_timeout": CONNECT_TIMEOUT_S}
-    engine = sa.create_engine(url, **kwargs)
-    if engine.dialect.name == "sqlite":
-        sa.event.listen(engine, "connect", _sqlite_pragmas)
-    return engine
-
-
-class ApiStore(Store):
-    """Our Store (schema checked and upgraded as for any user) reading through the API's bounded engine."""
-
-    def __init__(self, url: str) -> None:
-        url = with_connect_timeout(url)  # the schema check's engines too: a silent server must not hang it
-        super().__init__(url)
-        get_engine(url).dispose()  # the connection the schema check left idle in the search's pool
-        self.engine = api_engine(url)
-
-
-def with_connect_timeout(url: str) -> str:
-    """A PostgreSQL URL with connect_timeout=CONNECT_TIMEOUT_S unless it sets its own; other URLs as they are."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return url  # the Store says what is wrong with it, in one line
-    if parsed.get_backend_name() != "postgresql" or "connect_timeout" in parsed.query:
-        return url
-    return parsed.update_query_dict({"connect_timeout": str(CONNECT_TIMEOUT_S)}).render_as_string(hide_password=False)
+from tuner.storage.read_pool import ReadStore
 
 
 class Services:
-    """One per app: the settings and our Store (its engine also reads Optuna's tables, api.trial_reads)."""
+    """One per app: the settings and our Store (a bounded pool that also reads Optuna's trials:
+    tuner.storage.read_pool)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._lock = threading.Lock()
-        self._store: Store | None = None
-        self._optuna_tables = False
+        self._store: ReadStore | None = None
         self.cache = StudyCache()
         self.ranking = StudyCache(max_entries=4)  # every probe row of a study: a few studies at a time
-        self.trial_counts = TrialCounts()
 
-    def store(self) -> Store:
+    def store(self) -> ReadStore:
         if self._store is None:
             with self._lock:
                 if self._store is None:
-                    self._store = ApiStore(self.settings.storage)  # StorageError (503) while unreachable; retried
+                    self._store = ReadStore(self.settings.storage)  # StorageError (503) while unreachable; retried
         return self._store
-
-    def optuna_study_id(self, conn: sa.Connection, name: str) -> int | None:
-        """The Optuna study id of ``name``; None before a worker created the Optuna study (or Optuna's tables)."""
-        if not self._optuna_tables:
-            if not trial_reads.has_optuna_tables(conn):
-                return None
-            self._optuna_tables = True
-        return trial_reads.study_id(conn, name)
 
 
 def services(request: Request) -> Services:

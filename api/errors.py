@@ -8,11 +8,10 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuner.errors import StorageError, TunerError
+from tuner.storage.read_pool import UNAVAILABLE
 
 log = logging.getLogger("tuner.api")
 
@@ -60,7 +59,7 @@ async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
 def install(app: FastAPI) -> None:
     app.add_exception_handler(StorageError, _storage_error)  # type: ignore[arg-type]
     app.add_exception_handler(TunerError, _tuner_error)  # type: ignore[arg-type]
-    for db_down in (OperationalError, InterfaceError, PoolTimeout):
+    for db_down in UNAVAILABLE:
         app.add_exception_handler(db_down, _db_error)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]

@@ -6,12 +6,10 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 from optuna.trial import TrialState
 
-from api import trial_counts, trial_reads
-from api.cache import probe_version
 from api.deps import Services
 from api.schemas import (
     BaselineOut,
@@ -28,23 +26,14 @@ from api.schemas import (
 from tuner.records import DEFAULT_HEADROOM, Candidate, ProbeRow, ProbeStatus
 from tuner.reporting.production import ProductionRun, production_runs
 from tuner.reporting.trials import join_trials
-from tuner.search.liveness import run_is_live
-from tuner.search.selection import best_stable
-from tuner.session.best import serve_best
+from tuner.session.best import rank, serve_best
 from tuner.storage import Store
+from tuner.storage.liveness import run_is_live
+from tuner.storage.optuna_trials import numbers
+from tuner.storage.read_pool import ReadStore
+from tuner.storage.trial_counts import stamp
 
 END_STATES = ("finished", "interrupted", "failed")
-
-
-@overload
-def _utc(value: dt.datetime) -> dt.datetime: ...
-@overload
-def _utc(value: dt.datetime | None) -> dt.datetime | None: ...
-def _utc(value: dt.datetime | None) -> dt.datetime | None:
-    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.replace(tzinfo=dt.timezone.utc)
 
 
 def study_status(runs: list[dict[str, Any]], now: dt.datetime) -> str:
@@ -60,18 +49,16 @@ def study_status(runs: list[dict[str, Any]], now: dt.datetime) -> str:
 
 def summary(row: dict[str, Any], runs: list[dict[str, Any]], now: dt.datetime) -> StudySummaryOut:
     status = study_status(runs, now)
-    return StudySummaryOut(
-        name=row["name"], created_at=_utc(row["created_at"]), created_by=row["created_by"], status=status
-    )
+    return StudySummaryOut(name=row["name"], created_at=row["created_at"], created_by=row["created_by"], status=status)
 
 
 def _progress(runs: list[dict[str, Any]], n_trials: int, n_probes: int, status: str, now: dt.datetime) -> ProgressOut:
-    starts = [_utc(r["started_at"]) for r in runs]
+    starts = [r["started_at"] for r in runs]
     live = [r for r in runs if run_is_live(r, now)]
     out = ProgressOut(started_at=min(starts) if starts else None, trials=n_trials, probes=n_probes)
     if live:
-        begun = min(_utc(r["started_at"]) for r in live)
-        deadlines = [_utc(r["deadline_at"]) for r in live if r.get("deadline_at") is not None]
+        begun = min(r["started_at"] for r in live)
+        deadlines = [r["deadline_at"] for r in live if r.get("deadline_at") is not None]
         out.elapsed_s = (now - begun).total_seconds()
         if deadlines:
             out.deadline_at = max(deadlines)
@@ -79,7 +66,7 @@ def _progress(runs: list[dict[str, Any]], n_trials: int, n_probes: int, status: 
             total = out.elapsed_s + out.remaining_s
             out.fraction = min(1.0, out.elapsed_s / total) if total > 0 else 1.0
     elif status in END_STATES:
-        ends = [_utc(r["finished_at"]) for r in runs if r.get("finished_at") is not None]
+        ends = [r["finished_at"] for r in runs if r.get("finished_at") is not None]
         if starts and ends:
             out.elapsed_s = (max(ends) - min(starts)).total_seconds()
         out.remaining_s = 0.0
@@ -122,27 +109,21 @@ class Ranked:
 
 
 def ranked(store: Store, svc: Services, name: str) -> Ranked:
-    def rank() -> Ranked:
-        rows = store.probes(name)
-        return Ranked(rows, best_stable(rows))
-
-    return svc.ranking.get(store, name, "ranked", rank)
+    return svc.ranking.get(store, name, "ranked", lambda: Ranked(*rank(store, name)))
 
 
 def _summary_of(found: Ranked) -> _Summary:
     return _Summary(dict(Counter(r.status.value for r in found.rows)), _best_so_far(found.best))
 
 
-def study_detail(store: Store, svc: Services, row: dict[str, Any]) -> StudyOut:
-    """The study with its progress and best so far: trial counts from the unfinished tail (api.trial_counts), the
-    probe counts and best so far cached until a probe row is added (api.cache), so the answer costs a few indexed
-    queries whatever the size of the study."""
+def study_detail(store: ReadStore, svc: Services, row: dict[str, Any]) -> StudyOut:
+    """The study with its progress and best so far: trial counts from the unfinished tail
+    (tuner.storage.trial_counts), the probe counts and best so far cached until a probe row is added (api.cache), so
+    the answer costs a few indexed queries whatever the size of the study."""
     name = row["name"]
     definition = dict(row["definition"])
     runs = store.runs(name)
-    with store.engine.connect() as conn:
-        sid = svc.optuna_study_id(conn, name)
-        states = svc.trial_counts.counts(conn, sid) if sid is not None else {}
+    _, states = store.trials.study_counts(name)
     found = svc.cache.get(store, name, "summary", lambda: _summary_of(ranked(store, svc, name)))
     now = store.db_now()
     status = study_status(runs, now)
@@ -156,7 +137,7 @@ def study_detail(store: Store, svc: Services, row: dict[str, Any]) -> StudyOut:
         best=found.best,
         trial_states=states,
         probe_statuses=found.probe_statuses,
-        runs=[RunOut(**{k: _utc(v) if isinstance(v, dt.datetime) else v for k, v in r.items()}) for r in runs],
+        runs=[RunOut(**r) for r in runs],
     )
 
 
@@ -184,20 +165,19 @@ def _probe(row: ProbeRow) -> dict[str, Any]:
         "stable": row.stable,
         "probe_seconds": row.probe_seconds,
         "ranks": _ranks(row),
-        "created_at": _utc(row.created_at),
+        "created_at": row.created_at,
     }
 
 
-def trial_page(store: Store, svc: Services, name: str, offset: int, limit: int, state: str | None) -> bytes:
+def trial_page(store: ReadStore, svc: Services, name: str, offset: int, limit: int, state: str | None) -> bytes:
     """One page of the study's trials (optionally of one Optuna state) with their probe rows, as the JSON of a
-    TrialPageOut: paged and filtered in SQL (api.trial_reads), counted from the unfinished tail (api.trial_counts),
-    and built once per version of the study (api.cache: its trial counts and probe rows) when every trial on it has
-    finished, so a page costs the same on a study of 10 trials or 10,000 and a repeated read costs its version."""
-    with store.engine.connect() as conn:
-        sid = svc.optuna_study_id(conn, name)
-        counts = svc.trial_counts.counts(conn, sid) if sid is not None else {}
+    TrialPageOut: paged and filtered in SQL (tuner.storage.optuna_trials), counted from the unfinished tail
+    (tuner.storage.trial_counts), and built once per version of the study (api.cache: its trial counts and probe
+    rows) when every trial on it has finished, so a page costs the same on a study of 10 trials or 10,000 and a
+    repeated read costs its version."""
+    sid, counts = store.trials.study_counts(name)
     total = counts.get(state, 0) if state is not None else sum(counts.values())
-    version = (sid, trial_counts.stamp(counts), probe_version(store, name))
+    version = (sid, stamp(counts), store.probe_version(name))
     page = svc.cache.get(
         store,
         name,
@@ -215,13 +195,11 @@ class _Page:
     settled: bool  # every trial on it has finished, and so has the state it is filtered to: nothing on it can change
 
 
-def _page(store: Store, name: str, sid: int | None, total: int, offset: int, limit: int, state: str | None) -> _Page:
-    if sid is None:
-        page: list[trial_reads.PagedTrial] = []
-    else:
-        with store.engine.connect() as conn:
-            page = trial_reads.trial_page(conn, sid, offset, limit, state)
-    rows = store.probes_of_trials(name, trial_reads.numbers(page))
+def _page(
+    store: ReadStore, name: str, sid: int | None, total: int, offset: int, limit: int, state: str | None
+) -> _Page:
+    page = store.trials.page(sid, offset, limit, state)
+    rows = store.probes_of_trials(name, numbers(page))
     out = [
         {
             "number": rec.number,

@@ -123,6 +123,25 @@ def repeat_entry(result: ProbeResult) -> dict[str, Any]:
     }
 
 
+def search_trace(model: ModelSpec, space: Space, world_size: int, global_batch: int) -> dict[str, Any]:
+    """What `tuner search` itself traces for this space (tuner.memory.tracing, with the shapes a search passes: this
+    recorder's probes run the default job, no LoRA, labels at max_length), and how long it takes: the replay charges
+    these seconds to the strategies that use the estimate, before their first probe."""
+    from tuner.memory.tracing import TraceShapes, build_estimator, trace_points
+
+    shapes = TraceShapes(model=model, space=space, world_size=world_size, global_batch=global_batch)
+    t0 = time.perf_counter()
+    estimator, note = build_estimator(shapes, timeout_s=1800)
+    if estimator is None:
+        raise SystemExit(f"the search's trace failed: {note}")
+    seconds = time.perf_counter() - t0
+    return {
+        "points": [list(p) for p in trace_points(space)],
+        "seconds": seconds,
+        "trace": estimator.trace.model_dump(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.record", description=__doc__.splitlines()[0])
     ap.add_argument("--name", required=True, help="table name: benchmarks/tables/<name>.json")
@@ -195,18 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"traced {len(points)} points in {time.perf_counter() - t0:.0f} s", flush=True)
         save(table, path)
     if not args.no_trace and table.get("search_trace") is None:
-        # what `tuner search` itself traces for this space (tuner.memory.tracing.trace_points), and how long it takes:
-        # the replay charges these seconds to the strategies that use the estimate, before their first probe
-        from tuner.memory.tracing import trace_points
-
-        searched = trace_points(space)
-        t0 = time.perf_counter()
-        traced = trace(model, searched, timeout_s=1800).model_dump()
-        table["search_trace"] = {
-            "points": [list(p) for p in searched],
-            "seconds": time.perf_counter() - t0,
-            "trace": traced,
-        }
+        table["search_trace"] = search_trace(model, space, args.world_size, args.global_batch)
+        searched = table["search_trace"]["points"]
         print(f"search trace: {len(searched)} points in {table['search_trace']['seconds']:.0f} s", flush=True)
         save(table, path)
     total = len(configs) * args.repeats

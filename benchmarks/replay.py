@@ -147,11 +147,10 @@ def estimator_error(table: Table) -> dict[str, Any] | None:
 
 def frontier_soundness(table: Table) -> dict[str, Any]:
     """Feeds every config's table verdict to a Frontier in grid order; counts inferences the table contradicts."""
-    from tuner.memory.estimator import zero_stage_need
     from tuner.memory.frontier import Frontier
 
-    est = table.estimator()
-    need = zero_stage_need(est.trace.param_count, table.world_size, table.configs()) if est else None
+    memory = table.memory()  # the stage order a search derives (tuner.session.memory), LoRA and ZeRO-3 gathers included
+    need = memory.frontier.stage_need if memory is not None and memory.frontier is not None else None
     out: dict[str, Any] = {"stage_need": need}
     variants = (
         ("default", Frontier),

@@ -144,11 +144,15 @@ class Table:
     def configs(self) -> list[Knobs]:
         return [self.entries[k].knobs for k in self.order]
 
-    def estimator(self) -> Estimator | None:
-        """From the trace of every grid point (to measure the estimator's error on the table), built as a search
-        builds its own (tuner.session.memory)."""
+    def memory(self) -> MemoryModel | None:
+        """From the trace of every grid point (to measure the estimator and the frontier on the table), built as a
+        search builds its own (tuner.session.memory): the estimator, and the frontier's ZeRO stage order."""
         tr = self.raw.get("trace")
-        return recorded(Trace.model_validate(tr), self.search_request()).estimator if tr else None
+        return recorded(Trace.model_validate(tr), self.search_request()) if tr else None
+
+    def estimator(self) -> Estimator | None:
+        memory = self.memory()
+        return memory.estimator if memory is not None else None
 
     def search_memory(self, request: SearchRequest) -> tuple[MemoryModel, float] | None:
         """What `tuner search` would start from (tuner.session.memory): the estimator and ZeRO-ordering frontier of

@@ -1,6 +1,6 @@
 """Cached reads are never stale (issue 13, "reads that scale"): every change a worker makes to a study (a probe row, a
 trial that finishes, a new trial, an attribute on a running trial) shows on the next read of every endpoint, on
-SQLite and PostgreSQL; and the incremental trial counts (api.trial_counts) agree with a full count."""
+SQLite and PostgreSQL; and the incremental trial counts (tuner.storage.trial_counts) agree with a full count."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 from optuna.trial import TrialState
 
 from api.app import create_app
-from api.trial_counts import Tally, TrialCounts, fold
-from api.trial_reads import TRIALS
 from tests.helpers.sample_storage import DIST, SampleStudy, populate
 from tuner.settings import Settings
 from tuner.storage import Store, optuna_storage
+from tuner.storage.optuna_trials import TRIALS
+from tuner.storage.trial_counts import Tally, TrialCounts, fold
 
 STUDY = "live"
 

@@ -17,11 +17,11 @@ from fastapi.testclient import TestClient
 from optuna.distributions import IntDistribution
 
 from api.app import create_app
-from api.deps import MAX_OVERFLOW, POOL_SIZE
 from api.guard import MAX_BODY_BYTES
 from tests.helpers.sample_storage import SampleStudy, populate
 from tuner.settings import Settings
 from tuner.storage import Store
+from tuner.storage.read_pool import MAX_OVERFLOW, POOL_SIZE
 
 TOKEN = "s3cret-token-for-tests"
 

@@ -1,15 +1,32 @@
-"""The memory estimate for a search: a fake-tensor trace of the user's model at a few shapes (memory.estimator)."""
+"""The memory estimate for a search: a fake-tensor trace of the user's model at a few shapes (memory.estimator).
+
+It takes the shapes to trace (TraceShapes), built by its caller (tuner.session.memory) from the search's request:
+memory sits below the search and knows nothing of it."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
+from trials.contract import LoraSpec, ModelSpec
 from tuner.errors import TunerError
 from tuner.job.space import Space
 from tuner.memory.estimator import Estimator, trace, zero_stage_need
-from tuner.search.request import SearchRequest
 
 ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a share of the budget
+
+
+@dataclass(frozen=True)
+class TraceShapes:
+    """What the estimate traces and is for: the model (with the job's LoRA adapters), the space whose shapes are
+    traced, seq2seq labels at ``label_length`` (None: max_length), the world size and the global batch."""
+
+    model: ModelSpec
+    space: Space
+    world_size: int
+    global_batch: int | None = None
+    label_length: int | None = None
+    lora: LoraSpec | None = None
 
 
 def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
@@ -25,26 +42,30 @@ def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
     ]
 
 
-def build_estimator(request: SearchRequest, timeout_s: float) -> tuple[Estimator | None, str]:
+def build_estimator(shapes: TraceShapes, timeout_s: float) -> tuple[Estimator | None, str]:
     """The estimator's fake-tensor trace of the model (a subprocess), or None with the reason it is unavailable."""
     started = time.monotonic()
     try:
-        labels = request.job.max_target_length if request.job is not None else None
-        lora = request.job.lora if request.job is not None else None
-        traced = trace(request.model, trace_points(request.space), timeout_s=timeout_s, label_length=labels, lora=lora)
+        traced = trace(
+            shapes.model,
+            trace_points(shapes.space),
+            timeout_s=timeout_s,
+            label_length=shapes.label_length,
+            lora=shapes.lora,
+        )
     except (TunerError, RuntimeError, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         return None, f"memory estimate unavailable ({reason}); probing without it"
     took = time.monotonic() - started
     return Estimator(
-        traced, world_size=request.world_size, global_batch=request.global_batch
+        traced, world_size=shapes.world_size, global_batch=shapes.global_batch
     ), f"memory estimate traced in {took:.0f}s ({traced.param_count:,} params)"
 
 
-def stage_order(estimator: Estimator, request: SearchRequest) -> dict[int, int] | None:
+def stage_order(estimator: Estimator, shapes: TraceShapes) -> dict[int, int] | None:
     """The ZeRO stages ordered by memory need for this model, world size and space (tuner.memory.estimator), or None
     when no single order holds; the frontier then compares configs across stages too (Frontier(stage_need=...))."""
     tr = estimator.trace
     return zero_stage_need(
-        tr.param_count, request.world_size, list(request.space.configs()), tr.largest_param, tr.trainable_count
+        tr.param_count, shapes.world_size, list(shapes.space.configs()), tr.largest_param, tr.trainable_count
     )

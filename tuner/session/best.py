@@ -76,6 +76,13 @@ def pick_study(store: Store, study: str | None) -> tuple[str, dict[str, Any]]:
     return rows[0]["name"], dict(rows[0]["definition"])
 
 
+def rank(store: Store, name: str) -> tuple[list[ProbeRow], Candidate | None]:
+    """The study's probe rows (storage order) and their best stable candidate (tuner.search.selection.best_stable):
+    what serve_best serves, and what the API caches per version of the rows."""
+    rows = store.probes(name)
+    return rows, best_stable(rows)
+
+
 def serve_best(
     store: Store,
     study: str | None,
@@ -91,10 +98,7 @@ def serve_best(
     (``option`` spells the format setting as the face does)."""
     check_format(fmt, option)
     name, definition = pick_study(store, study)
-    if ranked is None:
-        rows = store.probes(name)
-        ranked = rows, best_stable(rows)
-    rows, found = ranked
+    rows, found = ranked if ranked is not None else rank(store, name)
     if found is None:
         raise NoStableConfig(no_stable_config(name, rows))
     return ServedBest(name, definition, rows, found, fmt, checked_version(transformers_version, option))

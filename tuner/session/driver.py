@@ -31,7 +31,6 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from trials.contract import ProbeConfig, ProbeResult
 from tuner.errors import StorageError
 from tuner.records import Candidate, Fidelity, ProbeRow
-from tuner.search.liveness import run_is_live
 from tuner.search.request import SearchRequest
 from tuner.search.selection import baseline_row, best_stable
 from tuner.search.strategy import Outcome, Proposal, Strategy
@@ -39,6 +38,7 @@ from tuner.search.study import retell, storage_of, tell_skipped, trial_id
 from tuner.storage import Store
 from tuner.storage.faults import StorageStopped, first_line, is_connection_loss
 from tuner.storage.journal import Entry, Journal
+from tuner.storage.liveness import run_is_live
 from tuner.units import Deadline
 
 __all__ = ["Listener", "Search", "SearchSummary"]
@@ -292,7 +292,7 @@ class Search:
         return self.store.take_over_claim(name, key, fidelity, owner, self.worker, proposal.trial_number)
 
     def _stale(self, owner: str) -> bool:
-        """The claim's worker is gone (tuner.search.liveness: not running, or no heartbeat for STALE_AFTER_S), on
+        """The claim's worker is gone (tuner.storage.liveness: not running, or no heartbeat for STALE_AFTER_S), on
         the database's clock: the hosts' wall clocks need not agree."""
         runs = [r for r in self.store.runs(self.request.study_name) if r["worker"] == owner]
         return not runs or not run_is_live(runs[-1], self.store.db_now())

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tuner.memory.estimator import Estimator, Trace
 from tuner.memory.frontier import Frontier
-from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, build_estimator, stage_order
+from tuner.memory.tracing import ESTIMATE_AUTO_MIN_BUDGET_S, TraceShapes, build_estimator, stage_order
 from tuner.search.request import SearchRequest
 
 
@@ -23,6 +23,20 @@ class MemoryModel:
     note: str | None = None
 
 
+def shapes(request: SearchRequest) -> TraceShapes:
+    """What the trace covers for this request: its model, space, world size and global batch, and the job's label
+    length and LoRA adapters (as every probe of the job runs them)."""
+    job = request.job
+    return TraceShapes(
+        model=request.model,
+        space=request.space,
+        world_size=request.world_size,
+        global_batch=request.global_batch,
+        label_length=job.max_target_length if job is not None else None,
+        lora=job.lora if job is not None else None,
+    )
+
+
 def wanted(request: SearchRequest, estimate: bool | None) -> bool:
     """``estimate`` as asked; None: for budgets of ESTIMATE_AUTO_MIN_BUDGET_S (10 minutes) or more."""
     return estimate if estimate is not None else request.budget_s >= ESTIMATE_AUTO_MIN_BUDGET_S
@@ -32,7 +46,7 @@ def traced(request: SearchRequest, estimate: bool | None) -> MemoryModel:
     """Traces the model when the estimate is ``wanted`` (a subprocess, at most 20% of the budget or 10 minutes)."""
     if not wanted(request, estimate):
         return MemoryModel()
-    estimator, note = build_estimator(request, timeout_s=min(600.0, 0.2 * request.budget_s))
+    estimator, note = build_estimator(shapes(request), timeout_s=min(600.0, 0.2 * request.budget_s))
     if estimator is None:
         return MemoryModel(note=note)
     return MemoryModel(estimator, _frontier(estimator, request), note)
@@ -45,5 +59,5 @@ def recorded(trace: Trace, request: SearchRequest) -> MemoryModel:
 
 
 def _frontier(estimator: Estimator, request: SearchRequest) -> Frontier | None:
-    order = stage_order(estimator, request)
+    order = stage_order(estimator, shapes(request))
     return Frontier(stage_need=order) if order else None

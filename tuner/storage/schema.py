@@ -12,7 +12,6 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
-    DateTime,
     Float,
     ForeignKey,
     Index,
@@ -23,6 +22,8 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+
+from tuner.storage.utc import UTCDateTime
 
 # These tables are what the code reads and writes; the database gets them through the alembic revisions in
 # tuner/storage/migrations/versions/. Change both together: tests/tuner/storage/test_migrations.py fails when a
@@ -45,7 +46,7 @@ studies = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("name", String(128), nullable=False, unique=True),
-    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
     Column("definition", JSON, nullable=False),
     Column("created_by", String(32), nullable=False, default="cli"),
 )
@@ -57,10 +58,10 @@ search_runs = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("study_name", String(128), nullable=False, index=True),
     Column("worker", String(256), nullable=False),  # host:pid
-    Column("started_at", DateTime(timezone=True), nullable=False),
-    Column("deadline_at", DateTime(timezone=True), nullable=True),
-    Column("finished_at", DateTime(timezone=True), nullable=True),
-    Column("heartbeat_at", DateTime(timezone=True), nullable=True),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("deadline_at", UTCDateTime, nullable=True),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Column("heartbeat_at", UTCDateTime, nullable=True),
     Column("budget_s", Float, nullable=True),
     Column("status", String(16), nullable=False),  # running | finished | interrupted | failed
     Column("message", Text, nullable=True),
@@ -94,7 +95,7 @@ probes = Table(
     Column("probe_seconds", Float, nullable=True),  # wall clock of the probe
     Column("setup_s", Float, nullable=True),  # the probe's fixed cost: launch to first step
     Column("result", JSON, nullable=True),  # the whole ProbeResult
-    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
     # the worker's idempotency key (tuner.storage.journal): a row replayed from a journal is stored once
     Column("record_uid", String(36), nullable=True),
     Index("uq_tuner_probes_record_uid", "record_uid", unique=True),
@@ -112,6 +113,6 @@ claims = Table(
     Column("fidelity", String(16), nullable=False),
     Column("trial_number", Integer, nullable=True),
     Column("worker", String(256), nullable=False),
-    Column("claimed_at", DateTime(timezone=True), nullable=False),
+    Column("claimed_at", UTCDateTime, nullable=False),
     UniqueConstraint("study_name", "config_key", "fidelity", name="uq_claim"),
 )

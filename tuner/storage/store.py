@@ -7,13 +7,13 @@ import json
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import DateTime
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tuner.errors import StorageError, StudyNotFound
 from tuner.records import ProbeRow
 from tuner.storage.db import _unreachable, ensure_schema
 from tuner.storage.schema import claims, probes, search_runs, studies
+from tuner.storage.utc import UTCDateTime
 
 
 def _primary_key(res: sa.CursorResult[Any]) -> int:
@@ -44,10 +44,9 @@ class Store:
         return db_time(self.engine.dialect.name)
 
     def db_now(self) -> dt.datetime:
-        """The database's clock now (UTC): the ``now`` to judge claims and heartbeats by (tuner.search.liveness)."""
+        """The database's clock now (UTC): the ``now`` to judge claims and heartbeats by (tuner.storage.liveness)."""
         with self._connect() as conn:
-            value = conn.execute(sa.select(sa.type_coerce(self._now(), DateTime(timezone=True)))).scalar_one()
-        return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
+            return conn.execute(sa.select(sa.type_coerce(self._now(), UTCDateTime()))).scalar_one()
 
     # -- studies ---------------------------------------------------------------------------------------------------
     def ensure_study(self, name: str, definition: dict[str, Any], created_by: str = "cli") -> dict[str, Any]:
@@ -301,6 +300,22 @@ class Store:
         )
         with self._connect() as conn:
             return {status: int(n) for status, n in conn.execute(q).all()}
+
+    def probe_version(self, study_name: str) -> tuple[int, int | None]:
+        """(row count, highest id) of the study's probe rows: rows are insert-only (record_probe), so this names their
+        content, in one indexed aggregate (what the API's caches are keyed on)."""
+        q = sa.select(sa.func.count(), sa.func.max(probes.c.id)).where(probes.c.study_name == study_name)
+        with self._connect() as conn:
+            count, top = conn.execute(q).one()
+        return int(count), top
+
+    def ping(self) -> None:
+        """One round trip to the database; raises StorageError when it does not answer."""
+        try:
+            with self._connect() as conn:
+                conn.execute(sa.select(sa.literal(1))).scalar_one()
+        except OperationalError as err:
+            raise _unreachable(self.url, err) from None
 
     def _connect(self) -> sa.Connection:
         try:

@@ -11,6 +11,7 @@ from tuner.memory.tracing import build_estimator, stage_order, trace_points
 from tuner.search.request import SearchRequest, check_resume
 from tuner.search.sampling import make_sampler
 from tuner.search.strategy import SearchSetup, Strategy
+from tuner.session.memory import shapes
 
 MiB = 2**20
 
@@ -47,7 +48,7 @@ def test_real_memory_trace_lets_the_strategy_skip_a_config_far_over_budget():
         budget_s=600,
         device_memory=160 * MiB,
     )
-    estimator, note = build_estimator(request, timeout_s=300)
+    estimator, note = build_estimator(shapes(request), timeout_s=300)
     assert estimator is not None, note
     small = estimator.predict({"micro_batch_size": 2, "max_length": 128, "zero_stage": 0}).calibrated
     large = estimator.predict({"micro_batch_size": 32, "max_length": 128, "zero_stage": 0}).calibrated
@@ -71,7 +72,7 @@ def test_real_memory_trace_lets_the_strategy_skip_a_config_far_over_budget():
 
     # the same trace orders ZeRO stages for the frontier when the space spans several (one rank: stage 0 needs least)
     staged = space.restrict(zero_stage=[0, 1, 2, 3])
-    order = stage_order(estimator, SearchRequest(**{**request.__dict__, "space": staged}))
+    order = stage_order(estimator, shapes(SearchRequest(**{**request.__dict__, "space": staged})))
     if order is not None:
         assert order[0] == min(order.values())
         strategy.use_frontier(Frontier(stage_need=order))

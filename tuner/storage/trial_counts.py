@@ -20,7 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
-from api.trial_reads import TRIALS, state_of
+from tuner.storage.optuna_trials import TRIALS, state_of
 
 
 @dataclass(frozen=True)

@@ -16,20 +16,15 @@ from typing import Any
 STALE_AFTER_S = 120.0  # no heartbeat for this long: the worker is gone (killed, host down, cut off)
 
 
-def _utc(value: dt.datetime) -> dt.datetime:
-    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
-
-
 def run_is_live(run: Mapping[str, Any], now: dt.datetime, stale_after: float = STALE_AFTER_S) -> bool:
     """True while ``run`` (a search_runs row) is marked running and its last heartbeat is at most ``stale_after``
-    seconds before ``now``. A naive ``now`` or heartbeat is read as UTC."""
+    seconds before ``now`` (aware, as storage hands every timestamp back: tuner.storage.utc)."""
     if run.get("status") != "running":
         return False
     beat = run.get("heartbeat_at")
     if beat is None:
         return False
-    return (_utc(now) - _utc(beat)).total_seconds() <= stale_after
+    return (now - beat).total_seconds() <= stale_after
 
 
 __all__ = ["STALE_AFTER_S", "run_is_live"]

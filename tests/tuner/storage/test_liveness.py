@@ -1,4 +1,4 @@
-"""tuner.search.liveness.run_is_live: the one stale-worker rule (driver claim takeover, API study status)."""
+"""tuner.storage.liveness.run_is_live: the one stale-worker rule (driver claim takeover, API study status)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,13 @@ import datetime as dt
 
 import pytest
 
-from tuner.search.liveness import STALE_AFTER_S, run_is_live
+from tuner.storage.liveness import STALE_AFTER_S, run_is_live
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
 
 
-def run(status: str = "running", beat_age_s: float | None = 5.0, naive: bool = False) -> dict:
+def run(status: str = "running", beat_age_s: float | None = 5.0) -> dict:
     beat = None if beat_age_s is None else NOW - dt.timedelta(seconds=beat_age_s)
-    if beat is not None and naive:
-        beat = beat.replace(tzinfo=None)  # what SQLite hands back
     return {"status": status, "heartbeat_at": beat, "deadline_at": None}
 
 
@@ -28,16 +26,13 @@ def run(status: str = "running", beat_age_s: float | None = 5.0, naive: bool = F
         (run("finished"), False),
         (run("interrupted"), False),
         (run("failed", beat_age_s=0), False),
-        (run(naive=True), True),
-        (run(beat_age_s=300, naive=True), False),
     ],
 )
 def test_live_while_running_and_beating(row: dict, live: bool) -> None:
     assert run_is_live(row, NOW) is live
 
 
-def test_the_threshold_is_a_parameter_and_a_naive_now_is_utc() -> None:
+def test_the_threshold_is_a_parameter() -> None:
     row = run(beat_age_s=30)
     assert run_is_live(row, NOW, stale_after=60) and not run_is_live(row, NOW, stale_after=10)
-    assert run_is_live(row, NOW.replace(tzinfo=None))
     assert STALE_AFTER_S == 120.0
