@@ -3,6 +3,7 @@ provenance. Reads only; the routes stay thin."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
@@ -24,49 +25,49 @@ from api.schemas import (
     TrialPageOut,
 )
 from tuner.records import DEFAULT_HEADROOM, Candidate, ProbeRow, ProbeStatus
+from tuner.records.run import RunStatus, SearchRun
 from tuner.reporting.production import ProductionRun, production_runs
 from tuner.reporting.trials import join_trials
 from tuner.session.best import rank, serve_best
 from tuner.storage import Store
-from tuner.storage.liveness import run_is_live
 from tuner.storage.optuna_trials import numbers
 from tuner.storage.read_pool import ReadStore
 from tuner.storage.trial_counts import stamp
 
-END_STATES = ("finished", "interrupted", "failed")
+_ENDED = frozenset(s.value for s in RunStatus if s.ended)  # a study status (study_status) that is a run's end
 
 
-def study_status(runs: list[dict[str, Any]], now: dt.datetime) -> str:
+def study_status(runs: list[SearchRun], now: dt.datetime) -> str:
     """``now``: the database's clock (Store.db_now), the one the workers' heartbeats are written on, so an API host
     whose wall clock is off still reads a live worker as live."""
     if not runs:
         return "defined"
-    if any(run_is_live(r, now) for r in runs):
-        return "running"
-    last = max(runs, key=lambda r: r["id"])["status"]
-    return last if last in END_STATES else "interrupted"
+    if any(r.is_live(now) for r in runs):
+        return RunStatus.RUNNING.value
+    last = max(runs, key=lambda r: r.id).status
+    return (last if last.ended else RunStatus.INTERRUPTED).value  # marked running, no longer beating
 
 
-def summary(row: dict[str, Any], runs: list[dict[str, Any]], now: dt.datetime) -> StudySummaryOut:
+def summary(row: dict[str, Any], runs: list[SearchRun], now: dt.datetime) -> StudySummaryOut:
     status = study_status(runs, now)
     return StudySummaryOut(name=row["name"], created_at=row["created_at"], created_by=row["created_by"], status=status)
 
 
-def _progress(runs: list[dict[str, Any]], n_trials: int, n_probes: int, status: str, now: dt.datetime) -> ProgressOut:
-    starts = [r["started_at"] for r in runs]
-    live = [r for r in runs if run_is_live(r, now)]
+def _progress(runs: list[SearchRun], n_trials: int, n_probes: int, status: str, now: dt.datetime) -> ProgressOut:
+    starts = [r.started_at for r in runs]
+    live = [r for r in runs if r.is_live(now)]
     out = ProgressOut(started_at=min(starts) if starts else None, trials=n_trials, probes=n_probes)
     if live:
-        begun = min(r["started_at"] for r in live)
-        deadlines = [r["deadline_at"] for r in live if r.get("deadline_at") is not None]
+        begun = min(r.started_at for r in live)
+        deadlines = [r.deadline_at for r in live if r.deadline_at is not None]
         out.elapsed_s = (now - begun).total_seconds()
         if deadlines:
             out.deadline_at = max(deadlines)
             out.remaining_s = max(0.0, (out.deadline_at - now).total_seconds())
             total = out.elapsed_s + out.remaining_s
             out.fraction = min(1.0, out.elapsed_s / total) if total > 0 else 1.0
-    elif status in END_STATES:
-        ends = [r["finished_at"] for r in runs if r.get("finished_at") is not None]
+    elif status in _ENDED:
+        ends = [r.finished_at for r in runs if r.finished_at is not None]
         if starts and ends:
             out.elapsed_s = (max(ends) - min(starts)).total_seconds()
         out.remaining_s = 0.0
@@ -127,7 +128,7 @@ def study_detail(store: ReadStore, svc: Services, row: dict[str, Any]) -> StudyO
     found = svc.cache.get(store, name, "summary", lambda: _summary_of(ranked(store, svc, name)))
     now = store.db_now()
     status = study_status(runs, now)
-    budgets = [float(r["budget_s"]) for r in runs if r.get("budget_s")]
+    budgets = [float(r.budget_s) for r in runs if r.budget_s]
     budget = definition.get("budget_s") or (max(budgets) if budgets else None)
     return StudyOut(
         **summary(row, runs, now).model_dump(),
@@ -137,7 +138,7 @@ def study_detail(store: ReadStore, svc: Services, row: dict[str, Any]) -> StudyO
         best=found.best,
         trial_states=states,
         probe_statuses=found.probe_statuses,
-        runs=[RunOut(**r) for r in runs],
+        runs=[RunOut(**{**dataclasses.asdict(r), "status": r.status.value}) for r in runs],
     )
 
 
@@ -238,21 +239,21 @@ def _baseline(row: ProbeRow | None, best: Candidate) -> BaselineOut | None:
 
 
 def _production(run: ProductionRun) -> ProductionOut:
-    r, result = run.row, run.row.result or {}
+    r, rec = run.row, run.recorded
     return ProductionOut(
         status=r.status.value,
         cause=r.cause,
-        phase=result.get("phase"),
+        phase=rec.phase,
         peak_allocated=r.peak_allocated,
         peak_reserved=r.peak_reserved,
         capacity=r.capacity,
-        memory=result.get("memory"),
+        memory=rec.memory,
         samples_per_s=r.samples_per_s,
         probed_peak=run.probed_peak,
         probed_samples_per_s=run.probed_samples_per_s,
-        device=result.get("device"),
-        rank=result.get("rank"),
-        steps=result.get("steps"),
+        device=rec.device,
+        rank=rec.rank,
+        steps=rec.steps,
     )
 
 

@@ -15,11 +15,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# How a probe (or a rank) ended. "oom": the device ran out of memory (torch's OOM, a cuBLAS/NCCL allocation failure);
-# "host-oom": host memory did (the kernel's OOM killer, a failed pinned allocation): no verdict on device memory;
-# "device-busy": the rank found its GPU in use by another process; "killed": a rank died of SIGKILL without the
-# kernel's OOM killer showing in its cgroup, or was interrupted (SIGINT) from outside (no verdict, retried once).
-Status = Literal["ok", "oom", "timeout", "error", "host-oom", "device-busy", "killed"]
+from trials.status import (  # noqa: F401  (re-exported: the contract's status vocabulary)
+    EXIT_BUSY,
+    EXIT_CODES,
+    EXIT_ERROR,
+    EXIT_HOST_OOM,
+    EXIT_KILLED,
+    EXIT_OK,
+    EXIT_OOM,
+    EXIT_TIMEOUT,
+    RankStatus,
+    Status,
+)
+
 Precision = Literal["fp32", "bf16", "fp16"]
 Engine = Literal["torch", "deepspeed"]
 # Where a probe rank is: building the engine, training steps, the eval forward, the eval generate.
@@ -30,24 +38,6 @@ BUILTIN_PREFIX = "builtin:"
 # and Llama-shaped causal LMs, each a CPU-sized one and GPU-sized ones.
 BUILTIN_PRESETS: tuple[str, ...] = ("tiny-t5", "t5-small", "flan-t5-large", "tiny-llama", "llama-1b")
 
-# Exit codes of one probe rank (`python -m trials`); the result file holds the detail.
-EXIT_OK = 0
-EXIT_OOM = 3
-EXIT_ERROR = 4
-EXIT_TIMEOUT = 5
-EXIT_HOST_OOM = 6
-EXIT_BUSY = 7
-EXIT_KILLED = 8  # interrupted from outside (SIGINT: a KeyboardInterrupt): no verdict on the config
-# each status's exit code: a rank's exit code carries its class even when it could write no file
-EXIT_CODES: dict[Status, int] = {
-    "ok": EXIT_OK,
-    "oom": EXIT_OOM,
-    "error": EXIT_ERROR,
-    "timeout": EXIT_TIMEOUT,
-    "host-oom": EXIT_HOST_OOM,
-    "device-busy": EXIT_BUSY,
-    "killed": EXIT_KILLED,
-}
 
 # The runner sets this to the wall-clock time.time() at which it launched the probe (the probe's setup_s starts there).
 LAUNCH_ENV = "TUNER_PROBE_LAUNCH_T"
@@ -285,7 +275,7 @@ class RankResult(_Strict):
     """What one rank writes to its own result file."""
 
     rank: int
-    status: Status
+    status: RankStatus
     cause: str | None = None
     memory: RankMemory | None = None
     steps: StepStats | None = None
@@ -306,7 +296,7 @@ class RankReason(_Strict):
     exit code; only a rank that could say nothing (SIGKILL, an abort inside a C++ library) is read from its stderr."""
 
     rank: int
-    status: Status
+    status: RankStatus
     cause: str
     source: Literal["exception", "signal", "thread", "result-write"]  # which hook spoke: see trials.last_words
     phase: Phase | None = None
@@ -314,7 +304,7 @@ class RankReason(_Strict):
 
 
 class ProbeResult(_Strict):
-    status: Status
+    status: RankStatus
     cause: str | None = None
     phase: Phase | None = None  # of the rank whose failure names the probe's (e.g. an OOM in the eval generate)
     samples_per_s: float | None = None  # at the global batch, over whole accumulation cycles

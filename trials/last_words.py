@@ -8,7 +8,7 @@ a fork server's child), cover what the rank's own handler cannot:
   moment it arrives, before the KeyboardInterrupt unwinds (a library may turn it into another error on its way out);
 * an exception past the rank's handler (the interrupt; a failure while classifying a failure) is written down with its
   class (``trials.outcome.classify``), its traceback goes to stderr for a person, and the rank exits with the class's
-  exit code (``trials.contract.EXIT_CODES``) instead of a traceback's 1;
+  exit code (``trials.contract.Status.exit_code``) instead of a traceback's 1;
 * a result file that cannot be written (a full disk, its path taken): the result's status and cause are written here;
 * an exception on a side thread (``threading.excepthook``): written the moment it happens. The rank goes on; its result
   wins if it still writes one, and if it then dies or hangs until the runner kills it, this is why.
@@ -32,7 +32,6 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from trials.contract import (
-    EXIT_CODES,
     EXIT_ERROR,
     Phase,
     ProbeConfig,
@@ -123,7 +122,7 @@ class LastWords:
 
         status, code = self._classify(exc)
         said = self.say(status, one_line(exc), source, fault=launch_fault(exc))
-        return EXIT_CODES[said.status] if said is not None else code
+        return (said.status.exit_code or EXIT_ERROR) if said is not None else code
 
     def deliver(self, result: RankResult, code: int) -> int:
         """Writes the rank's result file (atomically) and returns ``code``; when it cannot be written, its status and
@@ -133,10 +132,10 @@ class LastWords:
         except OSError as exc:
             from trials.outcome import one_line
 
-            failed = result.status != "ok"
+            failed = result.status != Status.OK
             said = result.cause if failed and result.cause else f"the probe ended {result.status}"
             cause = f"{said}; its result file could not be written ({one_line(exc)})"
-            self.say(result.status if failed else "error", cause, "result-write", fault=result.launch_fault)
+            self.say(result.status if failed else Status.ERROR, cause, "result-write", fault=result.launch_fault)
             return code if failed else EXIT_ERROR
         return code
 
@@ -152,7 +151,9 @@ class LastWords:
         self.say(status, f"on thread {name}: {one_line(exc)}", "thread", fault=launch_fault(exc))
 
     def _interrupted(self, signum: int, frame: FrameType | None) -> None:
-        self.say("killed", "KeyboardInterrupt: interrupted by SIGINT from outside: no verdict on the config", "signal")
+        self.say(
+            Status.KILLED, "KeyboardInterrupt: interrupted by SIGINT from outside: no verdict on the config", "signal"
+        )
         raise KeyboardInterrupt
 
     def __enter__(self) -> LastWords:

@@ -21,6 +21,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from trials.contract import Status
+
 MiB = 1 << 20
 
 
@@ -202,7 +204,7 @@ def is_oom(exc: BaseException) -> bool:
 
 def memory_failure(
     exc: BaseException, *, cuda: bool, device_full: bool = False, frames: tuple[str, ...] = ()
-) -> str | None:
+) -> Status | None:
     """ "oom" (the device), "host-oom" (host memory on a CUDA host) or None (not a memory failure).
 
     On the emulated CPU device host memory *is* the device, so every memory failure is "oom". On CUDA: a Python
@@ -214,15 +216,15 @@ def memory_failure(
     text = str(exc).lower()
     memoryish = is_oom(exc) or (isinstance(exc, RuntimeError) and "out of memory" in text)
     if not cuda:
-        return "oom" if memoryish else None
+        return Status.OOM if memoryish else None
     if isinstance(exc, MemoryError) or (memoryish and any(t in text for t in _HOST_TEXTS)):
-        return "host-oom"
+        return Status.HOST_OOM
     if memoryish and any(f in _HOST_FRAMES for f in frames):
-        return "host-oom"
+        return Status.HOST_OOM
     if memoryish:
-        return "oom"
+        return Status.OOM
     if _CUBLAS_INIT in text and device_full:
-        return "oom"
+        return Status.OOM
     return None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from trials import memory
-from trials.contract import EXIT_BUSY, EXIT_ERROR, EXIT_HOST_OOM, EXIT_KILLED, EXIT_OOM, EXIT_TIMEOUT, Status
+from trials.contract import Status
 
 # What CUDA raises in a rank forked from a process that had initialised it (lower case): the rank cannot use its GPU,
 # whatever the config; the fork server is then unusable for this runner.
@@ -33,19 +33,22 @@ class DeviceBusy(RuntimeError):
 def classify(exc: BaseException, *, cuda: bool = False, device_full: bool = False) -> tuple[Status, int]:
     """The status and exit code of a rank that raised ``exc`` (trials.memory.memory_failure for memory failures). An
     interrupt (SIGINT: the runner never sends one, its ranks run in their own sessions) is an outside stop: "killed"."""
+    status = _status(exc, cuda=cuda, device_full=device_full)
+    return status, status.exit_code or 0  # every status _status returns is a rank's: it has an exit code
+
+
+def _status(exc: BaseException, *, cuda: bool, device_full: bool) -> Status:
     if isinstance(exc, KeyboardInterrupt):
-        return "killed", EXIT_KILLED
+        return Status.KILLED
     if isinstance(exc, DeviceBusy):
-        return "device-busy", EXIT_BUSY
+        return Status.DEVICE_BUSY
     kind = memory.memory_failure(exc, cuda=cuda, device_full=device_full, frames=memory.traceback_frames(exc))
-    if kind == "oom":
-        return "oom", EXIT_OOM
-    if kind == "host-oom":
-        return "host-oom", EXIT_HOST_OOM
+    if kind is not None:
+        return kind
     dist_error = getattr(torch.distributed, "DistError", ())
     if (isinstance(exc, dist_error) and "timed out" in str(exc).lower()) or isinstance(exc, TimeoutError):
-        return "timeout", EXIT_TIMEOUT
-    return "error", EXIT_ERROR
+        return Status.TIMEOUT
+    return Status.ERROR
 
 
 def launch_fault(exc: BaseException) -> bool:

@@ -303,7 +303,7 @@ class Probe:
         self._timed(engine, batch, timed_cycles, accum)
         return RankResult(
             rank=self.rank,
-            status="ok",
+            status=Status.OK,
             memory=self._memory(),
             steps=self._stats(),
             setup_s=self._setup_s(),

@@ -57,7 +57,7 @@ def test_two_workers_never_probe_one_config_twice(tmp_path, new_postgres_url):
     per_trial = Counter(r.trial_number for r in rows if r.fidelity in ("short", "baseline", "inferred"))
     assert max(per_trial.values()) == 1, "a trial was recorded twice"
     runs = store.runs("shared")
-    assert len(runs) == 2 and all(r["status"] == "finished" for r in runs)
+    assert len(runs) == 2 and all(r.status == "finished" for r in runs)
     assert len({r.run_id for r in rows if r.fidelity != "inferred"}) >= 1
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trials = optuna.load_study(study_name="shared", storage=url).trials

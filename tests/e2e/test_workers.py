@@ -76,12 +76,13 @@ def test_two_workers_share_one_study_behind_the_api(tmp_path, new_postgres_url) 
         assert max(first_rows.values()) == 1, f"a trial was recorded twice: {first_rows}"
 
         runs = store.runs(STUDY)
-        assert len(runs) == 2 and len({r["worker"] for r in runs}) == 2  # two processes, one run each
+        assert len(runs) == 2 and len({r.worker for r in runs}) == 2  # two processes, one run each
         for run in runs:  # both stop at the budget: no probe ran past a worker's deadline
-            assert run["status"] == "finished", run
-            assert run["budget_s"] == BUDGET_S
-            assert _utc(run["finished_at"]) <= _utc(run["started_at"]) + dt.timedelta(seconds=BUDGET_S + STOP_SLACK_S)
-        assert {r.run_id for r in rows if r.fidelity != "inferred"} <= {r["id"] for r in runs}
+            assert run.status == "finished", run
+            assert run.budget_s == BUDGET_S
+            assert run.finished_at is not None
+            assert _utc(run.finished_at) <= _utc(run.started_at) + dt.timedelta(seconds=BUDGET_S + STOP_SLACK_S)
+        assert {r.run_id for r in rows if r.fidelity != "inferred"} <= {r.id for r in runs}
 
         study = http.get(f"/studies/{STUDY}").json()
         assert study["status"] == "finished"

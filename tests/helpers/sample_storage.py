@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from trials.contract import Knobs, ProbeConfig, ProbeResult, RankMemory, StepStats
 from tuner.job.objective import Objective
 from tuner.records import Fidelity, ProbeRow
+from tuner.search.evidence import Inference
 from tuner.search.observation import inferred_row, probe_row
 from tuner.storage import Store, optuna_storage
 
@@ -105,11 +106,14 @@ class SampleStudy:
 
     def inferred(self, config: ProbeConfig, *, trial_number: int, config_key: str, cause: str | None) -> ProbeRow:
         """Stores the row of a config ruled out without running (tuner.search.observation.inferred_row)."""
-        return self._store(inferred_row(trial_number, config, config_key, cause, None, config.device_memory))
+        return self._store(
+            inferred_row(trial_number, config, config_key, Inference("oom", cause), config.device_memory)
+        )
 
     def record(self, **columns: Any) -> ProbeRow:
-        """Stores a hand-written row (ProbeRow.from_record of ``columns``)."""
-        row = ProbeRow.from_record({"study_name": self.name, "run_id": self.run_id, **columns})
+        """Stores a hand-written row (ProbeRow.from_record of ``columns``; an empty result unless given: a measured
+        ok row has its result)."""
+        row = ProbeRow.from_record({"study_name": self.name, "run_id": self.run_id, "result": {}, **columns})
         return dataclasses.replace(row, id=self.store.record_probe(row))
 
     def again(self, row: ProbeRow, **changes: Any) -> ProbeRow:

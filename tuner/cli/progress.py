@@ -15,8 +15,7 @@ from rich.text import Text
 
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
-from tuner.records import Candidate, ProbeRow, ProbeStatus
-from tuner.search.strategy import Outcome, Proposal
+from tuner.records import Candidate, ProbeOutcome, ProbeRow, ProbeStatus, ProposedProbe
 from tuner.session.driver import SearchSummary
 from tuner.units import Deadline, format_duration, format_size
 
@@ -54,13 +53,6 @@ def _merge_buckets(parts: list[str]) -> list[str]:
     return [f"buckets={reduce.partition('=')[2]}" if p == reduce else p for p in parts if p != gather]
 
 
-def parse_label(text: str) -> dict[str, str]:
-    """The knobs of a `describe` label ("micro=8 len=128 zero_stage=3"), as strings (a stored cause quotes one)."""
-    names = {"micro": "micro_batch_size", "len": "max_length"}
-    pairs = (part.partition("=") for part in text.split() if "=" in part)
-    return {names.get(name, name): value for name, _, value in pairs}
-
-
 _SHORT = {
     "zero_stage": "z",
     "allgather_bucket_size": "allgather",
@@ -95,13 +87,13 @@ class LiveProgress:
         self.job = job  # the job's values (held fixed, printed once above the stream) are left out of each label
         self.trials: dict[str, tuple[int, ProbeStatus]] = {}  # a probed config's label -> its trial and status
         self.cited: set[str] = set()  # the reasons already printed: later configs they rule out are only counted
-        self.held: tuple[Proposal, ProbeRow] | None = None  # the last probe, printed with what it rules out
+        self.held: tuple[ProposedProbe, ProbeRow] | None = None  # the last probe, printed with what it rules out
         self.deadline = deadline
         self.objective = objective
         self.study = study
         self.counts = {"probed": 0, "ok": 0, "stable": 0, "oom": 0, "inferred": 0, "failed": 0, "confirmed": 0}
         self.best: tuple[float, dict[str, Any]] | None = None
-        self.current: tuple[Proposal, float] | None = None
+        self.current: tuple[ProposedProbe, float] | None = None
         self.recent: list[ProbeRow] = []
         self.pending: list[ProbeRow] = []  # inferred rows not printed yet (grouped by why they were ruled out)
         self.quiet = 0  # configs ruled out for a reason already printed
@@ -119,11 +111,11 @@ class LiveProgress:
     # A probe's line waits for the configs its result rules out (the strategy's next proposal, a moment later: the
     # driver reports them before it starts the next probe), so the line can say how many; configs ruled out for a
     # reason printed before are counted, not printed again (`tuner trials --all` lists every one).
-    def started(self, proposal: Proposal) -> None:
+    def started(self, proposal: ProposedProbe) -> None:
         self._flush()
         self.current = (proposal, time.monotonic())
 
-    def finished(self, proposal: Proposal, outcome: Outcome) -> None:
+    def finished(self, proposal: ProposedProbe, outcome: ProbeOutcome) -> None:
         self._flush()
         self.current = None
         row = outcome.row
@@ -161,17 +153,17 @@ class LiveProgress:
             proposal, row = self.held
             self.held = None
             label = compact(row.knobs, self.job)
-            own = [r for r in rows if cause_label(r.cause, self.job) == label]
+            own = [r for r in rows if cause_label(r, self.job) == label]
             rows = [r for r in rows if r not in own]
             line = probe_line(proposal.trial_number, proposal.fidelity, row, self.objective.unit, self.job)
             if own:
-                self.cited.add(_reason(own[0].cause, self.job, self.trials))
+                self.cited.add(_reason(own[0], self.job, self.trials))
             self.console.print(line + (f"  [dim](rules out {len(own)})[/]" if own else ""))
-        fresh = [r for r in rows if _reason(r.cause, self.job, self.trials) not in self.cited]
+        fresh = [r for r in rows if _reason(r, self.job, self.trials) not in self.cited]
         self.quiet += len(rows) - len(fresh)
         for line in ruled_out_lines(fresh, self.job, self.trials):
             self.console.print(Text(line, style="dim"))
-        self.cited.update(_reason(r.cause, self.job, self.trials) for r in fresh)
+        self.cited.update(_reason(r, self.job, self.trials) for r in fresh)
 
     # -- rendering ---------------------------------------------------------------------------------------------------
     def __rich__(self) -> Panel:
@@ -239,30 +231,27 @@ def brief_cause(status: ProbeStatus, cause: str | None, width: int = 17) -> str:
     return first if len(first) <= width else first[: width - 1] + "\u2026"
 
 
-MEASURED = "inferred-oom from measured "
+def cause_label(row: ProbeRow, job: Mapping[str, Any] | None) -> str | None:
+    """The label of the measured config that rules an inferred row out (None: another reason, e.g. the estimate)."""
+    ruled = row.ruled_out_by
+    return compact(ruled.measured, job) if ruled is not None and ruled.measured is not None else None
 
 
-def cause_label(cause: str | None, job: Mapping[str, Any] | None) -> str | None:
-    """The label of the measured config an inferred row's cause names (None: another cause, e.g. the estimate)."""
-    if not cause or not cause.startswith(MEASURED):
-        return None
-    return compact(parse_label(cause[len(MEASURED) :]), job)
-
-
-def _reason(cause: str | None, job: Mapping[str, Any] | None, trials: Mapping[str, tuple[int, ProbeStatus]]) -> str:
-    """Why a config was ruled out, as one group: the measured config whose memory it needs at least (an OOM, or a
-    peak over the headroom; cited by its trial number when the stream printed it), or the estimate."""
-    text = cause or "inferred-oom"
-    label = cause_label(text, job)
+def _reason(row: ProbeRow, job: Mapping[str, Any] | None, trials: Mapping[str, tuple[int, ProbeStatus]]) -> str:
+    """Why a config was ruled out, as one group (its ``ruled_out_by``): the measured config whose memory it needs at
+    least (an OOM, or a peak over the headroom; cited by its trial number when the stream printed it), or the
+    estimate."""
+    label = cause_label(row, job)
     if label is not None:
         if label in trials:
             number, status = trials[label]
             what = "an OOM" if status.out_of_memory else "over the headroom"
             return f"each needs at least trial {number}'s memory ({what})"
         return f"each needs at least the memory of {label}, which did not fit"
-    if text.startswith("inferred-oom: estimated peak"):
+    ruled = row.ruled_out_by
+    if ruled is not None and ruled.estimate_bytes is not None:
         return "the memory estimate puts each far over the device memory"
-    return text
+    return (ruled.stated if ruled is not None else None) or row.cause or "inferred-oom"
 
 
 def ruled_out_lines(
@@ -274,7 +263,7 @@ def ruled_out_lines(
     batch span, why (`tuner trials --all` lists each with its own cause)."""
     groups: dict[str, list[ProbeRow]] = {}
     for row in rows:
-        groups.setdefault(_reason(row.cause, job, trials or {}), []).append(row)
+        groups.setdefault(_reason(row, job, trials or {}), []).append(row)
     lines = []
     for why, group in groups.items():
         micros = sorted({int(r.knobs.get("micro_batch_size") or 0) for r in group})

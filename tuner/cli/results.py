@@ -13,15 +13,15 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.cli.app import app
-from tuner.cli.progress import brief_cause, compact, fmt_num
+from tuner.cli.listing import CSV_FIELDS, Listed, cells, listed_row, listed_trial, production_entries, select_rows
+from tuner.cli.progress import fmt_num
 from tuner.errors import ConfigError
 from tuner.job.definition import Job
 from tuner.job.objective import Objective
-from tuner.memory.frontier import describe
-from tuner.records import Fidelity, ProbeStatus
+from tuner.records import Fidelity
+from tuner.reporting.production import production_runs
 from tuner.reporting.trials import join_trials
-from tuner.search.selection import best_stable
-from tuner.session.best import pick_study
+from tuner.session.best import best_of, pick_study
 from tuner.settings import load_settings
 from tuner.storage import Store
 from tuner.units import format_size
@@ -81,7 +81,7 @@ def best(
     console.print(Text(f"wrote the best config of study {name!r} ({fmt}) to {output}", style="dim"))
 
 
-def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
+def trial_rows(store: Store, name: str) -> list[Listed]:
     """One entry per Optuna trial (tuner.reporting.trials.join_trials: state from Optuna, measurements from its latest
     probe row) plus each confirm probe that belongs to no trial."""
     import optuna
@@ -94,42 +94,13 @@ def trial_rows(store: Store, name: str) -> list[dict[str, Any]]:
     except KeyError:  # a study defined (e.g. via the API) that no worker has started yet
         trials = []
     records = join_trials(trials, rows)
-    out: list[dict[str, Any]] = [
-        {
-            "trial": rec.number,
-            "state": rec.state,
-            "fidelity": rec.fidelity,
-            "status": rec.status,
-            "cause": rec.cause or "",
-            "objective": rec.objective,
-            "peak": rec.peak_allocated,
-            "stable": rec.stable,
-            "knobs": rec.knobs,
-            "reused_from": rec.reused_from,
-            "seconds": rec.probe_seconds,
-            "ranks": rank_note(rec.latest.result if rec.latest else None),
-        }
-        for rec in records
-    ]
+    out = [listed_trial(rec, rank_note(rec.latest.result if rec.latest else None)) for rec in records]
     joined = {rec.number for rec in records}
-    for r in rows:
-        if r.fidelity == Fidelity.CONFIRM and r.trial_number not in joined:
-            out.append(
-                {
-                    "trial": r.trial_number,
-                    "state": "CONFIRM",
-                    "fidelity": "confirm",
-                    "status": r.status.value,
-                    "cause": r.cause or "",
-                    "objective": r.objective,
-                    "peak": r.peak_allocated,
-                    "stable": r.stable,
-                    "knobs": r.knobs,
-                    "reused_from": None,
-                    "seconds": r.probe_seconds,
-                    "ranks": rank_note(r.result),
-                }
-            )
+    out += [
+        listed_row(r, rank_note(r.result))
+        for r in rows
+        if r.fidelity == Fidelity.CONFIRM and r.trial_number not in joined
+    ]
     return out
 
 
@@ -145,59 +116,6 @@ def rank_note(result: Mapping[str, Any] | None) -> str:
     return f"{peaks}: {imb.summary()}"
 
 
-_ORDER = {"ok": 0, "oom": 2, "host-oom": 3, "timeout": 4, "error": 5}
-
-
-def select_rows(
-    rows: list[dict[str, Any]], *, everything: bool = False, status: str | None = None, top: int | None = None
-) -> list[dict[str, Any]]:
-    """What `tuner trials` lists: by default the probes that ran (not configs ruled out without running, nor trials
-    that reused an earlier measurement), best first: stable by objective, then unstable, then failures by trial.
-    ``everything``: every trial in trial order. ``status`` filters, ``top`` keeps the first N."""
-    if everything:
-        picked = list(rows)
-    else:
-        picked = [
-            r
-            for r in rows
-            if r["reused_from"] is None and str(r["fidelity"]) != "inferred" and str(r["status"]) != "inferred-oom"
-        ]
-        picked.sort(
-            key=lambda r: (
-                0 if r["stable"] else (1 if str(r["status"]) == "ok" else _ORDER.get(str(r["status"]), 6)),
-                -(r["objective"] or 0.0),
-                -1 if r["trial"] is None else r["trial"],
-            )
-        )
-    if status is not None:
-        picked = [r for r in picked if str(r["status"]) == status]
-    return picked[:top] if top is not None else picked
-
-
-def _cause(r: Mapping[str, Any]) -> str:
-    """The cause cell: an OOM's failed allocation (its whole message: --json), any other cause as stored (an
-    error's stderr is what a user needs to act on), at most 160 characters."""
-    status, cause = str(r["status"]), r["cause"] or ""
-    if status == ProbeStatus.OOM.value and cause:
-        return brief_cause(ProbeStatus.OOM, cause)
-    return str(cause)[:160]
-
-
-def _cells(r: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> tuple[str, ...]:
-    trial = "-" if r["trial"] is None else str(r["trial"])
-    fidelity = str(r["fidelity"])
-    status = str(r["status"]) + ("" if str(r["status"]) != "ok" or r["stable"] else " unstable")
-    return (
-        trial if fidelity in ("short", "") else f"{trial} {fidelity}",
-        status,
-        fmt_num(r["objective"]),
-        format_size(r["peak"]),
-        f"{r['seconds']:.0f}" if r["seconds"] else "-",
-        compact(r["knobs"], job) if r["knobs"] else "-",
-        "; ".join(x for x in (_cause(r), r.get("ranks") or "") if x),
-    )
-
-
 @app.command("trials")
 def trials(
     storage: StorageOpt = None,
@@ -207,16 +125,20 @@ def trials(
     ] = False,
     status: Annotated[str | None, typer.Option("--status", help="only this status: ok, oom, inferred-oom ...")] = None,
     top: Annotated[int | None, typer.Option("--top", min=1, help="only the first N")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one trial each, every field")] = False,
-    as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="JSON lines, one trial each, every field; then the production runs")
+    ] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row; the production runs last")] = False,
 ) -> None:
-    """List a study's probes, best first (--all: every trial): status and cause, throughput, peak memory, config."""
+    """List a study's probes, best first (--all: every trial): status and cause, throughput, peak memory, config; then
+    the production runs your training recorded (TunerCallback)."""
     store = Store(load_settings(storage=storage).storage)
     name, definition = pick_study(store, study)
     objective = Objective.from_dict(definition.get("objective"))
     listed = select_rows(trial_rows(store, name), everything=everything, status=status, top=top)
+    runs = production_runs(store.probes(name))
     if as_json or as_csv:
-        _print_data(listed, as_csv)
+        _print_data([*listed, *production_entries(runs, status)], as_csv)
         return
     job = definition.get("job") if isinstance(definition.get("job"), Mapping) else None
     out = table_console()
@@ -226,35 +148,32 @@ def trials(
     for col in ("trial", "status", objective.unit, "peak", "s"):  # the Optuna state: --json
         table.add_column(col, no_wrap=True)
     table.add_column("config", overflow="fold", min_width=30)
-    cells = [_cells(r, job) for r in listed]
-    causes = any(c[-1] for c in cells)
+    rendered = [cells(r, job) for r in listed]
+    causes = any(c[-1] for c in rendered)
     if causes:  # a column only when some row has a cause or per-rank peaks to show
         table.add_column("cause / ranks", overflow="fold")
-    for c in cells:
+    for c in rendered:
         table.add_row(*(Text(x) for x in (c if causes else c[:-1])))  # stored text ("[stderr: ...]"): not markup
     out.print(table)
     if not listed:
         out.print(Text(f"study {name!r} has no trials to list yet" + ("" if everything else " (try --all)")))
-    from tuner.reporting.production import production_runs
-
-    for run in production_runs(store.probes(name)):
+    for run in runs:
         out.print(Text(run.line()))
 
 
-def _print_data(rows: list[dict[str, Any]], as_csv: bool) -> None:
+def _print_data(rows: list[Listed], as_csv: bool) -> None:
     import csv
     import json
     import sys
 
     if not as_csv:
         for r in rows:
-            typer.echo(json.dumps(r, default=str))
+            typer.echo(json.dumps(r.to_json(), default=str))
         return
-    fields = ["trial", "state", "fidelity", "status", "objective", "peak", "stable", "seconds", "config", "cause"]
-    writer = csv.DictWriter(sys.stdout, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(sys.stdout, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for r in rows:
-        writer.writerow({**r, "config": describe(r["knobs"]) if r["knobs"] else ""})
+        writer.writerow(r.to_csv())
 
 
 @app.command("studies")
@@ -268,7 +187,7 @@ def studies(storage: StorageOpt = None) -> None:
     for s in rows:
         d = s["definition"]
         probes = store.probes(s["name"])
-        found = best_stable(probes)
+        found = best_of(probes)
         model = d.get("model")
         source = model.get("source", "-") if isinstance(model, dict) else str(model or "-")
         job = Job.model_validate(d["job"]).describe() if d.get("job") else "-"

@@ -28,6 +28,7 @@ from tuner.errors import ConfigError
 from tuner.job.space import config_key
 from tuner.python_api import BestConfig, best_config
 from tuner.records import Fidelity, ProbeRow, ProbeStatus, is_stable
+from tuner.records.production import ProductionResult
 from tuner.settings import load_settings
 from tuner.storage import Store
 
@@ -215,14 +216,14 @@ class TunerCallback(TrainerCallback):
             peak_reserved=mem.peak_reserved,
             capacity=mem.capacity,
             stable=is_stable(status.value, mem.peak_reserved, mem.capacity, headroom, 0),  # reserved: the need
-            result={
-                "rank": int(os.environ.get("RANK", "0")),
-                "device": mem.device,
-                "steps": len(self.step_times),
-                "step_s": step_s,
-                "phase": self.phase if status != ProbeStatus.OK else None,
-                "memory": "cuda max_memory_allocated" if mem.capacity else "host peak RSS above train begin",
-            },
+            result=ProductionResult(
+                rank=int(os.environ.get("RANK", "0")),
+                device=mem.device,
+                steps=len(self.step_times),
+                step_s=step_s,
+                phase=self.phase if status != ProbeStatus.OK else None,
+                memory="cuda max_memory_allocated" if mem.capacity else "host peak RSS above train begin",
+            ).to_json(),
             study_name=self.study,
         )
         Store(self.storage).record_probe(row)

@@ -34,6 +34,7 @@ from trials.contract import (
     ProbeConfig,
     RankReason,
     RankResult,
+    Status,
     allocator_env,
     free_port,
     rank_out_path,
@@ -92,7 +93,7 @@ class Rank:
     def failed(self) -> bool:
         """It exited with a failure code or reported a failure (its peers then get FAILURE_GRACE_S)."""
         res = self.read()
-        return self.proc.returncode not in (None, EXIT_OK) or (res is not None and res.status != "ok")
+        return self.proc.returncode not in (None, EXIT_OK) or (res is not None and res.status != Status.OK)
 
     @property
     def launch_fault(self) -> bool:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trials.contract import ProbeConfig, ProbeResult
+from trials.contract import ProbeConfig, ProbeResult, Status
 from tuner.errors import ConfigError
 from tuner.probing import forkserver as launch_forkserver
 from tuner.probing import gpus, ranks, verdict
@@ -109,13 +109,15 @@ class ProbeRunner:
             server = self._server(how)
             hub_env = resolve_hub_model(config.model)
         except OSError as exc:
-            return _Attempt(ProbeResult(status="error", cause=f"could not prepare the probe: {exc}"), not_launched=True)
+            return _Attempt(
+                ProbeResult(status=Status.ERROR, cause=f"could not prepare the probe: {exc}"), not_launched=True
+            )
         visible, physical, _ = gpus.host_visible_devices()
         names = gpus.lock_names(config.world_size, visible, gpus.gpu_uuid) if physical else []
         with gpus.gpu_locks(names, timeout_s=config.timeout_s) as free:
             if not free:
                 cause = f"GPUs {', '.join(names)} stayed held by another probe on this host for {config.timeout_s:g} s"
-                return _Attempt(ProbeResult(status="device-busy", cause=cause))
+                return _Attempt(ProbeResult(status=Status.DEVICE_BUSY, cause=cause))
             launch_t = time.time()
             start = time.monotonic()
             kills_before = read_oom_kills()
@@ -123,7 +125,7 @@ class ProbeRunner:
             try:
                 started = ranks.launch(config, work, env, server)
             except OSError as exc:
-                return _Attempt(ProbeResult(status="error", cause=f"could not launch the probe: {exc}"), True)
+                return _Attempt(ProbeResult(status=Status.ERROR, cause=f"could not launch the probe: {exc}"), True)
             timed_out = ranks.supervise(started, start + config.timeout_s)
             kills = oom_kills_between(kills_before, read_oom_kills())
             result = verdict.merge(config, started, timed_out, time.monotonic() - start, kills)

@@ -17,7 +17,7 @@ One rank's status, the first evidence that exists:
 
 DESIGN's rule, status from exit codes and result files, never from stderr text, holds but for step 5, which no rank
 can avoid. Whether a failure is transient (no verdict on the config: run once more) is typed too: the status
-("killed", "device-busy") or the rank's own ``launch_fault`` flag, never the cause text.
+(Status.transient: "killed", "device-busy") or the rank's own ``launch_fault`` flag, never the cause text.
 """
 
 from __future__ import annotations
@@ -26,42 +26,33 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from trials.contract import (
-    EXIT_BUSY,
-    EXIT_HOST_OOM,
-    EXIT_KILLED,
-    EXIT_OOM,
-    EXIT_TIMEOUT,
-    Phase,
-    ProbeConfig,
-    ProbeResult,
-    Status,
-)
+from trials.contract import Phase, ProbeConfig, ProbeResult, Status
 from tuner.probing.ranks import Rank
 
 STDERR_TAIL_LINES = 8
-# which rank's status names the probe's: a memory failure is the root cause, then an outside kill (its peers then fail
-# in a collective), a busy GPU, an error; a timeout names the probe only when nothing else does
-_RANK: dict[str, int] = {"ok": 0, "timeout": 1, "error": 2, "device-busy": 3, "killed": 4, "host-oom": 5, "oom": 6}
-TRANSIENT: frozenset[str] = frozenset({"killed", "device-busy"})  # no verdict on the config: retried once
-# The exit codes that carry a class (trials.contract.EXIT_*; -SIGINT: Python's own exit after an uncaught interrupt).
-EXIT_STATUS: dict[int, Status] = {
-    EXIT_OOM: "oom",
-    EXIT_TIMEOUT: "timeout",
-    EXIT_HOST_OOM: "host-oom",
-    EXIT_BUSY: "device-busy",
-    EXIT_KILLED: "killed",
-    -signal.SIGINT: "killed",
-}
+
+
+def telling_exit(code: int | None) -> Status | None:
+    """The status a rank's exit code carries (Status.exit_code; -SIGINT: Python's own exit after an uncaught
+    interrupt, "killed"), or None when the code tells nothing beyond "error" (0 or EXIT_ERROR without a result file,
+    a traceback's 1, anything else)."""
+    if code is None:
+        return None
+    if code == -signal.SIGINT:
+        return Status.KILLED
+    status = Status.of_exit_code(code)
+    return status if status not in (None, Status.OK, Status.ERROR) else None
+
+
 # The fallback only (step 5 of the module doc): what a rank's stderr says when it died inside a library without a
 # record or a telling exit code. Lower-case substrings -> the status they prove.
 STDERR_FALLBACK: tuple[tuple[str, Status], ...] = (
-    ("watchdog caught collective operation timeout", "timeout"),
-    ("cublas_status_alloc_failed", "oom"),
-    ("cuda out of memory", "oom"),
-    ("cuda error: out of memory", "oom"),
-    ("failed to cuda calloc", "oom"),
-    ("cuda failure 'out of memory'", "oom"),
+    ("watchdog caught collective operation timeout", Status.TIMEOUT),
+    ("cublas_status_alloc_failed", Status.OOM),
+    ("cuda out of memory", Status.OOM),
+    ("cuda error: out of memory", Status.OOM),
+    ("failed to cuda calloc", Status.OOM),
+    ("cuda failure 'out of memory'", Status.OOM),
 )
 
 
@@ -100,12 +91,12 @@ def said_tail(stderr: Path) -> str:
 
 def _sigkill(rank: int, oom_kills: int | None) -> tuple[Status, str]:
     if oom_kills:
-        return "host-oom", (
+        return Status.HOST_OOM, (
             f"rank {rank} was killed by the kernel's OOM killer (host out of memory: the memory cgroup counted "
             f"{oom_kills} OOM kill(s) during the probe)"
         )
     seen = "no OOM kill in the memory cgroup" if oom_kills == 0 else "no cgroup OOM counter to tell an OOM kill"
-    return "killed", f"rank {rank} was killed by SIGKILL from outside ({seen}): no verdict on its memory"
+    return Status.KILLED, f"rank {rank} was killed by SIGKILL from outside ({seen}): no verdict on its memory"
 
 
 def exit_status(rank: int, code: int | None, stderr_tail: str, oom_kills: int | None) -> tuple[Status, str]:
@@ -113,7 +104,7 @@ def exit_status(rank: int, code: int | None, stderr_tail: str, oom_kills: int | 
     steps 4 and 5 of the module doc."""
     if code == -signal.SIGKILL:
         return _sigkill(rank, oom_kills)
-    status = (EXIT_STATUS.get(code) if code is not None else None) or stderr_fallback(stderr_tail) or "error"
+    status = telling_exit(code) or stderr_fallback(stderr_tail) or Status.ERROR
     detail = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
     said = f" [stderr: {stderr_tail}]" if stderr_tail else ""
     return status, f"rank {rank} ended with {detail} and no result file{said}"
@@ -121,7 +112,7 @@ def exit_status(rank: int, code: int | None, stderr_tail: str, oom_kills: int | 
 
 def _with_stderr(status: Status, cause: str | None, r: Rank) -> str | None:
     """An error's cause with the rank's stderr tail (for a person; the status is already decided)."""
-    if status != "error":
+    if status != Status.ERROR:
         return cause
     said = said_tail(r.err)
     return f"{cause} [stderr: {said}]" if said and cause else (cause or said or None)
@@ -136,7 +127,7 @@ def rank_status(r: Rank, timed_out: bool, oom_kills: int | None) -> tuple[Status
     if reason is not None:
         return reason.status, _with_stderr(reason.status, f"rank {r.rank}: {reason.cause}", r)
     if r.killed_by_us:
-        return ("timeout", None) if timed_out else (None, None)
+        return (Status.TIMEOUT, None) if timed_out else (None, None)
     return exit_status(r.rank, r.proc.returncode, said_tail(r.err), oom_kills)
 
 
@@ -148,14 +139,14 @@ def _phase(r: Rank) -> Phase | None:
 def merge(
     config: ProbeConfig, ranks: Sequence[Rank], timed_out: bool, wall_s: float, oom_kills: int | None = None
 ) -> ProbeResult:
-    """The probe's result from its ranks: the most telling failure names it (``_RANK``), else rank 0's steps."""
+    """The probe's result from its ranks: the most telling failure names it (Status.severity), else rank 0's steps."""
     statuses = [(r, *rank_status(r, timed_out, oom_kills)) for r in ranks]
     results = [r.read() for r in ranks]
     memories = [res.memory for res in results if res is not None and res.memory is not None]
     first = next((res for res in results if res is not None), None)
     timed = [res for res in results if res is not None and res.setup_s is not None]
     slowest = max(timed, key=lambda res: res.setup_s or 0.0, default=None)
-    failures = [(r, s, c) for r, s, c in statuses if s not in (None, "ok")]
+    failures = [(r, s, c) for r, s, c in statuses if s not in (None, Status.OK)]
     common = dict(
         ranks=memories,
         capacity=next((m.capacity for m in memories if m.capacity), None),
@@ -165,19 +156,19 @@ def merge(
         setup_s=slowest.setup_s if slowest else None,
         setup_phases=slowest.setup_phases if slowest else {},
     )
-    if timed_out and all(s == "timeout" for _, s, _ in failures):
+    if timed_out and all(s == Status.TIMEOUT for _, s, _ in failures):
         nccl = next((said for r in ranks if "NCCL:" in (said := said_tail(r.err))), "")
         line = f"probe passed its {config.timeout_s:g} s timeout; all ranks were killed"
-        return ProbeResult(status="timeout", cause=line + (f" [{nccl}]" if nccl else ""), **common)
+        return ProbeResult(status=Status.TIMEOUT, cause=line + (f" [{nccl}]" if nccl else ""), **common)
     if failures:
-        r, status, cause = max(failures, key=lambda f: (_RANK[f[1]], -f[0].rank))
+        r, status, cause = max(failures, key=lambda f: (f[1].severity, -f[0].rank))
         return ProbeResult(status=status, cause=cause or f"rank {r.rank}: {status}", phase=_phase(r), **common)
     if any(s is None for _, s, _ in statuses) or results[0] is None or results[0].steps is None:
-        return ProbeResult(status="error", cause="probe ended without results from every rank", **common)
+        return ProbeResult(status=Status.ERROR, cause="probe ended without results from every rank", **common)
     steps = results[0].steps
     samples = config.global_batch / steps.cycle_s if steps.cycle_s > 0 else None
     return ProbeResult(
-        status="ok",
+        status=Status.OK,
         samples_per_s=samples,
         tokens_per_s=samples * config.knobs.max_length if samples else None,
         steps=steps,
@@ -193,7 +184,16 @@ def launch_fault(ranks: Sequence[Rank]) -> bool:
 def is_transient(status: Status, launch_fault: bool) -> bool:
     """A failure that says nothing about the config (retried once): an outside kill, a busy GPU, a launch or
     environment failure (the fork server, the hub lookup, a forked rank that could not use CUDA)."""
-    return launch_fault or status in TRANSIENT
+    return launch_fault or Status(status).transient
 
 
-__all__ = ["exit_status", "is_transient", "launch_fault", "merge", "rank_status", "stderr_fallback", "tail"]
+__all__ = [
+    "exit_status",
+    "is_transient",
+    "launch_fault",
+    "merge",
+    "rank_status",
+    "stderr_fallback",
+    "tail",
+    "telling_exit",
+]

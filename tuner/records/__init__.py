@@ -1,7 +1,36 @@
 """The records floor: typed records every layer reads (storage converts to and from them once), below storage,
-search, the API, the CLI and reporting. It imports only trials.contract."""
+search, the API, the CLI and reporting. It imports only trials.contract (whose Status is the one status enum) and
+tuner.errors."""
 
 from tuner.records.candidate import Candidate
-from tuner.records.probe import DEFAULT_HEADROOM, MEASURED, Fidelity, ProbeRow, ProbeStatus, is_stable
+from tuner.records.events import ProbeOutcome, ProposedProbe
+from tuner.records.probe import (
+    DEFAULT_HEADROOM,
+    MEASURED,
+    Fidelity,
+    ProbeRow,
+    ProbeStatus,
+    baseline_row,
+    failed_in_production,
+    is_stable,
+)
+from tuner.records.run import STALE_AFTER_S, Claim, RecordError, RunStatus, SearchRun
 
-__all__ = ["DEFAULT_HEADROOM", "MEASURED", "Candidate", "Fidelity", "ProbeRow", "ProbeStatus", "is_stable"]
+__all__ = [
+    "DEFAULT_HEADROOM",
+    "MEASURED",
+    "STALE_AFTER_S",
+    "Candidate",
+    "Claim",
+    "Fidelity",
+    "ProbeOutcome",
+    "ProbeRow",
+    "ProbeStatus",
+    "ProposedProbe",
+    "RecordError",
+    "RunStatus",
+    "SearchRun",
+    "baseline_row",
+    "failed_in_production",
+    "is_stable",
+]

@@ -1,49 +1,24 @@
 """The probe row: one typed record per probe that ran (or was ruled out without running), as tuner_probes stores it
 and as selection, the frontier, the guide and the time model read it. Statuses and fidelities are enums, as optuna's
-``FrozenTrial`` has ``TrialState``. The builders of a row from a probe's result are tuner.search.observation's;
-tuner.search.study tells Optuna what a row means."""
+``FrozenTrial`` has ``TrialState`` (the status is trials.contract.Status, the project's one status enum). The builders
+of a row from a probe's result are tuner.search.observation's; tuner.search.study tells Optuna what a row means."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from trials.contract import memory_need
+from trials.contract import Status, memory_need
+from tuner.records.production import ProductionResult
+from tuner.records.ruled_out import RecordError, RuledOutBy
 
-
-class ProbeStatus(str, Enum):
-    """How a probe ended (trials.contract's ProbeResult.status), or that it was ruled out without running."""
-
-    OK = "ok"
-    OOM = "oom"
-    TIMEOUT = "timeout"
-    ERROR = "error"
-    INFERRED_OOM = "inferred-oom"  # the frontier or the memory estimate says it must run out of memory: never run
-    HOST_OOM = "host-oom"  # host memory ran out (the kernel's OOM killer, a failed pinned allocation)
-    DEVICE_BUSY = "device-busy"  # the GPU was in use by another process at rank start: nothing measured
-    KILLED = "killed"  # a rank was SIGKILLed from outside, with no OOM kill in its cgroup: nothing measured
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def out_of_memory(self) -> bool:
-        """Measured or inferred: the config does not fit in *device* memory (a host OOM says nothing about that)."""
-        return self in (ProbeStatus.OOM, ProbeStatus.INFERRED_OOM)
-
-    @property
-    def device_verdict(self) -> bool:
-        """A measurement of device memory (fits or not): what the frontier and the memory estimate learn from."""
-        return self in (ProbeStatus.OK, ProbeStatus.OOM)
-
-    @property
-    def transient(self) -> bool:
-        """Nothing about the config was learned (the runner already retried it once): it may be probed again."""
-        return self in (ProbeStatus.DEVICE_BUSY, ProbeStatus.KILLED)
+#: How a probe ended, or that it was ruled out without running: the project's one status enum (trials.contract.Status,
+#: with its exit codes, severity, transience and listing order), under the name the probe rows have always used.
+ProbeStatus = Status
 
 
 class Fidelity(str, Enum):
@@ -89,11 +64,31 @@ class ProbeRow:
     probe_seconds: float | None = None  # wall clock of the probe
     setup_s: float | None = None  # the probe's fixed cost: launch to first step
     result: dict[str, Any] | None = None  # the whole ProbeResult, as JSON
+    ruled_out_by: RuledOutBy | None = None  # an inferred row's reason, as data (stored in the result column)
     # set by the storage
     id: int | None = None
     study_name: str | None = None
     run_id: int | None = None
     created_at: dt.datetime | None = None
+
+    def __post_init__(self) -> None:
+        """The invariants of a row, checked when it is built (as optuna's FrozenTrial._validate): a row ruled out
+        without running is inferred-oom, has no result and says by what (``ruled_out_by``); a measured row that
+        ran ok has its result and its peak. RecordError names the row and what is off."""
+        inferred = self.fidelity is Fidelity.INFERRED
+        if inferred != (self.status is ProbeStatus.INFERRED_OOM) or inferred != (self.ruled_out_by is not None):
+            raise RecordError(
+                f"probe row {self.config_key} ({self.fidelity}, {self.status}): an inferred row, and only one, is "
+                "inferred-oom and says what ruled it out (ruled_out_by)"
+            )
+        if inferred and self.result is not None:
+            raise RecordError(f"probe row {self.config_key}: an inferred row ran nothing, it has no result")
+        if (
+            self.fidelity.measured
+            and self.status is ProbeStatus.OK
+            and (self.result is None or self.peak_allocated is None)
+        ):
+            raise RecordError(f"probe row {self.config_key}: a measured ok row has its result and its peak")
 
     @property
     def measured(self) -> bool:
@@ -118,10 +113,20 @@ class ProbeRow:
             return max(needs)
         return self.peak_reserved or self.peak_allocated
 
+    @property
+    def production(self) -> ProductionResult | None:
+        """What the user's real run recorded, for a production row (None for any other)."""
+        if self.fidelity is not Fidelity.PRODUCTION:
+            return None
+        return ProductionResult.from_json(self.result or {})
+
     def to_record(self) -> dict[str, Any]:
         """The columns to store (enums as their values; the storage's own id and timestamp left to it)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _STORAGE_SET}
         out["fidelity"], out["status"] = self.fidelity.value, self.status.value
+        ruled = out.pop("ruled_out_by")
+        if ruled is not None:  # an inferred row's result column holds what ruled it out
+            out["result"] = {"ruled_out_by": ruled.to_json()}
         return out
 
     @classmethod
@@ -133,10 +138,17 @@ class ProbeRow:
         values["stable"] = bool(record.get("stable"))
         values["knobs"] = dict(record["knobs"])
         values["config"] = dict(record.get("config") or {})
+        if values["fidelity"] is Fidelity.INFERRED:
+            stored = (values.pop("result") or {}).get("ruled_out_by")
+            values["ruled_out_by"] = (
+                RuledOutBy.from_json(stored)
+                if stored is not None
+                else RuledOutBy.from_cause(values["cause"], values["estimate_bytes"])  # stored before it existed
+            )
         return cls(**values)
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(ProbeRow))
+_FIELDS = tuple(f.name for f in dataclasses.fields(ProbeRow) if f.name != "ruled_out_by")
 _STORAGE_SET = ("id", "created_at")
 
 
@@ -156,4 +168,33 @@ def is_stable(status: str, need: int | None, capacity: int | None, headroom: flo
     return not alloc_retries
 
 
-__all__ = ["DEFAULT_HEADROOM", "MEASURED", "Fidelity", "ProbeRow", "ProbeStatus", "is_stable"]
+# -- rules over a study's rows that every reader shares ------------------------------------------------------------
+def failed_in_production(rows: Iterable[ProbeRow]) -> set[str]:
+    """Config keys whose real training run (a production row) ran out of memory or failed: never served again."""
+    return {r.config_key for r in rows if r.fidelity == Fidelity.PRODUCTION and r.status != ProbeStatus.OK}
+
+
+def baseline_row(rows: Iterable[ProbeRow]) -> ProbeRow | None:
+    """The row that stands for the user's own config (trial 0, ``--baseline``) beside the pick: the speed-up of the
+    search's summary, `tuner best --changes`, ``GET /best-config`` and the report all read this one.
+
+    The first stored one (rows come in storage order). A study holds one baseline row unless its baseline was probed
+    twice: a worker took over the claim of one presumed dead whose row was still in its journal (that row arrives
+    later, replayed by tuner.session.recovery). The first stored
+    is the row the search acted on: the strategy stops proposing the baseline once one exists, and the evidence
+    reads the first measured row of a config (tuner.search.evidence.Evidence.measured); a later one is a duplicate
+    nothing decided on. It also never changes once given, so the summary a worker printed, the API and the report
+    keep naming the same row however many workers or resumes follow."""
+    return next((r for r in rows if r.fidelity == Fidelity.BASELINE), None)
+
+
+__all__ = [
+    "DEFAULT_HEADROOM",
+    "MEASURED",
+    "Fidelity",
+    "ProbeRow",
+    "ProbeStatus",
+    "baseline_row",
+    "failed_in_production",
+    "is_stable",
+]

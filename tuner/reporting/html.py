@@ -15,9 +15,9 @@ import plotly.graph_objects as go
 
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.memory.imbalance import probe_imbalance
-from tuner.records import DEFAULT_HEADROOM, Candidate, Fidelity, ProbeRow
+from tuner.records import DEFAULT_HEADROOM, Candidate, Fidelity, ProbeRow, baseline_row
 from tuner.reporting import figures as figs
-from tuner.search.selection import baseline_row, best_stable
+from tuner.session.best import best_of
 from tuner.storage.store import Store
 
 MiB = float(1 << 20)
@@ -81,7 +81,7 @@ def load(url: str, study: str) -> ReportData:
     if definition is None and optuna_study is None:
         raise StudyNotFound(f"no study named {study!r} in this storage; `tuner studies` lists the known ones")
     rows = store.probes(study)
-    best = best_stable(rows)
+    best = best_of(rows)
     exports = _exports(best, definition or {}) if best is not None else {}
     changes: list[str] = []
     if best is not None:

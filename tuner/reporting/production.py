@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tuner.memory.frontier import describe
 from tuner.records import Fidelity, ProbeRow, ProbeStatus
+from tuner.records.production import ProductionResult
 from tuner.units import format_size
 
 
@@ -20,15 +21,20 @@ class ProductionRun:
     probed_samples_per_s: float | None  # their median throughput
 
     @property
+    def recorded(self) -> ProductionResult:
+        """What the run recorded beside the row's columns (rank, device, steps, phase, what the peak is)."""
+        return self.row.production or ProductionResult()
+
+    @property
     def memory_kind(self) -> str:
-        return str((self.row.result or {}).get("memory") or "peak")
+        return self.recorded.memory
 
     def line(self) -> str:
-        r, result = self.row, self.row.result or {}
-        where = f"rank {result.get('rank', 0)} on {result.get('device', '?')}"
+        r, rec = self.row, self.recorded
+        where = f"rank {rec.rank} on {rec.device or '?'}"
         verdict = str(r.status) if r.status == ProbeStatus.OK else f"{r.status}: {r.cause or 'no cause recorded'}"
-        if r.status != ProbeStatus.OK and result.get("phase"):
-            verdict += f" (in {result['phase']})"
+        if r.status != ProbeStatus.OK and rec.phase:
+            verdict += f" (in {rec.phase})"
         peak = f"peak {format_size(r.peak_allocated)} ({self.memory_kind})"
         if self.probed_peak is not None:
             peak += f", probed {format_size(self.probed_peak)}"

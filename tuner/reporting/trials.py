@@ -50,7 +50,7 @@ class TrialRecord:
     params: dict[str, Any]
     value: float | None  # the objective Optuna recorded
     fidelity: str  # what the trial was proposed as: baseline, short ...
-    status: str  # ok, oom, timeout, error, inferred-oom, skipped, interrupted; "" while nothing is known
+    status: ProbeStatus | None  # its latest probe's, else the one Optuna was told (skipped, interrupted); None: unknown
     cause: str | None  # see trial_cause
     objective: float | None
     samples_per_s: float | None
@@ -81,6 +81,12 @@ def trial_cause(user_attrs: Mapping[str, Any], latest: ProbeRow | None) -> str |
     return None
 
 
+def _told_status(attrs: Mapping[str, Any]) -> ProbeStatus | None:
+    """The status Optuna was told of a trial without a probe row of its own (trials.contract.Status's value)."""
+    told = attrs.get("status")
+    return next((s for s in ProbeStatus if s.value == told), None)  # None: nothing told (or not a status)
+
+
 def _measured(latest: ProbeRow | None, attrs: Mapping[str, Any], key: str) -> Any:
     return getattr(latest, key) if latest is not None else attrs.get(key)
 
@@ -106,7 +112,7 @@ def join_trials(trials: Iterable[TrialLike], rows: Iterable[ProbeRow]) -> list[T
                 params=dict(t.params),
                 value=t.values[0] if t.values else None,
                 fidelity=str(attrs.get("fidelity") or (probes[0].fidelity.value if probes else "")),
-                status=latest.status.value if latest else str(attrs.get("status") or ""),
+                status=latest.status if latest else _told_status(attrs),
                 cause=trial_cause(attrs, latest),
                 objective=_measured(latest, attrs, "objective"),
                 samples_per_s=_measured(latest, attrs, "samples_per_s"),

@@ -14,6 +14,7 @@ from trials.contract import Knobs
 from tuner.errors import TunerError
 from tuner.memory.frontier import Frontier, device_fits
 from tuner.records import Candidate, Fidelity, ProbeRow, ProbeStatus
+from tuner.records.ruled_out import RuledOutBy
 from tuner.search.selection import best_stable
 
 
@@ -37,6 +38,7 @@ class Inference:
     verdict: str | None
     cause: str | None = None
     estimate: int | None = None  # the calibrated memory estimate, bytes, when there is one
+    ruled_out_by: RuledOutBy | None = None  # with verdict "oom": what rules it out, as data
 
 
 @dataclass
@@ -126,10 +128,11 @@ class Evidence:
         """ "oom" when the frontier says the config must run out of memory, or the estimate puts it far over the
         capacity (above ``estimate_margin`` x capacity); else None, with the estimate for the record."""
         if self.frontier.infer(knobs) == "oom":
-            return Inference("oom", self.frontier.explain(knobs))
+            measured = dict(self.frontier.evidence(knobs)[0][0])  # the measured OOM the cause names
+            return Inference("oom", self.frontier.explain(knobs), ruled_out_by=RuledOutBy(measured=measured))
         estimate = self.estimate(knobs)
         capacity = self.capacity
         if estimate is not None and capacity and estimate > self.estimate_margin * capacity:
             cause = f"inferred-oom: estimated peak {estimate / 2**20:.0f} MiB > {self.estimate_margin:g} x capacity"
-            return Inference("oom", cause, estimate)
+            return Inference("oom", cause, estimate, RuledOutBy(estimate_bytes=estimate, margin=self.estimate_margin))
         return Inference(None, None, estimate)

@@ -3,10 +3,16 @@ running. Pure builders; the strategy calls them and the driver stores what they 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trials.contract import ProbeConfig, ProbeResult
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
 from tuner.records.probe import Fidelity, ProbeRow, ProbeStatus, is_stable
+from tuner.records.ruled_out import RuledOutBy
+
+if TYPE_CHECKING:
+    from tuner.search.evidence import Inference
 
 
 def probe_row(
@@ -51,11 +57,13 @@ def inferred_row(
     trial_number: int,
     config: ProbeConfig,
     config_key: str,
-    cause: str | None,
-    estimate: int | None,
+    inference: Inference,
     capacity: int | None,
 ) -> ProbeRow:
-    """The row of a config the frontier or the memory estimate says must OOM: recorded, never run."""
+    """The row of a config the frontier or the memory estimate says must OOM (``inference``, verdict "oom"):
+    recorded, never run; its cause in words, what ruled it out as data."""
+    cause, estimate = inference.cause, inference.estimate
+    ruled_out_by = inference.ruled_out_by or RuledOutBy.from_cause(cause, estimate)
     return ProbeRow(
         trial_number=trial_number,
         fidelity=Fidelity.INFERRED,
@@ -67,6 +75,7 @@ def inferred_row(
         stable=False,
         estimate_bytes=estimate,
         capacity=capacity,
+        ruled_out_by=ruled_out_by,
     )
 
 

@@ -17,17 +17,12 @@ from collections.abc import Iterable
 
 from trials.contract import Knobs
 from tuner.records.candidate import Candidate
-from tuner.records.probe import Fidelity, ProbeRow, ProbeStatus
+from tuner.records.probe import Fidelity, ProbeRow, ProbeStatus, baseline_row, failed_in_production
 from tuner.search.regression import SPEED_SLOPES, Featurizer, Model
 
 CONFIG_SPREAD = 0.05  # prior std of a config's log throughput around the model's prediction (what the model misses)
 REPEAT_NOISE = 0.05  # prior guess of the std of log throughput between repeat probes of one config
 REPEAT_NOISE_WEIGHT = 1.0  # ... worth this many repeat pairs, until measured repeats outweigh it
-
-
-def failed_in_production(rows: Iterable[ProbeRow]) -> set[str]:
-    """Config keys whose real training run (a production row) ran out of memory or failed: never served again."""
-    return {r.config_key for r in rows if r.fidelity == Fidelity.PRODUCTION and r.status != ProbeStatus.OK}
 
 
 def candidates(rows: Iterable[ProbeRow]) -> list[Candidate]:
@@ -122,15 +117,4 @@ def best_stable(rows: Iterable[ProbeRow]) -> Candidate | None:
     return found[0] if found else None
 
 
-def baseline_row(rows: Iterable[ProbeRow]) -> ProbeRow | None:
-    """The row that stands for the user's own config (trial 0, ``--baseline``) beside the pick: the speed-up of the
-    search's summary, `tuner best --changes`, ``GET /best-config`` and the report all read this one.
-
-    The first stored one (rows come in storage order). A study holds one baseline row unless its baseline was probed
-    twice: a worker took over the claim of one presumed dead whose row was still in its journal (that row arrives
-    later, replayed by tuner.session.recovery). The first stored
-    is the row the search acted on: the strategy stops proposing the baseline once one exists, and the evidence
-    reads the first measured row of a config (tuner.search.evidence.Evidence.measured); a later one is a duplicate
-    nothing decided on. It also never changes once given, so the summary a worker printed, the API and the report
-    keep naming the same row however many workers or resumes follow."""
-    return next((r for r in rows if r.fidelity == Fidelity.BASELINE), None)
+__all__ = ["baseline_row", "best_stable", "candidates", "failed_in_production", "repeat_noise"]

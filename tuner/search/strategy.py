@@ -151,8 +151,7 @@ class Strategy:
         if inference.verdict != "oom":
             proposal.estimate_bytes = inference.estimate
             return proposal
-        c = proposal.config
-        row = inferred_row(trial.number, c, key, inference.cause, inference.estimate, self.setup.device_memory)
+        row = inferred_row(trial.number, proposal.config, key, inference, self.setup.device_memory)
         self.trials.tell(trial, row)
         self.evidence.add(row)  # an inferred row: the evidence keeps it, the frontier learns nothing from it
         self.events.append(row)

@@ -105,7 +105,7 @@ def retell(study: optuna.Study, trial: optuna.trial.Trial, row: ProbeRow, headro
 
 def tell_skipped(study: optuna.Study, trial: optuna.trial.Trial, cause: str) -> None:
     """A trial that will not be probed (another worker has the config): FAIL with its cause."""
-    trial.set_user_attr("status", "skipped")
+    trial.set_user_attr("status", ProbeStatus.SKIPPED.value)
     trial.set_user_attr("cause", cause)
     study.tell(trial, state=TrialState.FAIL)
 

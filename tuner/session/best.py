@@ -4,7 +4,7 @@ best stable candidate, the baseline row), one export, one set of error texts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -12,8 +12,8 @@ from typing import Any
 from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
 from tuner.interop.export import FORMATS, ExportArgs, best_export_args, render_best
 from tuner.interop.export.changes import Changes, best_changes
-from tuner.records import Candidate, ProbeRow
-from tuner.search.selection import baseline_row, best_stable, failed_in_production
+from tuner.records import Candidate, ProbeRow, baseline_row, failed_in_production
+from tuner.search.selection import best_stable
 from tuner.session.options import api_option
 from tuner.settings import redact_url
 from tuner.storage import Store
@@ -61,6 +61,12 @@ class ServedBest:
         return lines
 
 
+def best_of(rows: Iterable[ProbeRow]) -> Candidate | None:
+    """The best stable config among a study's rows (tuner.search.selection's ranking), or None: what every face
+    shows as the best (`tuner studies`, the report, the API's study summary), as ``serve_best`` serves it."""
+    return best_stable(rows)
+
+
 def check_format(fmt: str, option: Callable[[str], str] = api_option) -> None:
     if fmt not in FORMATS:
         raise ConfigError(f"unknown {option('format')} {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -80,7 +86,7 @@ def rank(store: Store, name: str) -> tuple[list[ProbeRow], Candidate | None]:
     """The study's probe rows (storage order) and their best stable candidate (tuner.search.selection.best_stable):
     what serve_best serves, and what the API caches per version of the rows."""
     rows = store.probes(name)
-    return rows, best_stable(rows)
+    return rows, best_of(rows)
 
 
 def serve_best(

@@ -30,15 +30,15 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from trials.contract import ProbeConfig, ProbeResult
 from tuner.errors import StorageError
-from tuner.records import Candidate, Fidelity, ProbeRow
+from tuner.records import Candidate, Fidelity, ProbeRow, ProbeStatus, baseline_row
+from tuner.records.run import RunStatus
 from tuner.search.request import SearchRequest
-from tuner.search.selection import baseline_row, best_stable
+from tuner.search.selection import best_stable
 from tuner.search.strategy import Outcome, Proposal, Strategy
 from tuner.search.study import retell, storage_of, tell_skipped, trial_id
 from tuner.storage import Store
 from tuner.storage.faults import StorageStopped, first_line, is_connection_loss
 from tuner.storage.journal import Entry, Journal
-from tuner.storage.liveness import run_is_live
 from tuner.units import Deadline
 
 __all__ = ["Listener", "Search", "SearchSummary"]
@@ -197,14 +197,14 @@ class Search:
     def run(self) -> SearchSummary:
         name = self.request.study_name
         run_id = self.store.start_run(name, self.worker, self.request.budget_s, None)
-        reason, status = "budget", "finished"
+        reason, status = "budget", RunStatus.FINISHED
         try:
             reason = self._loop_through_outages(run_id)
         except KeyboardInterrupt:
-            status, reason = "interrupted", "interrupted"
+            status, reason = RunStatus.INTERRUPTED, "interrupted"
             raise
         except Exception as err:
-            status, reason = "failed", f"{type(err).__name__}: {err}"
+            status, reason = RunStatus.FAILED, f"{type(err).__name__}: {err}"
             raise
         finally:
             try:
@@ -292,10 +292,10 @@ class Search:
         return self.store.take_over_claim(name, key, fidelity, owner, self.worker, proposal.trial_number)
 
     def _stale(self, owner: str) -> bool:
-        """The claim's worker is gone (tuner.storage.liveness: not running, or no heartbeat for STALE_AFTER_S), on
-        the database's clock: the hosts' wall clocks need not agree."""
-        runs = [r for r in self.store.runs(self.request.study_name) if r["worker"] == owner]
-        return not runs or not run_is_live(runs[-1], self.store.db_now())
+        """The claim's worker is gone (SearchRun.is_live: not running, or no heartbeat for STALE_AFTER_S), on the
+        database's clock: the hosts' wall clocks need not agree."""
+        runs = [r for r in self.store.runs(self.request.study_name) if r.worker == owner]
+        return not runs or not runs[-1].is_live(self.store.db_now())
 
     def _why_stopped(self) -> str:
         s = self.strategy
@@ -335,7 +335,7 @@ class Search:
         except BaseException:
             # interrupted or the runner itself broke: leave no RUNNING trial and no claim behind
             if proposal.trial is not None:
-                proposal.trial.set_user_attr("status", "interrupted")
+                proposal.trial.set_user_attr("status", ProbeStatus.INTERRUPTED.value)
                 self.study.tell(proposal.trial, state=TrialState.FAIL)
             self.store.release_claim(self.request.study_name, proposal.config_key, proposal.fidelity, self.worker)
             raise

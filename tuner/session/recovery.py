@@ -20,7 +20,8 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.probing.forkserver import pid_alive
-from tuner.records import ProbeRow
+from tuner.records import ProbeRow, ProbeStatus
+from tuner.records.run import RunStatus
 from tuner.search.sampling import make_sampler
 from tuner.search.study import retell, set_user_attr, trial_id
 from tuner.storage import Store, optuna_storage
@@ -94,15 +95,21 @@ def reap_dead_local_workers(store: Store, study: optuna.Study, me: str, headroom
     name = study.study_name
     causes: list[str] = []
     for run in store.runs(name):
-        worker = str(run["worker"])
+        worker = run.worker
         w_host, _, pid = worker.rpartition(":")
-        if run["status"] != "running" or w_host != host or not pid.isdigit() or worker == me or pid_alive(int(pid)):
+        if (
+            run.status is not RunStatus.RUNNING
+            or w_host != host
+            or not pid.isdigit()
+            or worker == me
+            or pid_alive(int(pid))
+        ):
             continue
         cause = f"interrupted: worker {worker} died during the probe (killed); failed on resume by {me}"
         running = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
         claimed = store.worker_claims(name, worker)
         # its trials: the ones it claimed, and the ones it asked for but was killed before claiming
-        mine = {c["trial_number"] for c in claimed} | {
+        mine = {c.trial_number for c in claimed} | {
             n for n, t in running.items() if t.user_attrs.get("worker") == worker
         }
         rows = _stored_rows_by_trial(store, name)
@@ -111,13 +118,13 @@ def reap_dead_local_workers(store: Store, study: optuna.Study, me: str, headroom
             if number in rows:  # it died after storing the row, before telling Optuna: the measurement stands
                 _tell_from_row(study, number, rows[number], headroom)
                 continue
-            set_user_attr(study, trial, "status", "interrupted")
+            set_user_attr(study, trial, "status", ProbeStatus.INTERRUPTED.value)
             set_user_attr(study, trial, "cause", cause)
             study.tell(trial.number, state=TrialState.FAIL)
             causes.append(f"trial {trial.number}: {cause}")
         for claim in claimed:
-            store.release_claim(name, claim["config_key"], claim["fidelity"], worker)
-        store.finish_run(int(run["id"]), "interrupted", cause)
+            store.release_claim(name, claim.config_key, claim.fidelity, worker)
+        store.finish_run(run.id, RunStatus.INTERRUPTED, cause)
     return causes
 
 

@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tuner.errors import StorageError, StudyNotFound
 from tuner.records import ProbeRow
+from tuner.records.run import Claim, RunStatus, SearchRun
 from tuner.storage.db import _unreachable, ensure_schema
 from tuner.storage.schema import claims, probes, search_runs, studies
 from tuner.storage.utc import UTCDateTime
@@ -44,7 +45,7 @@ class Store:
         return db_time(self.engine.dialect.name)
 
     def db_now(self) -> dt.datetime:
-        """The database's clock now (UTC): the ``now`` to judge claims and heartbeats by (tuner.storage.liveness)."""
+        """The database's clock now (UTC): the ``now`` to judge claims and heartbeats by (SearchRun.is_live)."""
         with self._connect() as conn:
             return conn.execute(sa.select(sa.type_coerce(self._now(), UTCDateTime()))).scalar_one()
 
@@ -128,7 +129,7 @@ class Store:
                     heartbeat_at=self._now(),
                     deadline_at=deadline,
                     budget_s=budget_s,
-                    status="running",
+                    status=RunStatus.RUNNING.value,
                 )
             )
             return int(_primary_key(res))
@@ -143,20 +144,23 @@ class Store:
             if res.rowcount != 1:
                 raise StorageError(f"search run {run_id} is gone from the storage; was the database reset?")
 
-    def finish_run(self, run_id: int, status: str, message: str | None = None) -> None:
+    def finish_run(self, run_id: int, status: RunStatus | str, message: str | None = None) -> None:
+        """Marks the run ended with ``status`` (a RunStatus or its value: anything else is refused, ValueError, before
+        it reaches the table)."""
         with self.engine.begin() as conn:
             conn.execute(
                 sa.update(search_runs)
                 .where(search_runs.c.id == run_id)
-                .values(status=status, message=message, finished_at=self._now())
+                .values(status=RunStatus(status).value, message=message, finished_at=self._now())
             )
 
-    def runs(self, study_name: str) -> list[dict[str, Any]]:
+    def runs(self, study_name: str) -> list[SearchRun]:
+        """The study's search runs, oldest first."""
         with self._connect() as conn:
             rows = conn.execute(
                 sa.select(search_runs).where(search_runs.c.study_name == study_name).order_by(search_runs.c.id)
             ).all()
-        return [dict(r._mapping) for r in rows]
+        return [SearchRun.from_record(dict(r._mapping)) for r in rows]
 
     # -- claims and probes -----------------------------------------------------------------------------------------
     def _claim_where(self, study_name: str, config_key: str, fidelity: str) -> sa.ColumnElement[bool]:
@@ -211,13 +215,13 @@ class Store:
             ).first()
         return str(row[0]) if row else None
 
-    def worker_claims(self, study_name: str, worker: str) -> list[dict[str, Any]]:
-        """The claims ``worker`` holds in the study (config_key, fidelity, trial_number ...)."""
+    def worker_claims(self, study_name: str, worker: str) -> list[Claim]:
+        """The claims ``worker`` holds in the study."""
         with self._connect() as conn:
             rows = conn.execute(
                 sa.select(claims).where(claims.c.study_name == study_name, claims.c.worker == worker)
             ).all()
-        return [dict(r._mapping) for r in rows]
+        return [Claim.from_record(dict(r._mapping)) for r in rows]
 
     def release_claim(self, study_name: str, config_key: str, fidelity: str, worker: str) -> bool:
         """Drops ``worker``'s claim on (config_key, fidelity); a claim another worker holds is left alone. True when

@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers.report_study import populate_study
 from tests.helpers.sample_storage import SampleStudy
+from trials.contract import Status
 from tuner.storage.store import Store
 
 
@@ -23,7 +24,7 @@ def test_tuner_trials_shows_per_rank_peaks_and_the_imbalance_flag(url: str) -> N
     from tuner.cli.results import trial_rows
 
     populate_study(url, "ranks")
-    notes = [r["ranks"] for r in trial_rows(Store(url), "ranks") if r["ranks"]]
+    notes = [r.ranks for r in trial_rows(Store(url), "ranks") if r.ranks]
     assert len(notes) == 1
     assert notes[0].startswith("r0=") and " r1=" in notes[0]
     assert "IMBALANCE: rank 0 peaks 67% above rank 1" in notes[0] and "rank-0 gathering" in notes[0]
@@ -59,24 +60,26 @@ def test_tuner_trials_prints_stored_causes_verbatim(url: str, monkeypatch, capsy
 
 
 def _trial(n, status, objective=None, stable=False, fidelity="short", reused=None):
-    return {
-        "trial": n,
-        "state": "COMPLETE" if status == "ok" else "PRUNED",
-        "fidelity": fidelity,
-        "status": status,
-        "cause": "",
-        "objective": objective,
-        "peak": 1 << 20,
-        "stable": stable,
-        "knobs": {"micro_batch_size": n, "max_length": 64},
-        "reused_from": reused,
-        "seconds": 3.0,
-        "ranks": "",
-    }
+    from tuner.cli.listing import Listed
+
+    return Listed(
+        trial=n,
+        state="COMPLETE" if status == "ok" else "PRUNED",
+        fidelity=fidelity,
+        status=Status(status),
+        cause="",
+        objective=objective,
+        peak=1 << 20,
+        stable=stable,
+        knobs={"micro_batch_size": n, "max_length": 64},
+        reused_from=reused,
+        seconds=3.0,
+        ranks="",
+    )
 
 
 def test_trials_lists_probes_best_first_and_all_on_request() -> None:
-    from tuner.cli.results import select_rows
+    from tuner.cli.listing import select_rows
 
     rows = [
         _trial(0, "ok", 5.0, True, fidelity="baseline"),
@@ -87,10 +90,10 @@ def test_trials_lists_probes_best_first_and_all_on_request() -> None:
         _trial(5, "ok", 9.0, True, reused=3),
         _trial(6, "error"),
     ]
-    assert [r["trial"] for r in select_rows(rows)] == [3, 0, 4, 1, 6]
-    assert [r["trial"] for r in select_rows(rows, everything=True)] == [0, 1, 2, 3, 4, 5, 6]
-    assert [r["trial"] for r in select_rows(rows, status="ok", top=2)] == [3, 0]
-    assert [r["trial"] for r in select_rows(rows, everything=True, status="inferred-oom")] == [2]
+    assert [r.trial for r in select_rows(rows)] == [3, 0, 4, 1, 6]
+    assert [r.trial for r in select_rows(rows, everything=True)] == [0, 1, 2, 3, 4, 5, 6]
+    assert [r.trial for r in select_rows(rows, status="ok", top=2)] == [3, 0]
+    assert [r.trial for r in select_rows(rows, everything=True, status="inferred-oom")] == [2]
 
 
 def test_trials_as_json_and_csv_and_within_100_columns(url: str) -> None:
@@ -122,7 +125,7 @@ def test_trials_as_json_and_csv_and_within_100_columns(url: str) -> None:
 
 
 def test_a_rows_config_leaves_out_the_job_and_reads_short() -> None:
-    from tuner.cli.results import compact
+    from tuner.cli.progress import compact
 
     knobs = {
         "micro_batch_size": 4,
@@ -139,3 +142,55 @@ def test_a_rows_config_leaves_out_the_job_and_reads_short() -> None:
     job = {"precision": "bf16", "max_length": 32, "eval_batch_size": 50, "generate": True}
     assert compact(knobs, job) == "micro=4 z2 reduce=2e8 overlap offload"
     assert compact(knobs) == "micro=4 len=32 z2 reduce=2e8 overlap offload precision=bf16 eval=50 generate"
+
+
+def test_trials_json_and_csv_list_the_production_runs_the_table_prints(url: str) -> None:
+    """Issue 20: the table printed the production runs TunerCallback recorded, --json and --csv left them out (a
+    script reading them never saw the real run)."""
+    import csv
+    import io
+    import json
+
+    populate_study(url, "prod")
+    knobs = {"micro_batch_size": 2, "max_length": 64, "zero_stage": 1}
+    recorded = {"rank": 1, "device": "cuda:1", "steps": 40, "step_s": 0.5, "phase": "eval", "memory": "cuda"}
+    SampleStudy(url, "prod").record(
+        trial_number=None,
+        fidelity="production",
+        config_key="real-run",
+        knobs=knobs,
+        config={"world_size": 2},
+        status="oom",
+        cause="torch.OutOfMemoryError: CUDA out of memory",
+        peak_allocated=150 << 20,
+        result=recorded,
+    )
+    tuner = Path(sys.executable).with_name("tuner")
+
+    def run(*extra: str) -> str:
+        done = subprocess.run(
+            [str(tuner), "trials", "--study", "prod", "--storage", url, *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "production run, rank 1 on cuda:1: oom" in run("--all")
+    lines = [json.loads(line) for line in run("--all", "--json").splitlines()]
+    prod = [line for line in lines if line["state"] == "PRODUCTION"]
+    assert len(prod) == 1 and lines[-1] is prod[0]
+    assert (prod[0]["fidelity"], prod[0]["status"], prod[0]["peak"], prod[0]["knobs"]) == (
+        "production",
+        "oom",
+        150 << 20,
+        knobs,
+    )
+    assert {k: prod[0]["production"][k] for k in recorded} == recorded
+    assert [json.loads(line)["state"] for line in run("--json", "--status", "oom").splitlines()][-1] == "PRODUCTION"
+    assert all(json.loads(line)["state"] != "PRODUCTION" for line in run("--json", "--status", "ok").splitlines())
+    table = list(csv.DictReader(io.StringIO(run("--csv"))))
+    assert (table[-1]["state"], table[-1]["fidelity"], table[-1]["status"]) == ("PRODUCTION", "production", "oom")
+    assert table[-1]["config"].startswith("micro=2 len=64")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from trials.contract import Status
 from tuner.records import ProbeRow
 from tuner.reporting.trials import TrialRecord, join_trials, trial_cause
 
@@ -30,12 +31,14 @@ class Trial:  # the shape of optuna.trial.FrozenTrial the join reads
 def row(id: int, trial: int | None, fidelity: str = "short", status: str = "ok", **kw: Any) -> ProbeRow:
     return ProbeRow.from_record(
         {
+            "result": {},  # a measured ok row has its result (ProbeRow's invariant)
             "id": id,
             "config_key": f"k{id}",
             "trial_number": trial,
             "fidelity": fidelity,
             "status": status,
             "knobs": {"m": id},
+            "peak_allocated": 1 if status == "ok" and fidelity != "inferred" else None,
             **kw,
         }
     )
@@ -90,7 +93,7 @@ def test_a_trial_without_rows_shows_what_optuna_was_told() -> None:
     assert (reused.knobs, reused.reused_from, reused.probe_seconds, reused.probes) == ({"m": 8}, 3, None, ())
     assert (running.state, running.status, running.cause, running.fidelity, running.latest) == (
         "RUNNING",
-        "",
+        None,
         None,
         "",
         None,
@@ -104,3 +107,15 @@ def test_fidelity_falls_back_to_the_first_probe_and_order_follows_the_trials() -
     assert [r.number for r in recs] == [2, 0]
     assert [r.fidelity for r in recs] == ["inferred", "baseline"]
     assert recs[0].cause == "inferred-oom: like trial 1"
+
+
+def test_a_trial_told_skipped_or_interrupted_has_that_status_of_the_one_enum() -> None:
+    [skipped, interrupted, odd] = join_trials(
+        [
+            Trial(1, State.FAIL, user_attrs={"status": "skipped"}),
+            Trial(2, State.FAIL, user_attrs={"status": "interrupted"}),
+            Trial(3, State.FAIL, user_attrs={"status": "no-such-status"}),
+        ],
+        [],
+    )
+    assert (skipped.status, interrupted.status, odd.status) == (Status.SKIPPED, Status.INTERRUPTED, None)

@@ -5,6 +5,7 @@ import random
 
 from tuner.job.space import space_from_dict
 from tuner.records import Candidate, Fidelity, ProbeRow, ProbeStatus
+from tuner.records.ruled_out import RuledOutBy
 from tuner.search import confirm, proposers
 from tuner.search.evidence import Evidence, fits
 from tuner.search.schedule import Schedule
@@ -34,6 +35,7 @@ def row(ctx, micro, status="ok", stable=True, fidelity="short", peak=10 * MiB):
     knobs = ctx.space.sample(proposers.PlainSuggester(micro))
     return ProbeRow.from_record(
         {
+            "result": {},  # a measured ok row has its result (ProbeRow's invariant)
             "config_key": ctx.key(knobs),
             "fidelity": fidelity,
             "knobs": knobs.model_dump(mode="json"),
@@ -65,6 +67,7 @@ def test_fits_reads_status_and_stability():
     def status(status, stable=False):
         return ProbeRow.from_record(
             {"config_key": "k", "fidelity": "short", "knobs": {}, "status": status, "stable": stable}
+            | ({"result": {}, "peak_allocated": 1} if status == "ok" else {})
         )
 
     assert fits(status("ok", stable=True)) is True
@@ -92,7 +95,13 @@ def test_evidence_rules_out_far_over_the_estimate_margin():
 
 def test_evidence_measured_prefers_a_measurement_over_an_inference():
     ctx, ev = context(), Evidence()
-    inferred = dataclasses.replace(row(ctx, 4), fidelity=Fidelity.INFERRED, status=ProbeStatus.INFERRED_OOM)
+    inferred = dataclasses.replace(
+        row(ctx, 4),
+        fidelity=Fidelity.INFERRED,
+        status=ProbeStatus.INFERRED_OOM,
+        result=None,
+        ruled_out_by=RuledOutBy(stated="inferred-oom: test"),
+    )
     measured = row(ctx, 4)
     ev.load([inferred, measured])
     assert ev.measured(measured.config_key) is measured

@@ -165,5 +165,5 @@ def test_an_oom_needs_what_the_device_refused_not_just_the_capacity():
     oom = {"status": "oom", "peak_allocated": 50 * 2**20}
     assert _need(row(**oom, result={"ranks": ranks}), capacity=160 * 2**20) == 800 * 2**20
     assert _need(row(**oom, result=None), capacity=160 * 2**20) == 160 * 2**20  # CUDA, older rows: the capacity
-    assert _need(row(status="ok", peak_allocated=70), capacity=100) == 70
+    assert _need(row(status="ok", peak_allocated=70, result={}), capacity=100) == 70
     assert _need(row(status="error"), capacity=100) is None

@@ -18,6 +18,7 @@ def peak_row(ctx, knobs: Knobs, peak_mib: float | None, stable=True) -> ProbeRow
     ok = peak_mib is not None
     return ProbeRow.from_record(
         {
+            "result": {},  # a measured ok row has its result (ProbeRow's invariant)
             "config_key": ctx.key(knobs),
             "fidelity": "short",
             "knobs": knobs.model_dump(mode="json"),

@@ -49,6 +49,7 @@ def config(ctx, micro=1, **knobs):
 def row(ctx, knobs: Knobs, status="ok", stable=True):
     return ProbeRow.from_record(
         {
+            "result": {},  # a measured ok row has its result (ProbeRow's invariant)
             "config_key": ctx.key(knobs),
             "fidelity": "short",
             "knobs": knobs.model_dump(mode="json"),

@@ -11,6 +11,7 @@ MiB = 2**20
 def row(key, objective, *, fidelity="short", stable=True, status="ok", peak=10 * MiB, id=0, micro=1):
     return ProbeRow.from_record(
         {
+            "result": {},  # a measured ok row has its result (ProbeRow's invariant)
             "id": id,
             "config_key": key,
             "fidelity": fidelity,

@@ -63,6 +63,7 @@ def test_rows_without_per_rank_parts_fall_back_to_the_reserved_peak() -> None:
         config={},
         peak_allocated=5,
         peak_reserved=7,
+        result={},
     )
     assert row.memory_need == 7
 

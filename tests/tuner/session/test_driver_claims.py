@@ -41,6 +41,7 @@ def _gone_owner(store: Store, key: str, *, finished_probe: bool) -> None:
     assert store.claim("claims", key, Fidelity.CONFIRM.value, None, "other-host:1")
     if finished_probe:  # it stored the confirm probe's row, then its run ended
         row = {"study_name": "claims", "config_key": key, "fidelity": "confirm", "status": "ok", "knobs": {}}
+        row |= {"result": {}, "peak_allocated": 1}  # a measured ok row has its result and its peak
         store.record_probe(ProbeRow.from_record({**row, "knobs": KNOBS.model_dump(mode="json"), "run_id": run}))
     store.finish_run(run, "finished" if finished_probe else "interrupted")
 
@@ -129,7 +130,7 @@ def test_liveness_is_judged_on_the_databases_clock_not_the_hosts(storage_url: st
     assert search._stale("slow-clock:7") is False
     assert search._claim(_proposal("k6")) is False
     assert search.store.claim_owner("claims", "k6", "confirm") == "slow-clock:7"
-    beat = search.store.runs("claims")[-1]["heartbeat_at"]
+    beat = search.store.runs("claims")[-1].heartbeat_at
     skew = abs(
         (search.store.db_now() - (beat if beat.tzinfo else beat.replace(tzinfo=dt.timezone.utc))).total_seconds()
     )

@@ -38,6 +38,7 @@ def _probe(store: Store) -> None:
     store.record_probe(
         ProbeRow.from_record(
             {"study_name": "s", "fidelity": "short", "config_key": "k", "knobs": {}, "config": {}, "status": "ok"}
+            | {"result": {}, "peak_allocated": 1}  # a measured ok row has its result and its peak
         )
     )
 

@@ -166,7 +166,7 @@ def test_a_pre_alembic_sqlite_file_upgrades_in_place_through_the_cli(tmp_path: P
     assert probes[0].knobs["micro_batch_size"] == 1 and (probes[0].result or {})["capacity"] == 160 << 20
     assert store.count_probes("old-demo")["ok"] == 5
     assert store.require_study("old-demo")["world_size"] == 2
-    assert [r["status"] for r in store.runs("old-demo")] == ["finished"]
+    assert [r.status for r in store.runs("old-demo")] == ["finished"]
     assert store.claim_owner("old-demo", "k" * 32, "short") == "host-a:123"
     new_id = store.record_probe(probes[0])  # its id and timestamp are the storage's: a new row
     assert new_id == max(p.id or 0 for p in probes) + 1
@@ -206,6 +206,8 @@ def test_a_pre_alembic_postgres_database_upgrades_in_place_through_the_cli(new_p
                     config={},
                     status="ok",
                     stable=True,
+                    result={},
+                    peak_allocated=1,
                     created_at=now,
                 )
             )
@@ -244,6 +246,8 @@ def test_0003_adds_the_record_uid_and_keeps_the_rows(storage_url: str) -> None:
                 config={},
                 status="ok",
                 stable=True,
+                result={},
+                peak_allocated=1,
                 created_at=dt.datetime.now(dt.timezone.utc),
             )
         )

@@ -22,9 +22,9 @@ def test_a_value_in_another_zone_is_stored_as_its_utc_instant(storage_url: str):
     deadline = dt.datetime(2026, 3, 1, 14, 30, 15, 250000, tzinfo=PLUS_2)
     run = store.start_run("s", "host:1", 60.0, deadline)
     (row,) = store.runs("s")
-    assert row["id"] == run
-    assert row["deadline_at"] == deadline and row["deadline_at"].tzinfo == UTC
-    assert row["deadline_at"].hour == 12  # the UTC digits, also in SQLite's text
+    assert row.id == run and row.deadline_at is not None
+    assert row.deadline_at == deadline and row.deadline_at.tzinfo == UTC
+    assert row.deadline_at.hour == 12  # the UTC digits, also in SQLite's text
     if store.engine.dialect.name == "sqlite":  # no zone type: the text holds the UTC digits (PostgreSQL: an instant)
         with store.engine.connect() as conn:
             raw = conn.execute(sa.select(sa.cast(search_runs.c.deadline_at, sa.String))).scalar_one()
@@ -38,9 +38,9 @@ def test_the_database_clock_and_its_stamps_come_back_aware(storage_url: str):
     assert now.tzinfo == UTC and abs((now - before).total_seconds()) < 3600
     store.start_run("s", "host:1", None, None)
     (row,) = store.runs("s")
-    for column in ("started_at", "heartbeat_at"):
-        assert row[column].tzinfo == UTC and abs((row[column] - now).total_seconds()) < 3600
-    assert row["deadline_at"] is None
+    for stamp in (row.started_at, row.heartbeat_at):
+        assert stamp is not None and stamp.tzinfo == UTC and abs((stamp - now).total_seconds()) < 3600
+    assert row.deadline_at is None
 
 
 def test_a_naive_datetime_is_refused(storage_url: str):

@@ -1,0 +1,173 @@
+"""What `tuner trials` lists, typed: one ``Listed`` per Optuna trial (tuner.reporting.trials.join_trials), per confirm
+probe of no trial, and per production run the user's training recorded (tuner.reporting.production); which of them
+a listing shows, in which order; their table cells and their JSON / CSV records. Pure: tuner.cli.results reads the
+storage and prints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.cli.progress import brief_cause, compact, fmt_num
+from tuner.memory.frontier import describe
+from tuner.records import Fidelity, ProbeRow, ProbeStatus
+from tuner.reporting.production import ProductionRun
+from tuner.reporting.trials import TrialRecord
+from tuner.units import format_size
+
+#: the CSV's columns (--csv); the JSON lines carry every field of ``Listed.to_json``
+CSV_FIELDS = ("trial", "state", "fidelity", "status", "objective", "peak", "stable", "seconds", "config", "cause")
+
+
+@dataclass(frozen=True)
+class Listed:
+    trial: int | None
+    state: str  # Optuna's (COMPLETE, PRUNED, FAIL, RUNNING ...); CONFIRM / PRODUCTION for rows of no trial
+    fidelity: str
+    status: ProbeStatus | None  # None: nothing known yet (a running trial)
+    cause: str
+    objective: float | None
+    peak: int | None
+    stable: bool | None
+    knobs: dict[str, Any]
+    reused_from: int | None
+    seconds: float | None
+    ranks: str  # per-rank peaks of a multi-rank probe, with the imbalance flag ("" when not one)
+    production: ProductionRun | None = None  # a production run: what it recorded beside the probes
+
+    @property
+    def status_text(self) -> str:
+        return self.status.value if self.status is not None else ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON line of --json: every field (a production run also its device, rank, steps, phase and what the
+        probes of its config measured)."""
+        out: dict[str, Any] = {
+            "trial": self.trial,
+            "state": self.state,
+            "fidelity": self.fidelity,
+            "status": self.status_text,
+            "cause": self.cause,
+            "objective": self.objective,
+            "peak": self.peak,
+            "stable": self.stable,
+            "knobs": self.knobs,
+            "reused_from": self.reused_from,
+            "seconds": self.seconds,
+            "ranks": self.ranks,
+        }
+        if self.production is not None:
+            rec = self.production.recorded
+            out["production"] = {
+                **rec.to_json(),
+                "peak_reserved": self.production.row.peak_reserved,
+                "capacity": self.production.row.capacity,
+                "samples_per_s": self.production.row.samples_per_s,
+                "probed_peak": self.production.probed_peak,
+                "probed_samples_per_s": self.production.probed_samples_per_s,
+            }
+        return out
+
+    def to_csv(self) -> dict[str, Any]:
+        return {
+            **{name: getattr(self, name) for name in CSV_FIELDS if name not in ("status", "config")},
+            "status": self.status_text,
+            "config": describe(self.knobs) if self.knobs else "",
+        }
+
+
+def listed_trial(rec: TrialRecord, ranks: str) -> Listed:
+    return Listed(
+        trial=rec.number,
+        state=rec.state,
+        fidelity=rec.fidelity,
+        status=rec.status,
+        cause=rec.cause or "",
+        objective=rec.objective,
+        peak=rec.peak_allocated,
+        stable=rec.stable,
+        knobs=rec.knobs,
+        reused_from=rec.reused_from,
+        seconds=rec.probe_seconds,
+        ranks=ranks,
+    )
+
+
+def listed_row(row: ProbeRow, ranks: str, production: ProductionRun | None = None) -> Listed:
+    """A probe row of no trial: a confirm probe, or a production run (``production``)."""
+    return Listed(
+        trial=row.trial_number,
+        state="PRODUCTION" if production is not None else "CONFIRM",
+        fidelity=row.fidelity.value,
+        status=row.status,
+        cause=row.cause or "",
+        objective=row.objective,
+        peak=row.peak_allocated,
+        stable=row.stable,
+        knobs=row.knobs,
+        reused_from=None,
+        seconds=row.probe_seconds,
+        ranks=ranks,
+        production=production,
+    )
+
+
+def select_rows(
+    rows: Iterable[Listed], *, everything: bool = False, status: str | None = None, top: int | None = None
+) -> list[Listed]:
+    """What `tuner trials` lists: by default the probes that ran (not configs ruled out without running, nor trials
+    that reused an earlier measurement), best first: stable by objective, then unstable, then failures by trial.
+    ``everything``: every trial in trial order. ``status`` filters, ``top`` keeps the first N. Production runs are
+    not trials: the caller lists them after (``production_entries``)."""
+    if everything:
+        picked = list(rows)
+    else:
+        picked = [
+            r
+            for r in rows
+            if r.reused_from is None and r.fidelity != Fidelity.INFERRED and r.status != ProbeStatus.INFERRED_OOM
+        ]
+        picked.sort(
+            key=lambda r: (
+                0 if r.stable else (r.status.listing_order if r.status is not None else 6),
+                -(r.objective or 0.0),
+                -1 if r.trial is None else r.trial,
+            )
+        )
+    if status is not None:
+        picked = [r for r in picked if r.status_text == status]
+    return picked[:top] if top is not None else picked
+
+
+def production_entries(runs: Sequence[ProductionRun], status: str | None = None) -> list[Listed]:
+    """The production runs, oldest first, as --json / --csv list them after the trials (the table prints each as one
+    line below it); ``status`` filters them as it filters the trials."""
+    listed = [listed_row(run.row, "", run) for run in runs]
+    return [r for r in listed if status is None or r.status_text == status]
+
+
+def _cause(r: Listed) -> str:
+    """The cause cell: an OOM's failed allocation (its whole message: --json), any other cause as stored (an
+    error's stderr is what a user needs to act on), at most 160 characters."""
+    if r.status == ProbeStatus.OOM and r.cause:
+        return brief_cause(ProbeStatus.OOM, r.cause)
+    return r.cause[:160]
+
+
+def cells(r: Listed, job: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """A table row: trial (and fidelity when not a short probe), status, objective, peak, seconds, config, cause."""
+    trial = "-" if r.trial is None else str(r.trial)
+    status = r.status_text + ("" if r.status != ProbeStatus.OK or r.stable else " unstable")
+    return (
+        trial if r.fidelity in (Fidelity.SHORT, "") else f"{trial} {r.fidelity}",
+        status,
+        fmt_num(r.objective),
+        format_size(r.peak),
+        f"{r.seconds:.0f}" if r.seconds else "-",
+        compact(r.knobs, job) if r.knobs else "-",
+        "; ".join(x for x in (_cause(r), r.ranks) if x),
+    )
+
+
+__all__ = ["CSV_FIELDS", "Listed", "cells", "listed_row", "listed_trial", "production_entries", "select_rows"]
