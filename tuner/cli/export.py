@@ -35,6 +35,13 @@ def export(
     fmt: Annotated[str, typer.Option("--format", "-f", help="json | deepspeed | hf | accelerate | env")] = "deepspeed",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write to FILE instead of stdout")] = None,
     storage: StorageOpt = None,
+    transformers_version: Annotated[
+        str | None,
+        typer.Option(
+            "--transformers-version",
+            help="your training host's transformers (the hf export names fields as it does; default: this host's)",
+        ),
+    ] = None,
 ) -> None:
     """Export the best stable config of a study. With --format accelerate -o FILE the DeepSpeed JSON it points at is
     written next to FILE as FILE-stem.deepspeed.json."""
@@ -46,7 +53,7 @@ def export(
     from tuner.storage import Store
 
     store = Store(load_settings(storage=storage).storage)
-    served = serve_best(store, study, fmt, option=cli_option)
+    served = serve_best(store, study, fmt, option=cli_option, transformers_version=transformers_version)
     best = served.best
     if output is None:
         typer.echo(served.content, nl=False)

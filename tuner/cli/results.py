@@ -45,6 +45,13 @@ StorageOpt = Annotated[
     str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
 ]
 StudyOpt = Annotated[str | None, typer.Option("--study", help="study name (default: the most recent study)")]
+TransformersOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--transformers-version",
+        help="your training host's transformers (the hf export names fields as it does; default: this host's)",
+    ),
+]
 
 
 @app.command("best")
@@ -56,13 +63,14 @@ def best(
     changes: Annotated[
         bool, typer.Option("--changes", help="list what the export changes in your files (old -> new), not the file")
     ] = False,
+    transformers_version: TransformersOpt = None,
 ) -> None:
     """Print (or write) the best stable config of a study; --changes lists what it changes in your own files."""
     from tuner.session.best import serve_best
     from tuner.session.options import cli_option
 
     store = Store(load_settings(storage=storage).storage)
-    served = serve_best(store, study, fmt, option=cli_option)
+    served = serve_best(store, study, fmt, option=cli_option, transformers_version=transformers_version)
     name = served.study
     text = "".join(line + "\n" for line in served.change_lines) if changes else served.content
     if output is None:
