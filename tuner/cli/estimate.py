@@ -17,7 +17,7 @@ from tuner.declared import ESTIMATE
 from tuner.errors import ConfigError
 from tuner.job.lora import check_lora
 from tuner.job.model_source import resolve_model
-from tuner.job.space import KNOB_RANGES
+from tuner.job.space import KNOB_RANGES, check_job_limits
 from tuner.memory import solve as solving
 from tuner.memory.estimator import Estimator, trace
 from tuner.session.options import cli_option
@@ -75,7 +75,13 @@ ESTIMATE_OWN: dict[str, dict[str, Any]] = {
 def estimate(
     job: dict[str, Any],
     micro_batch_size: Annotated[
-        int | None, typer.Option("--micro-batch-size", min=1, help="default: baseline's")
+        int | None,
+        typer.Option(
+            "--micro-batch-size",
+            min=KNOB_RANGES["micro_batch_size"][0],
+            max=KNOB_RANGES["micro_batch_size"][1],
+            help="default: baseline's",
+        ),
     ] = None,
     zero_stage: Annotated[
         int | None, typer.Option("--zero-stage", min=0, max=3, help="default: baseline's, else 0")
@@ -127,6 +133,7 @@ def estimate(
         "allgather_bucket_size": _parse_size(allgather_bucket_size),
     }
     ej = estimate_job(spec, job, knob_options)
+    check_job_limits(ej.world_size, ej.global_batch or 0, cli_option)  # the bounds a search's are held to
     if ej.job.lora is not None:
         check_lora(spec, ej.job.lora, cli_option)
     calib = _calibration_rows(calibrate_from_study, job["storage"], spec, ej.world_size) if calibrate_from_study else []

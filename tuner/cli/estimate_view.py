@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tuner.cli.safe_console import SafeConsole
 from tuner.memory.breakdown import PARTS, Breakdown, PhaseEstimate, RankEstimate
 from tuner.memory.estimator import Estimate
 
@@ -98,7 +99,7 @@ def print_text(shown: Shown) -> None:
     lora = ""
     if shown.trainable_count is not None and shown.trainable_count < shown.param_count:
         lora = f", {shown.trainable_count:,} of them LoRA adapters that train"
-    console = Console(highlight=False, width=110)
+    console = SafeConsole(highlight=False, width=110)
     console.print(f"{shown.header}\n{shown.param_count / 1e6:,.1f}M params{lora}; {shown.traced}", markup=False)
     for rank in parts.ranks:
         _print_rank(console, rank)

@@ -32,6 +32,7 @@ from tuner.job.space import (
     load_space,
     space_file_knobs,
 )
+from tuner.names import check_study_name
 from tuner.records import DEFAULT_HEADROOM
 from tuner.search.request import BaselineLoader, SearchRequest
 from tuner.search.request import build_request as build_search_request
@@ -217,7 +218,7 @@ def prepare_request(
     lengths = o.lengths
     lens = load_lengths(lengths) if isinstance(lengths, (str, Path)) else list(lengths) if lengths is not None else None
     request = build_search_request(
-        study_name=o.study or "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        study_name=check_study_name(o.study, option("study")) if o.study else _new_study_name(),
         storage=storage,
         model=face.model(o.model),
         space=parsed_space,
@@ -298,6 +299,18 @@ def explicit_settings(o: SearchOptions, baseline_world: int | None) -> set[str]:
     return {key for key, set_ in given.items() if set_}
 
 
+def _new_study_name() -> str:
+    return "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def _mapping(given: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """A baseline given as a mapping, its nesting and size bounded as a file's (tuner.bounded)."""
+    from tuner.bounded import check_shape
+
+    check_shape(given, what)
+    return dict(given)
+
+
 def _baseline_loader(
     baseline: FileOrMapping, training_args: FileOrMapping | None, loaded: list[Baseline]
 ) -> Callable[[int | None, int], Baseline]:
@@ -312,11 +325,15 @@ def _baseline_loader(
             args_path = Path(training_args) if training_args is not None else None
             loaded.append(load_baseline(Path(baseline), args_path, world_size=world, max_length=max_length))
             return loaded[-1]
-        first = dict(baseline) if isinstance(baseline, Mapping) else read_json(Path(baseline), "baseline file")
+        first = (
+            _mapping(baseline, "baseline")
+            if isinstance(baseline, Mapping)
+            else read_json(Path(baseline), "baseline file")
+        )
         second = None
         if training_args is not None:
             second = (
-                dict(training_args)
+                _mapping(training_args, "training_args")
                 if isinstance(training_args, Mapping)
                 else read_json(Path(training_args), "training-args file")
             )
