@@ -49,8 +49,10 @@ def test_posted_lengths_set_the_jobs_lengths_to_the_longest_sample(quick) -> Non
         ({"sample_lengths": [-3, 4]}, "sample_lengths"),
         ({"sample_lengths": [[1, 2, 3]]}, "sample_lengths"),
         ({"sample_lengths": []}, "sample_lengths"),
+        ({"sample_lengths": [[0, 0]]}, "sample_lengths"),
+        ({"sample_lengths": [True, 2]}, "sample_lengths"),
     ],
-    ids=["path", "too-many", "too-long", "negative", "triple", "empty"],
+    ids=["path", "too-many", "too-long", "negative", "triple", "empty", "zero", "bool"],
 )
 def test_bad_posted_data_is_one_4xx_line_naming_the_field_and_stores_nothing(quick, body, words) -> None:
     client, url = quick

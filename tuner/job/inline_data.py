@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from tuner.errors import ConfigError
 from tuner.job.padding import Padding
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 MAX_INLINE_SAMPLES = 10_000  # ~100 KiB of JSON pairs: under the API's body limit (api.guard.MAX_BODY_BYTES)
 MAX_TOKENS = 1 << 20  # a sample's length in tokens: above any model's context; larger is a typo
-Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
+Tokens = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]  # strict: true is no length
 #: what the API body takes: [input, target] pairs (seq2seq) or input lengths (causal LM)
 InlineLengths = list[tuple[Tokens, Tokens]] | list[Tokens]
 
@@ -37,4 +37,7 @@ def inline_data(lengths: Sequence[Sequence[int]] | Sequence[int], padding: Paddi
         sample = SampleLengths.of([i for i, _ in pairs], [t for _, t in pairs])
     else:
         raise ConfigError("sample_lengths: give [input, target] pairs (seq2seq) or input lengths (causal LM), not both")
+    for side, values in (("input", sample.input), ("target", sample.target)):
+        if values is not None and int(values.max()) < 1:
+            raise ConfigError(f"sample_lengths: every {side} length is 0 tokens; give your samples' token lengths")
     return DataJob(sample, f"{len(sample):,} samples' lengths posted inline", padding)
