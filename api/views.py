@@ -289,6 +289,7 @@ def best_config(store: Store, name: str, fmt: str, found: Ranked) -> BestConfigO
         headroom=headroom,
         memory_fraction=best.peak_allocated / best.capacity if best.capacity else None,
         confirmed=best.confirmed,
+        caveat=served.caveat,
         measurements=best.measurements,
         fingerprint=dict(result.get("fingerprint") or {}),
         versions={str(k): str(v) for k, v in (result.get("versions") or {}).items()},

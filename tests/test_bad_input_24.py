@@ -218,3 +218,64 @@ def test_issue24_api_bad_input(case: Api, world24: dict[str, Any]) -> None:
     assert len(detail) < 1000, detail[:2000]
     assert _snapshot(world24["db"]) == before, "stored data changed"
     assert client.get("/studies/rep").status_code == 200
+
+
+# -- §6: a pick never re-probed longer says so in every face ---------------------------------------------------------
+def _run_cli(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    monkeypatch.setattr(sys, "argv", ["tuner", *argv])
+    monkeypatch.setenv("COLUMNS", "400")
+    code: object = 0
+    try:
+        tuner_main()
+    except SystemExit as exit_info:
+        code = exit_info.code
+    out = capsys.readouterr()
+    assert code in (0, None), out.err
+    return out.out, out.err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["best", "--study", "{study}"],
+        ["best", "--study", "{study}", "--format", "deepspeed", "-o", "{tmp}/ds.json"],
+        ["export", "--study", "{study}", "--format", "hf"],
+        ["export", "--study", "{study}", "--format", "accelerate", "-o", "{tmp}/acc.yaml"],
+    ],
+    ids=["best", "best-o", "export", "export-o"],
+)
+def test_unconfirmed_pick_says_so_in_the_cli(
+    argv: list[str], world24: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The report study's pick ("rep") was never re-probed longer; the API tests' ("t5-demo") was."""
+    from tests.helpers.sample_storage import populate
+
+    tmp = world24["tmp"]
+    url = f"sqlite:///{tmp}/confirmed.db"
+    if not (tmp / "confirmed.db").exists():
+        populate(url)
+    for study, storage, caveat in (("rep", world24["url"], True), ("t5-demo", url, False)):
+        args = [a.replace("{study}", study).replace("{tmp}", str(tmp)) for a in argv]
+        out, err = _run_cli([*args, "--storage", storage], monkeypatch, capsys)
+        said = [line for line in err.splitlines() if "not confirmed" in line]
+        if caveat:
+            assert len(said) == 1 and f"tuner search --study {study}" in said[0], err
+        else:
+            assert not said, err
+        if ("-o" not in args and args[-1] in ("json", "hf")) or args == ["best", "--study", study]:
+            json.loads(out)  # stdout stays the config alone
+        assert "not confirmed" not in out
+
+
+def test_unconfirmed_pick_says_so_in_changes_and_api(
+    world24: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = _run_cli(["best", "--study", "rep", "--changes", "--storage", world24["url"]], monkeypatch, capsys)
+    assert out.splitlines()[0].startswith("not confirmed: trial "), out
+    client = TestClient(create_app(Settings(storage=world24["url"], api_token=TOKEN)))
+    body = client.get("/best-config", params={"study": "rep"}).json()
+    assert body["confirmed"] is False and body["caveat"].startswith("not confirmed: trial ")
+    assert body["changes"]["lines"][0] == body["caveat"]
+    raw = client.get("/best-config", params={"study": "rep", "format": "deepspeed", "raw": "true"})
+    assert raw.headers["X-Tuner-Caveat"] == body["caveat"]
+    assert "not confirmed" not in raw.text

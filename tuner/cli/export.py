@@ -55,6 +55,8 @@ def export(
     store = Store(load_settings(storage=storage).storage)
     served = serve_best(store, study, fmt, option=cli_option, transformers_version=transformers_version)
     best = served.best
+    if served.caveat:  # on stderr: `tuner export > ds.json` stays a config
+        typer.echo(served.caveat, err=True)
     if output is None:
         typer.echo(served.content, nl=False)
         return

@@ -73,6 +73,8 @@ def best(
     served = serve_best(store, study, fmt, option=cli_option, transformers_version=transformers_version)
     name = served.study
     text = "".join(line + "\n" for line in served.change_lines) if changes else served.content
+    if served.caveat and not changes:  # --changes lists it first; stderr keeps `tuner best > ds.json` a config
+        typer.echo(served.caveat, err=True)
     if output is None:
         typer.echo(text, nl=False)
         return
