@@ -101,6 +101,16 @@ CLI += [
 ]
 CLI += [
     Cli(
+        "i24-model-default-typed",  # the default model typed out, against a study of another model
+        ["search", "--budget", "1m", "--storage", "{db}", "--study", "flan", "--model", "builtin:tiny-t5"],
+        r"study 'flan' was created with a different model .*google/flan-t5-small",
+    ),
+    Cli(
+        "i24-headroom-default-typed",
+        ["search", "--budget", "1m", "--storage", "{db}", "--study", "flan", "--headroom", "0.9"],
+        r"study 'flan' was created with a different headroom \(0\.8\)",
+    ),
+    Cli(
         "i24-trials-status", ["trials", "--storage", "{db}", "--status", "bogus"], r"--status 'bogus'.*ok, oom, timeout"
     ),
 ]
@@ -146,7 +156,19 @@ def world24(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         (tmp / name).write_text(text)
     _newer_optuna(tmp / "newer-optuna.db")
     _refusing(tmp / "full.db")
+    _other_model(url)
     return {"tmp": tmp, "db": db, "url": url}
+
+
+def _other_model(url: str) -> None:
+    """Study "flan": the definition `tuner search --model google/flan-t5-small --headroom 0.8` stores."""
+    from tuner.session.options import CLI as CLI_FACE
+    from tuner.session.options import SearchOptions, prepare_request
+    from tuner.storage.store import Store
+
+    request, _ = prepare_request(SearchOptions(budget="1m", study="flan", headroom=0.8), url, CLI_FACE)
+    definition = {**request.definition(), "model": {"source": "google/flan-t5-small", "overrides": {}}}
+    Store(url).create_study("flan", definition)
 
 
 def _newer_optuna(path: Path) -> None:
