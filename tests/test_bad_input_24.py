@@ -39,6 +39,14 @@ FILES: dict[str, str] = {
     ),
     "wide.json": json.dumps({"per_device_train_batch_size": 2, **{f"k{i}": i for i in range(20_000)}}),
     "deep.yaml": "micro_batch_size: " + "[" * 900 + "1" + "]" * 900 + "\n",
+    "opt_import.json": json.dumps({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "__import__(os)"}}),
+    "sched_bogus.json": json.dumps({"train_micro_batch_size_per_gpu": 2, "scheduler": {"type": "Bogus"}}),
+    "lr_string.json": json.dumps(
+        {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": "1000"}}}
+    ),
+    "warmup_huge.json": json.dumps(
+        {"train_micro_batch_size_per_gpu": 2, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1e308}}}
+    ),
     "big.json": '{"per_device_train_batch_size": 2, "pad": "' + "x" * (5 * 1024 * 1024) + '"}',
 }
 CLI: list[Cli] = [
@@ -100,6 +108,27 @@ CLI += [
     ),
 ]
 CLI += [
+    # -- §6: baseline checks: the optimizer and scheduler types DeepSpeed knows, numbers as numbers -------------------
+    Cli(
+        "i24-baseline-optimizer-type",
+        ["search", "--budget", "1m", "--baseline", "{tmp}/opt_import.json"],
+        r"optimizer\.type '__import__\(os\)' is not an optimizer DeepSpeed knows; give one of .*AdamW.*adamw",
+    ),
+    Cli(
+        "i24-baseline-scheduler-type",
+        ["search", "--budget", "1m", "--baseline", "{tmp}/sched_bogus.json"],
+        r"scheduler\.type 'Bogus' is not a scheduler DeepSpeed knows; give one of .*WarmupLR",
+    ),
+    Cli(
+        "i24-baseline-lr-string",
+        ["search", "--budget", "1m", "--baseline", "{tmp}/lr_string.json"],
+        r"optimizer\.params\.lr is the string '1000'; give it as a number",
+    ),
+    Cli(
+        "i24-baseline-warmup-1e308",
+        ["doctor", "--ds-config", "{tmp}/warmup_huge.json"],
+        r"scheduler\.params\.warmup_num_steps: 1e\+308 is outside \[0, 1,000,000,000\] steps",
+    ),
     Cli(
         "i24-model-default-typed",  # the default model typed out, against a study of another model
         ["search", "--budget", "1m", "--storage", "{db}", "--study", "flan", "--model", "builtin:tiny-t5"],
@@ -137,6 +166,38 @@ API: list[Api] = [
         "/studies",
         r"more than 10000 keys",
         body={"name": "wide", "training_args": {"per_device_train_batch_size": 2, "x": [0] * 11_000}},
+        headers=AUTH,
+    ),
+    Api(
+        "i24-api-optimizer-type",
+        "POST",
+        "/studies",
+        r"baseline\.optimizer\.type '__import__\(os\)' is not an optimizer DeepSpeed knows",
+        body={"name": "opt", "baseline": {"optimizer": {"type": "__import__(os)"}}},
+        headers=AUTH,
+    ),
+    Api(
+        "i24-api-lr-string",
+        "POST",
+        "/studies",
+        r"baseline\.optimizer\.params\.lr: '1000' is outside \(0, 1\]",
+        body={"name": "lr", "baseline": {"optimizer": {"type": "AdamW", "params": {"lr": "1000"}}}},
+        headers=AUTH,
+    ),
+    Api(
+        "i24-api-hf-lr-string",
+        "POST",
+        "/studies",
+        r"training_args\.learning_rate: '1000' is outside \(0, 1\]",
+        body={"name": "lr", "training_args": {"per_device_train_batch_size": 2, "learning_rate": "1000"}},
+        headers=AUTH,
+    ),
+    Api(
+        "i24-api-warmup-1e308",
+        "POST",
+        "/studies",
+        r"baseline\.scheduler\.params\.warmup_num_steps: 1e\+308 is outside \[0, 1e\+09\]",
+        body={"name": "w", "baseline": {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1e308}}}},
         headers=AUTH,
     ),
     Api("i24-api-name-dotdot", "POST", "/studies", r"name", body={"name": ".."}, headers=AUTH),
