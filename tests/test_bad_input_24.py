@@ -362,3 +362,47 @@ def test_unconfirmed_pick_says_so_in_changes_and_api(
     raw = client.get("/best-config", params={"study": "rep", "format": "deepspeed", "raw": "true"})
     assert raw.headers["X-Tuner-Caveat"] == body["caveat"]
     assert "not confirmed" not in raw.text
+
+
+# -- §6: read commands never write ------------------------------------------------------------------------------------
+FOREIGN_READS = [
+    ["studies"],
+    ["trials", "--study", "x"],
+    ["best", "--study", "x"],
+    ["export", "--study", "x"],
+    ["report", "--study", "x", "-o", "{tmp}/r.html"],
+]
+
+
+@pytest.mark.parametrize("argv", FOREIGN_READS, ids=lambda a: a[0])
+def test_read_commands_leave_a_foreign_sqlite_file_as_it_was(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    foreign = tmp_path / "app.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO users (name) VALUES ('ada')")
+    conn.close()
+    before = foreign.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    monkeypatch.setattr(sys, "argv", ["tuner", *args, "--storage", f"sqlite:///{foreign}"])
+    with pytest.raises(SystemExit) as exit_info:
+        tuner_main()
+    line = _one_error_line(capsys.readouterr().err)
+    assert exit_info.value.code == 2, line
+    assert re.search(r"is not a tuner database \(no tuner_studies table; left as it was\)", line), line
+    assert foreign.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]  # no -wal, -shm or report file
+
+
+def test_read_commands_create_no_missing_sqlite_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["tuner", "studies", "--storage", f"sqlite:///{tmp_path}/typo.db"])
+    with pytest.raises(SystemExit) as exit_info:
+        tuner_main()
+    line = _one_error_line(capsys.readouterr().err)
+    assert exit_info.value.code == 2 and "the file does not exist" in line, line
+    assert not list(tmp_path.iterdir())

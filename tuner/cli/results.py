@@ -69,7 +69,7 @@ def best(
     from tuner.session.best import serve_best
     from tuner.session.options import cli_option
 
-    store = Store(load_settings(storage=storage).storage)
+    store = Store(load_settings(storage=storage).storage, read_only=True)
     served = serve_best(store, study, fmt, option=cli_option, transformers_version=transformers_version)
     name = served.study
     text = "".join(line + "\n" for line in served.change_lines) if changes else served.content
@@ -139,7 +139,7 @@ def trials(
     statuses = [str(s.value) for s in ProbeStatus]
     if status is not None and status not in statuses:
         raise ConfigError(f"--status {status!r} is not a probe status; give one of: {', '.join(statuses)}")
-    store = Store(load_settings(storage=storage).storage)
+    store = Store(load_settings(storage=storage).storage, read_only=True)
     name, definition = pick_study(store, study)
     objective = Objective.from_dict(definition.get("objective"))
     listed = select_rows(trial_rows(store, name), everything=everything, status=status, top=top)
@@ -186,7 +186,7 @@ def _print_data(rows: list[Listed], as_csv: bool) -> None:
 @app.command("studies")
 def studies(storage: StorageOpt = None) -> None:
     """List the studies in a storage, newest first, with their best stable throughput."""
-    store = Store(load_settings(storage=storage).storage)
+    store = Store(load_settings(storage=storage).storage, read_only=True)
     table = Table(title="studies")
     for col in ("study", "created", "model", "job (held fixed)", "world", "global batch", "probes", "best", "unit"):
         table.add_column(col)
