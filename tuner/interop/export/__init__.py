@@ -22,6 +22,7 @@ from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
 from tuner.interop.export.env import render_env, to_env
 from tuner.interop.export.hf import to_hf
 from tuner.interop.export.own import UserFiles, own_deepspeed, own_training_args
+from tuner.records.study import StudyDefinition
 
 FORMATS: tuple[str, ...] = ("json", "deepspeed", "hf", "accelerate", "env")
 
@@ -232,19 +233,19 @@ def installed_transformers() -> str | None:
         return None
 
 
-def best_export_args(best: BestLike, definition: Mapping[str, Any]) -> ExportArgs:
+def best_export_args(best: BestLike, definition: StudyDefinition | Mapping[str, Any]) -> ExportArgs:
     """World size and accumulation from the config the best candidate was measured with (the study definition's
     world size, else 1, where the stored config lacks it); the baseline's DeepSpeed JSON from the study definition
     (``baseline_source``), whose optimizer, scheduler and clipping the export keeps."""
-    source = definition.get("baseline_source")
-    job = definition.get("job")
+    d = StudyDefinition.of(definition)
+    source = d.baseline_source
     return ExportArgs(
-        world_size=int(best.config.get("world_size") or definition.get("world_size") or 1),
+        world_size=int(best.config.get("world_size") or d.world_size or 1),
         gradient_accumulation_steps=int(best.config.get("gradient_accumulation_steps") or 1),
         baseline=source if isinstance(source, Mapping) else None,
-        files=UserFiles.of(definition.get("baseline_files")),
+        files=UserFiles.of(d.baseline_files),
         transformers_version=installed_transformers(),
-        job=job if isinstance(job, Mapping) else None,
+        job=d.job,
     )
 
 
@@ -260,6 +261,6 @@ def measured_knobs(best: BestLike) -> dict[str, Any]:
     return knobs
 
 
-def render_best(fmt: str, best: BestLike, definition: Mapping[str, Any]) -> str:
+def render_best(fmt: str, best: BestLike, definition: StudyDefinition | Mapping[str, Any]) -> str:
     """A study's best config in format ``fmt``, as every command and the API hand it out."""
     return render(fmt, measured_knobs(best), **best_export_args(best, definition).kwargs())
