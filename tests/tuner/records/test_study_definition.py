@@ -70,3 +70,17 @@ def test_the_storage_hands_out_the_typed_record_once(tmp_path: Path) -> None:
     (listed,) = store.studies()
     assert listed.name == "s" and listed.definition == d and listed.created_by == "cli"
     assert store.study("s") == listed and store.study("nope") is None and store.definition("nope") is None
+
+
+def test_resuming_a_definition_that_lacks_what_a_search_needs_is_one_line() -> None:
+    from trials.contract import ModelSpec
+    from tuner.job.objective import objective_for
+    from tuner.job.space import default_space
+    from tuner.search.request import SearchRequest, request_from_definition
+
+    space = default_space()
+    base = SearchRequest("s", "sqlite://", ModelSpec(), space, 1, 8, objective_for(space.max_length), 60.0)
+    with pytest.raises(RecordError, match="lacks the model, space, world size or global batch"):
+        request_from_definition(base, StudyDefinition.from_json({"model": "m"}, "s"))
+    resumed = request_from_definition(base, StudyDefinition.from_json(stored(space=space.model_dump(mode="json"))))
+    assert (resumed.world_size, resumed.global_batch, resumed.headroom) == (2, 8, 0.8)
