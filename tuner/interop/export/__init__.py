@@ -233,10 +233,13 @@ def installed_transformers() -> str | None:
         return None
 
 
-def best_export_args(best: BestLike, definition: StudyDefinition | Mapping[str, Any]) -> ExportArgs:
+def best_export_args(
+    best: BestLike, definition: StudyDefinition | Mapping[str, Any], transformers_version: str | None = None
+) -> ExportArgs:
     """World size and accumulation from the config the best candidate was measured with (the study definition's
     world size, else 1, where the stored config lacks it); the baseline's DeepSpeed JSON from the study definition
-    (``baseline_source``), whose optimizer, scheduler and clipping the export keeps."""
+    (``baseline_source``), whose optimizer, scheduler and clipping the export keeps. ``transformers_version``: the
+    training host's (the hf export names its fields as that version does); None: this host's."""
     d = StudyDefinition.of(definition)
     source = d.baseline_source
     return ExportArgs(
@@ -244,7 +247,7 @@ def best_export_args(best: BestLike, definition: StudyDefinition | Mapping[str, 
         gradient_accumulation_steps=int(best.config.get("gradient_accumulation_steps") or 1),
         baseline=source if isinstance(source, Mapping) else None,
         files=UserFiles.of(d.baseline_files),
-        transformers_version=installed_transformers(),
+        transformers_version=transformers_version or installed_transformers(),
         job=d.job,
     )
 
@@ -261,6 +264,9 @@ def measured_knobs(best: BestLike) -> dict[str, Any]:
     return knobs
 
 
-def render_best(fmt: str, best: BestLike, definition: StudyDefinition | Mapping[str, Any]) -> str:
-    """A study's best config in format ``fmt``, as every command and the API hand it out."""
-    return render(fmt, measured_knobs(best), **best_export_args(best, definition).kwargs())
+def render_best(
+    fmt: str, best: BestLike, definition: StudyDefinition | Mapping[str, Any], transformers_version: str | None = None
+) -> str:
+    """A study's best config in format ``fmt``, as every command and the API hand it out (for the training host's
+    ``transformers_version``; None: this host's)."""
+    return render(fmt, measured_knobs(best), **best_export_args(best, definition, transformers_version).kwargs())
