@@ -17,7 +17,7 @@ from tuner.cli.explain_view import as_json, lines
 from tuner.declared import SEARCH
 from tuner.errors import ConfigError
 from tuner.memory import oom_message
-from tuner.memory.estimator import Estimator, trace
+from tuner.memory.estimator import Estimator, Evaluation, trace
 from tuner.memory.explain import Inputs, explain
 from tuner.search.request import SearchRequest
 from tuner.session.memory import evaluation
@@ -26,11 +26,15 @@ from tuner.session.session import SearchSession
 
 TRACE_MAX_LENGTH = 1024  # longer inputs are extrapolated from two short traced lengths (a long trace takes minutes)
 SHORT_LENGTHS = (320, 640)
-TRACE_TIMEOUT_S = 600.0
+TRACE_TIMEOUT_S = 900.0  # a loaded CPU: flan-t5-large's eval and generate traces take minutes
+
+
+#: where `tuner explain` reads a search setting differently: nothing is searched, so no budget is needed
+EXPLAIN_OWN: dict[str, dict[str, Any]] = {"budget": {"default": "1h", "help": "not used: explain probes nothing"}}
 
 
 @app.command("explain")
-@with_settings(SEARCH, into="settings")
+@with_settings(SEARCH, into="settings", overrides=EXPLAIN_OWN)
 def explain_command(
     settings: dict[str, Any],
     oom_text: Annotated[
@@ -77,7 +81,7 @@ def _inputs(request: SearchRequest) -> Inputs:
         timeout_s=TRACE_TIMEOUT_S,
         label_length=job.max_target_length,
         lora=job.lora,
-        evaluation=evaluation(request),
+        evaluation=_traced_evaluation(request),
     )
     data = request.data
     return Inputs(
@@ -91,6 +95,13 @@ def _inputs(request: SearchRequest) -> Inputs:
         eval_when=eval_when(request),
         traced_lengths=lengths,
     )
+
+
+def _traced_evaluation(request: SearchRequest) -> Evaluation | None:
+    """The job's evaluation traced at one sample a batch: the estimate scales the eval phases per sample to the
+    eval batch (as it does every batch it did not trace), and a trace of generate at the eval batch takes minutes."""
+    ev = evaluation(request)
+    return ev.model_copy(update={"eval_batch_size": 1}) if ev is not None else None
 
 
 def eval_when(request: SearchRequest) -> str | None:

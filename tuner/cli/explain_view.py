@@ -83,6 +83,7 @@ def lines(e: Explanation, search: str) -> list[str]:
         out.append(
             f"estimate: traced at inputs of {', '.join(map(str, e.traced_lengths))} tokens; longer ones follow "
             "the fitted a*L + b*L^2 per sample (extrapolated)"
+            + ("; eval phases traced at 1 sample a batch, scaled per sample" if e.config.eval_batch_size else "")
         )
     out.append(e.not_covered)
     return out
