@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.seq2seq_data import long_tail_lengths, save_tokenizer, write_jsonl
 
 SEED = Path(__file__).resolve().parents[2] / "data" / "seed"
@@ -35,9 +37,11 @@ def _explain(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     args += ["--dataset", str(data), "--input-column", "source", "--target-column", "target"]
     args += ["--tokenizer", str(tokenizer), "--storage", f"sqlite:///{tmp_path}/t.db", "--oom-message", OOM, *extra]
     env = {**os.environ, "TUNER_CACHE_DIR": str(tmp_path / "cache")}
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=1700)
 
 
+@pytest.mark.slow  # flan-t5-large's CPU trace (4 short points, eval and generate at one sample): minutes
+@pytest.mark.timeout(3600)
 def test_the_seed_case_is_explained_by_the_train_step_at_the_long_batch(tmp_path):
     done = _explain(tmp_path)
     assert done.returncode == 0, done.stderr
