@@ -74,7 +74,7 @@ def lines(e: Explanation, search: str) -> list[str]:
         out.append(f"crash: your config on your data: {e.crash.describe()}")
     out += _oom(e)
     if e.changes:
-        out.append("changes that fit the worst batch (with the margin), by predicted throughput:")
+        out.append("changes under which the worst batch's train step fits (with the margin), by predicted throughput:")
         for n, c in enumerate(e.changes, 1):
             out += [f"  {n}. {c.line()}", f"     {command(c, search)}"]
     elif e.crossing:

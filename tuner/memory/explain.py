@@ -177,11 +177,12 @@ def _crash(i: Inputs) -> CrashOdds | None:
 
 
 def _peak(est: Estimator, k: Knobs) -> int:
-    return est.predict(k).calibrated
+    return _train_peak(est, k)
 
 
 def changes(i: Inputs, worst: BatchShape) -> list[Change]:
-    """The single changes under which the worst batch fits (with the margin), ranked by predicted throughput
+    """The single changes under which the train step of the worst batch fits (with the margin), ranked by predicted
+    throughput
     (truncation first among equals: it changes the data, so it is listed, never applied silently)."""
     out: list[Change] = []
     for make in (_truncate, _checkpointing, _smaller_micro, _zero3):
@@ -194,23 +195,36 @@ def changes(i: Inputs, worst: BatchShape) -> list[Change]:
     return sorted(out, key=lambda c: -c.speed)
 
 
+def _train_peak(est: Estimator, k: Knobs) -> int:
+    """The train step's peak (forward + backward, optimizer step), uncalibrated: what the run meets first; the eval
+    phases are reported on their own (:func:`_eval_note`), as they run only when evaluation does."""
+    phases = est.breakdown(k).worst.phases
+    return max(p.total for p in phases if p.phase in (FORWARD_BACKWARD, OPTIMIZER_STEP))
+
+
 def _fits(i: Inputs, k: Knobs) -> bool:
-    return _peak(i.estimator, k) * (1 + i.margin) <= i.capacity
+    return _train_peak(i.estimator, k) * (1 + i.margin) <= i.capacity
+
+
+def _cut(i: Inputs, length: int) -> str:
+    if i.lengths is None:
+        return ""
+    c = cut(i.lengths.input, length)
+    return f"; cuts {c.samples:.2%} of samples, {c.tokens:.2%} of input tokens"
+
+
+def _longest(i: Inputs, k: Knobs, upper: int) -> int | None:
+    return largest(lambda n: _fits(i, k.model_copy(update={"max_length": n})), upper)
 
 
 def _truncate(i: Inputs, worst: BatchShape) -> Change | None:
     k = _at(i.config, worst)
-    length = largest(lambda n: _fits(i, k.model_copy(update={"max_length": n})), worst.input_length)
+    length = _longest(i, k, worst.input_length)
     if length is None or length >= worst.input_length:
         return None
-    peak = _peak(i.estimator, k.model_copy(update={"max_length": length}))
-    share = ""
-    if i.lengths is not None:
-        c = cut(i.lengths.input, length)
-        share = f"; cuts {c.samples:.2%} of samples, {c.tokens:.2%} of input tokens"
     return Change(
-        f"truncate inputs at {length:,} tokens{share}",
-        peak,
+        f"truncate inputs at {length:,} tokens{_cut(i, length)}",
+        _peak(i.estimator, k.model_copy(update={"max_length": length})),
         1.0,
         "same compute per kept token; changes your data, so only if you accept the cut",
         f"--max-length {length}",
@@ -219,17 +233,26 @@ def _truncate(i: Inputs, worst: BatchShape) -> Change | None:
 
 
 def _checkpointing(i: Inputs, worst: BatchShape) -> Change | None:
+    """Gradient checkpointing; where it alone does not hold the worst batch, with the longest truncation that does
+    (longer than truncation alone allows)."""
     if i.config.gradient_checkpointing:
         return None
     k = _at(i.config, worst).model_copy(update={"gradient_checkpointing": True})
-    if not _fits(i, k):
+    basis = "the forward runs again in the backward: 4/3 the compute"
+    space = _space_arg({"gradient_checkpointing": [True]})
+    if _fits(i, k):
+        return Change("gradient checkpointing", _peak(i.estimator, k), CHECKPOINTING_SPEED, basis, space=space)
+    length = _longest(i, k, worst.input_length)
+    if length is None:
         return None
     return Change(
-        "gradient checkpointing",
-        _peak(i.estimator, k),
+        f"gradient checkpointing + truncate inputs at {length:,} tokens{_cut(i, length)}",
+        _peak(i.estimator, k.model_copy(update={"max_length": length})),
         CHECKPOINTING_SPEED,
-        "the forward runs again in the backward: 4/3 the compute",
-        space=_space_arg({"gradient_checkpointing": [True]}),
+        basis + "; the cut changes your data",
+        f"--max-length {length}",
+        space=space,
+        changes_job=True,
     )
 
 

@@ -37,10 +37,17 @@ class Match:
     def error(self) -> float:
         return abs(self.nbytes - self.failed) / self.failed
 
+    @property
+    def what(self) -> str:
+        """The allocation in words: an L x L matrix per head is the attention's (scores, softmax, dropout: one
+        size), named with the op the trace saw."""
+        square = len(self.shape) >= 3 and self.shape[-1] == self.shape[-2] == self.length
+        return f"attention matrix (softmax-sized, op {self.op})" if square else self.op
+
     def describe(self) -> str:
         dims = " x ".join(f"{d:,}" for d in self.shape)
         return (
-            f"{self.failed / (1 << 30):.2f} GiB = the {self.dtype} {self.op} of the {PHASE_TITLES[self.phase]}, "
+            f"{self.failed / (1 << 30):.2f} GiB = the {self.dtype} {self.what} of the {PHASE_TITLES[self.phase]}, "
             f"{dims}, at {self.length:,} tokens ({self.nbytes / (1 << 30):.2f} GiB, {self.error:.1%} off; traced at "
             f"{self.traced_length:,} tokens and scaled as length^{_power(self)})"
         )

@@ -65,7 +65,9 @@ def test_the_failed_size_is_solved_for_the_length_that_produces_it():
     assert [m.op for m in found] == ["softmax"]  # the hidden state would need 229k tokens: beyond the data
     m = found[0]
     assert m.shape == (2, 16, m.length, m.length) and abs(m.length - 6352) <= 2 and m.error <= 0.05
-    assert "4.81 GiB = the float32 softmax of the train forward + backward, 2 x 16 x 6,35" in m.describe()
+    text = m.describe()
+    assert "4.81 GiB = the float32 attention matrix (softmax-sized, op softmax)" in text
+    assert "of the train forward + backward, 2 x 16 x 6,35" in text
     assert match_failed(_trace(), failed, {"forward_backward": 2}, 6000, False, "bf16") == []  # data too short
     fixed = match_failed(_trace(), 32128 * 1024 * 2, {"forward_backward": 2}, 9000, False, "bf16")
     assert fixed[0].op == "_to_copy" and fixed[0].error == 0  # exact first; a length-dependent one reaches it too
