@@ -5,14 +5,16 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from tuner import names
+from tuner.bounded import ShapeError, check_shape
 from tuner.declared import API, declared
 from tuner.job.definition import JobFlags
 from tuner.session.options import SearchOptions
 
-STUDY_NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
-STUDY_NAME_MAX = 128
+STUDY_NAME_PATTERN = names.STUDY_NAME_PATTERN  # one rule for the API and `tuner search --study` (tuner.names)
+STUDY_NAME_MAX = names.STUDY_NAME_MAX
 Format = Literal["json", "deepspeed", "hf", "accelerate", "env"]
 TrialStateName = Literal["RUNNING", "COMPLETE", "PRUNED", "FAIL", "WAITING"]
 
@@ -27,7 +29,7 @@ class ValidationErrorOut(ErrorOut):
 
 class HealthOut(BaseModel):
     status: Literal["ok"]
-    storage: str = Field(description="the storage URL, password hidden")
+    storage: str = Field(description="the storage's scheme and database name (no user, host, port or path)")
     version: str
 
 
@@ -223,6 +225,16 @@ class StudyBody(BaseModel):
 
     name: str = Field(min_length=1, max_length=STUDY_NAME_MAX, pattern=STUDY_NAME_PATTERN)
     budget_s: float = Field(7200.0, gt=0, le=30 * 86400, description="the study's nominal budget, seconds")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any) -> Any:
+        """Nesting and size bounded (tuner.bounded) before any field is read: 422 naming the path, nothing stored."""
+        try:
+            check_shape(data, "body")
+        except ShapeError as err:
+            raise ValueError(str(err)) from None
+        return data
 
 
 def _declared_fields() -> dict[str, Any]:

@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh test
 .venv/bin/tuner prepare   # one-off DeepSpeed op compiles, outside the search budget
-.venv/bin/tuner search --budget "${BUDGET:-2m}" --study quickstart --device-memory "${DEVICE_MEMORY:-160MiB}" "$@"
+# 160 MiB of emulated device on a CPU; a 2 GiB share of the card on a GPU host (its CUDA context alone is more than
+# 160 MiB), where the largest buckets still run out of memory (tuner.probing.gpus.quickstart_device_memory)
+memory=$(.venv/bin/python -c "from tuner.probing.gpus import *; print(quickstart_device_memory(physical_gpus(), host_visible_devices()[0]))")
+.venv/bin/tuner search --budget "${BUDGET:-2m}" --study quickstart --device-memory "${DEVICE_MEMORY:-$memory}" "$@"
 .venv/bin/tuner trials --study quickstart --top 3   # --all: every trial, ruled-out ones too
 .venv/bin/tuner best --study quickstart --format deepspeed

@@ -30,7 +30,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from trials.contract import EXIT_ERROR, FORKSERVER_READY
+from trials.contract import ALLOC_CONF_ENV, EXIT_ERROR, FORKSERVER_READY
+
+# the allocator settings of the server's own environment: what torch parsed at import, in force in every fork
+_SERVER_ALLOC_ENV = {name: os.environ.get(name, "") for name in ALLOC_CONF_ENV}
 
 
 def preload() -> None:
@@ -89,6 +92,41 @@ def enter_request(env: dict[str, str], cwd: str) -> None:
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
+    apply_allocator_settings()
+    apply_hub_offline()
+
+
+def apply_allocator_settings() -> str:
+    """The caching allocator's settings of the rank's environment (the alloc_conf knob), put in force before any CUDA
+    call: torch parsed the server's at import and a fork keeps them. Where this torch cannot change them at run time
+    (no ``_accelerator_setAllocatorSettings``, torch < 2.9), the rank's environment is set back to the server's, so
+    that its fingerprint records what was in force, not what was asked. Returns the settings in force."""
+    import torch
+
+    from trials.contract import ALLOC_CONF_ENV, alloc_conf_in_force
+
+    asked = alloc_conf_in_force(os.environ) or ""
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is not None and getter is not None:
+        if asked != getter():
+            setter(asked)
+        return asked
+    for name in ALLOC_CONF_ENV:
+        os.environ.pop(name, None)
+        if _SERVER_ALLOC_ENV.get(name):
+            os.environ[name] = _SERVER_ALLOC_ENV[name]
+    return alloc_conf_in_force(os.environ) or ""
+
+
+def apply_hub_offline() -> None:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) of the rank's environment in force: huggingface_hub fixed its constant
+    at import, in the server, so a rank on a firewalled host would otherwise wait out the HTTP timeout."""
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is None:
+        return
+    offline = (os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or "").upper()
+    constants.HF_HUB_OFFLINE = offline in {"1", "ON", "YES", "TRUE"}  # type: ignore[attr-defined]
 
 
 def _send(conn: socket.socket, message: dict[str, Any]) -> None:

@@ -27,6 +27,29 @@ from trials.contract import BUILTIN_PREFIX, BUILTIN_PRESETS, Knobs, ModelSpec
 Placement = Literal["zero-init", "device", "host"]
 
 
+_TRAINING_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_dtype(knobs: Knobs, where: Placement) -> torch.dtype:
+    """The dtype a probe builds its model in. DeepSpeed casts the module to its training precision before it moves it
+    (the Trainer's path: the fp32 model never sits on the GPU); a probe building on the device builds in that
+    precision at once, so the device never holds 4 bytes/param first (whose freed blocks would stay cached and count
+    in the reserve). The plain torch engine trains an fp32 model under autocast: fp32. On the host (the emulated CPU
+    device) the model is built as before, in fp32, and DeepSpeed casts it."""
+    if knobs.engine == "deepspeed" and where in ("device", "zero-init"):
+        return _TRAINING_DTYPES.get(knobs.precision, torch.float32)
+    return torch.float32
+
+
+def dtype_kwarg() -> str:
+    """The keyword ``from_pretrained`` / ``from_config`` take the dtype as: ``dtype`` from transformers 4.56,
+    ``torch_dtype`` before."""
+    import transformers
+
+    parts = [int(p) if p.isdigit() else 0 for p in transformers.__version__.split(".")[:2]]
+    return "dtype" if tuple(parts) >= (4, 56) else "torch_dtype"
+
+
 def placement(knobs: Knobs, device_type: str) -> Placement:
     """Where to build the model for these knobs on this device type (see ``Placement``)."""
     if device_type != "cuda":
@@ -145,7 +168,7 @@ def instantiate(config: PretrainedConfig, dtype: torch.dtype | None = None) -> P
     untied lm_head keeps its encoder and decoder input embeddings tied to ``shared`` (transformers 5 unties all
     three when ``tie_word_embeddings`` is False; google/flan-t5-large has one shared input embedding)."""
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-    model = auto.from_config(config) if dtype is None else auto.from_config(config, dtype=dtype)
+    model = auto.from_config(config) if dtype is None else auto.from_config(config, **{dtype_kwarg(): dtype})
     shared = getattr(model, "shared", None)
     if isinstance(shared, torch.nn.Embedding):
         for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
@@ -161,32 +184,40 @@ def build_model(
     where: Placement = "host",
     device: torch.device | None = None,
     zero_config: dict[str, Any] | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> PreTrainedModel:
-    """A seq2seq LM (or a causal LM for decoder-only configs) in fp32, in train mode, built ``where`` says.
+    """A seq2seq LM (or a causal LM for decoder-only configs) in ``dtype`` (``build_dtype``), in train mode, built
+    ``where`` says.
 
     Built-in presets and hub ids are randomly initialised from their config (weights do not change memory or speed);
     a local ``save_pretrained`` directory without overrides loads its weights. "zero-init" needs ``zero_config`` (the
-    probe's DeepSpeed JSON) and an initialised process group; "device" needs ``device``.
+    probe's DeepSpeed JSON) and an initialised process group: as under the Trainer, an ``HfDeepSpeedConfig`` is kept
+    alive with the model, so transformers itself builds it under ``deepspeed.zero.Init`` (with its own guards: no
+    weight init on partitioned params, RoPE buffers, a checkpoint's weights gathered in); "device" needs ``device``.
     """
     config = load_config(spec)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     local = not spec.source.startswith(BUILTIN_PREFIX) and Path(spec.source).is_dir()
     context: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    hf_ds_config = None
     if where == "zero-init":
-        import deepspeed
+        from transformers.integrations import HfDeepSpeedConfig
 
         if zero_config is None:
             raise ValueError("building under deepspeed.zero.Init needs the probe's DeepSpeed config")
-        context = deepspeed.zero.Init(config_dict_or_path=zero_config)
+        hf_ds_config = HfDeepSpeedConfig(zero_config)  # transformers holds a weak reference: kept with the model
     elif where == "device" and device is not None:
         context = torch.device(device)
+    kwargs = {dtype_kwarg(): dtype}
     with context:
         if local and not spec.overrides:
-            model = auto.from_pretrained(spec.source, config=config, dtype=torch.float32)
+            model = auto.from_pretrained(spec.source, config=config, **kwargs)
         else:
-            model = instantiate(config, dtype=torch.float32)
+            model = instantiate(config, dtype=dtype)
     if where == "device" and device is not None:
         model = model.to(device)  # type: ignore[arg-type]  # from_pretrained loads on the host: one copy
+    if hf_ds_config is not None:
+        model._tuner_hf_deepspeed_config = hf_ds_config  # alive as long as the model (and its engine)
     model.train()
     return model
 

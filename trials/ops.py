@@ -1,4 +1,5 @@
-"""``python -m trials.ops cpu_adam shm_comm``: builds DeepSpeed's JIT ops into TORCH_EXTENSIONS_DIR ahead of probes.
+"""``python -m trials.ops cpu_adam shm_comm fused_adam``: builds DeepSpeed's JIT ops into TORCH_EXTENSIONS_DIR ahead
+of probes.
 
 A first-use compile takes 25-40 s on an idle machine and minutes on a busy one; inside a probe it would eat the probe's
 timeout (and a probe killed mid-build leaves torch's build lock behind). The runner builds what a config needs once,
@@ -10,7 +11,11 @@ from __future__ import annotations
 import sys
 
 # op key -> DeepSpeed's builder class (the library each builds: trials.contract.OP_LIBRARIES)
-OPS: dict[str, str] = {"cpu_adam": "CPUAdamBuilder", "shm_comm": "ShareMemCommBuilder"}
+OPS: dict[str, str] = {
+    "cpu_adam": "CPUAdamBuilder",
+    "shm_comm": "ShareMemCommBuilder",
+    "fused_adam": "FusedAdamBuilder",
+}
 
 
 def build(key: str) -> str:

@@ -43,6 +43,7 @@ from trials.contract import (
     StepStats,
     free_port,
 )
+from trials.cuda_setup import eager_nccl_init, take_device
 from trials.data import worst_case_batch
 from trials.engine import Engine, build_engine, hidden_size_of_config, probe_deepspeed_config
 from trials.fingerprint import fingerprint, versions
@@ -55,9 +56,8 @@ from trials.measure import (
     device_used,
     split_steps,
     step_stats,
-    wait_for_free_device,
 )
-from trials.models import build_model, is_encoder_decoder, load_config, placement
+from trials.models import build_dtype, build_model, is_encoder_decoder, load_config, placement
 from trials.outcome import classify, launch_fault, one_line
 
 
@@ -101,8 +101,7 @@ class Probe:
         budget = self.config.device_memory
         self.baseline_rss = memory.current_rss()
         if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-            self.used_start = wait_for_free_device(self.device, self.config.busy_bytes)
+            self.used_start = take_device(self.device, self.config.busy_bytes)
             total = torch.cuda.get_device_properties(self.device).total_memory
             if budget:
                 torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), self.device)
@@ -127,8 +126,8 @@ class Probe:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=max(30.0, self.config.timeout_s))
         kwargs: dict[str, Any] = {}
-        if self.device.type == "cuda":
-            kwargs["device_id"] = self.device  # eager NCCL init: communicators exist (and count) before the window
+        if eager_nccl_init(self.device.type, self.world_size, torch.__version__):
+            kwargs["device_id"] = self.device  # communicators exist (and count) before the window
         torch.distributed.init_process_group(
             backend=backend, rank=self.rank, world_size=self.world_size, timeout=timeout, **kwargs
         )
@@ -147,7 +146,8 @@ class Probe:
                 cuda=self.device.type == "cuda",
                 hidden_size=hidden_size_of_config(load_config(cfg.model)),
             )
-        model = build_model(cfg.model, where=where, device=self.device, zero_config=zero_config)
+        dtype = build_dtype(cfg.knobs, where)
+        model = build_model(cfg.model, where=where, device=self.device, zero_config=zero_config, dtype=dtype)
         if cfg.job.lora is not None:  # the user's adapters, before the engine: its optimizer holds only theirs
             from trials.lora import apply_lora
 

@@ -61,6 +61,20 @@ def redact_url(url: str) -> str:
     return _QUERY_SECRET.sub(rf"\1{SECRET}", shown)
 
 
+def public_url(url: str) -> str:
+    """What an unauthenticated caller may see of the storage URL ``url`` (`/health`, the API's 503 bodies): its scheme
+    and database name, no user, host, port, path or query ("sqlite database tuner.db")."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return "storage (unparsable URL)"
+    name = Path(parsed.database).name if parsed.get_backend_name() == "sqlite" and parsed.database else parsed.database
+    return f"{parsed.drivername} database {name or '(none)'}"
+
+
 def redact(text: str, url: str) -> str:
     """``text`` (an error message, say) with every secret of the storage URL ``url`` replaced by ***."""
     for secret in sorted(url_secrets(url), key=len, reverse=True):
@@ -100,6 +114,9 @@ class Settings(BaseSettings):
         pattern=r"^[A-Za-z0-9._-]+$",
         description="the study GET /best-config serves without study= (unset: study= is required)",
     )
+    api_body_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="seconds a request body may take to arrive at `tuner serve` (408 after)"
+    )
     cache_dir: Path = Field(default_factory=_cache_dir, description="DeepSpeed's compiled ops, kept across probes")
     # how single-host probe ranks start: "auto" (the preloaded fork server on hosts without a GPU, else a fresh
     # interpreter), "forkserver" or "spawn"
@@ -136,6 +153,7 @@ _TAKES = {
     "probe_launcher": "one of auto, forkserver, spawn",
     "host": "a host name or IP address",
     "cache_dir": "a directory path",
+    "api_body_timeout_s": "a number of seconds above 0, at most 3600",
     "storage": "a SQLAlchemy URL such as sqlite:///tuner.db",
     "default_study": "a study name (letters, digits, . _ -)",
 }

@@ -54,10 +54,12 @@ def format_duration(seconds: float) -> str:
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes in a memory size: 160MiB, 2GiB, 80GB, 1.5GiB or a plain byte count: a whole number of bytes from 1 to
-    MAX_SIZE, computed exactly (no float: "1e400" is not infinity here, it is too large)."""
+    """Bytes in a memory size: 160MiB, 2GiB, 80GB, 79.15GiB or a plain byte count, from 1 to MAX_SIZE, computed
+    exactly (no float: "1e400" is not infinity here, it is too large). A fractional size in a unit above a byte
+    (79.15GiB, the figure in a PyTorch OOM message) is rounded down to whole bytes; a bare byte count must be whole."""
     if isinstance(text, bool):
         raise ConfigError(f"memory size {text!r} is not a size; write it like 160MiB, 2GiB or 80GB")
+    unit = "b"
     if isinstance(text, int):
         value = Decimal(text)
     else:
@@ -73,9 +75,12 @@ def parse_size(text: str | int) -> int:
         raise ConfigError(f"memory size {text!r} must be positive; write it like 160MiB, 2GiB or 80GB")
     if value > MAX_SIZE:
         raise LimitError(f"memory size {text!r} is above 1 PiB per rank; write it like 80GiB")
-    if value != value.to_integral_value():
+    whole = int(value)  # rounds toward zero: a positive size rounds down
+    if unit == "b" and whole != value:
         raise LimitError(f"memory size {text!r} is not a whole number of bytes; write it like 160MiB or 2GiB")
-    return int(value)
+    if whole < 1:
+        raise LimitError(f"memory size {text!r} is under one byte; write it like 160MiB or 2GiB")
+    return whole
 
 
 def format_size(n: int | float | None) -> str:

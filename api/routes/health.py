@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import APIRouter
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 import tuner
 from api.deps import ServicesDep
 from api.schemas import ErrorOut, HealthOut
-from tuner.settings import redact_url
+from tuner.errors import StorageError
+from tuner.settings import public_url
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/health", response_model=HealthOut, responses={503: {"model": ErrorOut, "description": "storage down"}})
 def health(svc: ServicesDep) -> HealthOut:
+    """Up, the storage answering; the storage shown as its scheme and database name only (this route needs no
+    token). A SQLite file deleted or moved under the running server is noticed: its open connections would go on
+    answering from the deleted file, and a new one would make an empty database in its place."""
+    url = svc.settings.storage
+    gone = sqlite_file(url)
+    if gone is not None and not gone.exists():
+        raise StorageError(f"storage {public_url(url)} is gone: its file was deleted or moved; restore it and restart")
     svc.store().ping()
-    url = redact_url(svc.settings.storage)
-    return HealthOut(status="ok", storage=url, version=tuner.__version__)
+    return HealthOut(status="ok", storage=public_url(url), version=tuner.__version__)
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite storage URL, None for any other."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None  # the store says what is wrong with it
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    return Path(parsed.database).expanduser()

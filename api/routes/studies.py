@@ -89,7 +89,11 @@ def list_trials(
 def create_study(body: StudyCreate, svc: ServicesDep) -> StudyOut:
     """Stores a study definition; `tuner search --study NAME` workers then join it."""
     store = svc.store()
+    exists = f"study {body.name!r} already exists; pick another name or join it with a worker"
     if store.study_definition(body.name) is not None:
-        raise HTTPException(409, f"study {body.name!r} already exists; pick another name or join it with a worker")
-    store.ensure_study(body.name, definitions.definition(body, svc.settings.storage), created_by="api")
+        raise HTTPException(409, exists)
+    # the unique name decides between requests racing past the check above: only the one whose INSERT won is 201
+    _, created = store.create_study(body.name, definitions.definition(body, svc.settings.storage), created_by="api")
+    if not created:
+        raise HTTPException(409, exists)
     return views.study_detail(store, svc, _row(store, body.name))

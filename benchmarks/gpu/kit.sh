@@ -13,13 +13,14 @@ cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=${KIT_DIR:-.whl}
 LIMIT_MIB=${KIT_LIMIT_MIB:-40}
-# what the device lacks: the tuner's own dependencies (DeepSpeed, Optuna, SQLAlchemy, alembic, pydantic,
-# pydantic-settings, FastAPI) and theirs, minus what the device has
+# what the check imports that the device lacks: DeepSpeed, Optuna, SQLAlchemy, alembic, pydantic, pydantic-settings
+# and their dependencies, minus what the device has. typing-extensions too: pydantic 2.14 needs >= 4.16 and the
+# device's version is unknown (a newer one in the kit's site folder comes first on the path). Not the API server's
+# (FastAPI, starlette, opentelemetry, importlib-metadata, zipp): the check never imports them.
 PACKAGES=(
   optuna alembic colorlog sqlalchemy mako
-  pydantic pydantic-core annotated-types typing-inspection pydantic-settings python-dotenv
-  fastapi starlette annotated-doc opentelemetry-api importlib-metadata zipp
-  hjson py-cpuinfo msgpack einops ninja
+  pydantic pydantic-core annotated-types typing-inspection typing-extensions pydantic-settings python-dotenv
+  hjson py-cpuinfo msgpack einops  # the device has ninja (DeepSpeed's JIT ops build with it)
 )
 DEEPSPEED=deepspeed==$("$PY" -c "from importlib.metadata import version; print(version('deepspeed'))")
 

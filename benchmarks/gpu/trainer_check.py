@@ -16,7 +16,7 @@ import tempfile
 import torch
 from transformers import HfArgumentParser, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
-from trials.contract import ModelSpec
+from trials.contract import JobSettings, ModelSpec
 from trials.models import build_model
 from tuner.interop.export import render_best
 from tuner.search.selection import best_stable
@@ -33,6 +33,17 @@ class DeviceUse(TrainerCallback):
         if torch.cuda.is_available():
             free, total = torch.cuda.mem_get_info()
             self.peak = max(self.peak, total - free)
+
+
+def on_cpu(ds: object) -> None:
+    """The emulated device (the dry run): the DeepSpeed section as the probe ran it on CPU too."""
+    if not isinstance(ds, dict):
+        return
+    if "optimizer" in ds:
+        ds["optimizer"].setdefault("params", {})["torch_adam"] = True  # FusedAdam needs CUDA
+    offload = ds.get("zero_optimization", {}).get("offload_optimizer")
+    if isinstance(offload, dict) and offload.get("pin_memory"):
+        offload["pin_memory"] = False  # pinning needs CUDA
 
 
 def main() -> int:
@@ -55,6 +66,7 @@ def main() -> int:
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
     host = {
         "output_dir": tempfile.mkdtemp(),
+        "disable_tqdm": True,
         "report_to": [],
         "max_steps": steps,
         "eval_strategy": "no",
@@ -62,8 +74,8 @@ def main() -> int:
         "logging_steps": max(1, steps // 4),
         "use_cpu": not cuda,
     }
-    if not cuda and isinstance(export.get("deepspeed"), dict) and "optimizer" in export["deepspeed"]:
-        export["deepspeed"]["optimizer"].setdefault("params", {})["torch_adam"] = True  # FusedAdam needs CUDA
+    if not cuda:
+        on_cpu(export.get("deepspeed"))
     (args,) = HfArgumentParser(Seq2SeqTrainingArguments).parse_dict(  # type: ignore[arg-type]
         {**export, **host}, allow_extra_keys=True
     )
@@ -88,7 +100,15 @@ def main() -> int:
     use = DeviceUse()
     batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
     trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=Data(batch * steps), callbacks=[use])
-    info: dict[str, object] = {"knobs": knobs, "deepspeed": bool(export.get("deepspeed")), "budget": budget}
+    probed = JobSettings.model_validate(job)
+    info: dict[str, object] = {
+        "knobs": knobs,
+        "deepspeed": bool(export.get("deepspeed")),
+        "budget": budget,
+        "cuda": cuda,
+        "generation_max_length": args.generation_max_length if args.predict_with_generate else None,
+        "probed_generation_length": probed.generation_length(length) if knobs.get("generate") else None,
+    }
     ooms = 0
     try:
         trainer.train()

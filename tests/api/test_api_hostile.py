@@ -204,12 +204,13 @@ def test_the_storage_password_is_never_in_health_or_503_bodies(new_postgres_url,
     assert SECRET in url
     r = TestClient(create_app(Settings(storage=url))).get("/health")
     assert r.status_code == 200, r.text
-    assert SECRET not in r.text and "***" in r.json()["storage"]
+    assert SECRET not in r.text and r.json()["storage"] == f"postgresql+psycopg database {base.rsplit('/', 1)[1]}"
     down = url.replace(":5432/", ":9/")
     for path in ("/health", "/studies", "/best-config?study=x"):
         r = TestClient(create_app(Settings(storage=down))).get(path)
         assert r.status_code == 503, r.text
         assert SECRET not in r.text and "cannot reach storage" in r.json()["detail"]
+        assert "127.0.0.1" not in r.text and "postgres@" not in r.text  # no user, host or port (issue 24 §6)
 
 
 def test_the_settings_repr_holds_no_password_and_no_token() -> None:

@@ -207,3 +207,35 @@ def test_a_trials_page_reads_the_same_rows_whatever_the_size_of_the_study(sqlite
             assert "IN (" in sql or "count(" in sql, sql
         if "FROM trials" in sql and "count(" not in sql:
             assert "LIMIT" in sql or "IN (" in sql, sql
+
+
+# -- issue 24 §3: the limit cannot be bypassed by framing, a slow body is cut off, the head is bounded ---------------
+def test_content_length_with_chunked_transfer_encoding_is_400_before_the_body(server) -> None:
+    """h11 follows the chunks and ignores the length: the guard took ``Content-Length: 5`` for the size while a large
+    chunked body was buffered and parsed. Both headers together are refused before a byte of the body is read."""
+    base, url = server
+    blob = json.dumps({"name": "smuggled", "training_args": {"x": "y" * (2 * MAX_BODY_BYTES)}}).encode()
+    head = _post_head(5, chunked=True).replace(
+        "Transfer-Encoding: chunked", "Transfer-Encoding: chunked\r\nContent-Length: 5"
+    )
+    body = f"{len(blob):x}\r\n".encode() + blob + b"\r\n0\r\n\r\n"
+    status, answer = _raw(base, head, body[:1000])  # the rest never sent: the answer comes without it
+    assert status == 400 and "Content-Length and Transfer-Encoding" in answer["detail"], answer
+    assert Store(url).study_definition("smuggled") is None
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408(sqlite_url: str, tuner_server: Callable[..., str]) -> None:
+    base = tuner_server(sqlite_url, env={"TUNER_API_TOKEN": TOKEN, "TUNER_API_BODY_TIMEOUT_S": "1"})
+    status, answer = _raw(base, _post_head(1000), b'{"name": "slow"')  # 1000 bytes promised, 15 sent, then nothing
+    assert status == 408 and "not received within 1 s" in answer["detail"], answer
+    assert Store(sqlite_url).study_definition("slow") is None
+
+
+def test_a_long_query_string_is_414_and_large_headers_431(sqlite_url: str) -> None:
+    client = TestClient(create_app(Settings(storage=sqlite_url, api_token=TOKEN)))
+    long_query = client.get("/studies", params={"x": "q" * 9000})
+    assert long_query.status_code == 414 and "query string too long" in long_query.json()["detail"]
+    many = {f"x-h{i}": "v" * 1000 for i in range(20)}
+    large = client.get("/studies", headers=many)
+    assert large.status_code == 431 and "headers too large" in large.json()["detail"]
+    assert client.get("/studies", params={"x": "q" * 100}).status_code == 200

@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.sh for real on this CPU host (DRY_RUN=1): the venv's site-packages stand in for the wheel kit;
-a tiny T5 on the emulated device goes through `python -m tuner search`, the probe table and the Seq2SeqTrainer run of
-the chosen config with its DeepSpeed export."""
+the team's files (tests/data/seed) as the baseline on a tiny T5 on the emulated device go through `python -m tuner
+search`, the probe table and the Seq2SeqTrainer run of the chosen config with its DeepSpeed export; the evidence
+lands in $OUT."""
 
 from __future__ import annotations
 
@@ -32,11 +33,22 @@ def test_the_gpu_check_dry_run_passes_on_cpu(tmp_path: Path) -> None:
         "TORCH_EXTENSIONS_DIR": str(settings.torch_extensions_dir),
     }
     proc = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True, text=True, timeout=600
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],
+        env={**env, "OUT": str(tmp_path / "out")},
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert "device: cpu (emulated device)" in out
-    assert "fixed cost" in out and "peak reserved" in out and "device-used peak" in out
-    assert "GPU CHECK PASS:" in out and "OOM count 0" in out
-    assert "(deepspeed True)" in out
+    assert "probe 0 (baseline): micro 2 ZeRO-2 offload overlap:" in out  # the team's config is trial 0
+    assert "fixed cost" in out and "peak allocated" in out and "device-used" in out and "need" in out
+    assert "baseline: " in out and "pick: trial " in out
+    assert "GPU CHECK PASS" in out and "OOM count 0" in out and "(deepspeed True)" in out
+    assert "generate at 16 tokens" in out  # the Trainer's eval generated at the probed length, not transformers' 20
+    # quiet: only the check's own lines (DeepSpeed's logger, tqdm and the search's table are in the log)
+    assert not [line for line in out.splitlines() if line.startswith("[20") or "it/s]" in line]
+    evidence = tmp_path / "out"
+    assert {p.name for p in evidence.iterdir()} >= {"gpu_check.log", "gpu-check.db", "trainer.json"}
+    assert "trial   0" in (evidence / "gpu_check.log").read_text()

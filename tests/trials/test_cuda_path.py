@@ -132,3 +132,21 @@ def test_where_the_model_is_built() -> None:
     assert placement(Knobs(micro_batch_size=1, max_length=8, zero_stage=2), "cuda") == "device"
     assert placement(Knobs(micro_batch_size=1, max_length=8, engine="torch"), "cuda") == "device"
     assert placement(zero3, "cpu") == "host"  # the emulated device counts the module's tensors on the host
+
+
+def test_deepspeed_probes_build_on_the_device_in_the_training_precision() -> None:
+    """ZeRO 0-2 on CUDA built the model in fp32 on the device before DeepSpeed cast it: 2 bytes/param more reserve
+    than the Trainer's run (its model is cast on the host, then moved), false "unstable" or setup OOMs (issue 23,
+    defect 2). The plain torch engine trains fp32 under autocast; the host build (the emulated device) stays fp32."""
+    from trials.contract import ModelSpec
+    from trials.models import build_dtype, build_model
+
+    bf16 = Knobs(micro_batch_size=1, max_length=8, zero_stage=2, precision="bf16")
+    assert build_dtype(bf16, "device") is torch.bfloat16
+    assert build_dtype(bf16.model_copy(update={"zero_stage": 3}), "zero-init") is torch.bfloat16
+    assert build_dtype(bf16.model_copy(update={"precision": "fp16"}), "device") is torch.float16
+    assert build_dtype(bf16.model_copy(update={"precision": "fp32"}), "device") is torch.float32
+    assert build_dtype(bf16.model_copy(update={"engine": "torch"}), "device") is torch.float32
+    assert build_dtype(bf16, "host") is torch.float32
+    model = build_model(ModelSpec(source="builtin:tiny-t5"), dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

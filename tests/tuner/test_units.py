@@ -77,3 +77,15 @@ def test_sizes_are_finite_whole_byte_counts_up_to_a_pib():
     for bad in ("1e400", "1e99999999999", 10**30, MAX_SIZE + 1, "1.5B"):
         with pytest.raises(LimitError, match="memory size"):
             parse_size(bad)
+
+
+def test_fractional_sizes_round_down_to_whole_bytes():
+    """Issue 21: the team's OOM message says "79.15 GiB"; the parser refused it (not a whole number of bytes)."""
+    from tuner.errors import LimitError
+
+    assert parse_size("79.15GiB") == 84_986_665_369  # 79.15 * 2**30 = 84,986,665,369.6, rounded down
+    assert parse_size("79.15 GiB") == parse_size("79.15GiB")
+    assert parse_size("0.001KiB") == 1  # 1.024 bytes
+    for bad in ("1.5B", "0.0001KiB"):  # a bare byte count stays whole; under one byte is no size
+        with pytest.raises(LimitError, match="memory size"):
+            parse_size(bad)

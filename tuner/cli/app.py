@@ -6,9 +6,9 @@ import importlib
 import sys
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from tuner.cli.safe_console import SafeConsole
 from tuner.errors import TunerError
 
 try:  # typer >= 0.20 vendors click as typer._click; older typer uses click itself
@@ -28,7 +28,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+err_console = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
 
 # Command modules register themselves on `app` when imported. One line per module.
 COMMAND_MODULES = [

@@ -4,7 +4,7 @@ needed); ``--solve`` the longest length or largest micro batch that fits."""
 from __future__ import annotations
 
 from dataclasses import MISSING
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,12 +17,15 @@ from tuner.declared import ESTIMATE
 from tuner.errors import ConfigError
 from tuner.job.lora import check_lora
 from tuner.job.model_source import resolve_model
-from tuner.job.space import KNOB_RANGES
+from tuner.job.space import KNOB_RANGES, check_job_limits
 from tuner.memory import solve as solving
 from tuner.memory.estimator import Estimator, trace
 from tuner.session.options import cli_option
 from tuner.settings import load_settings
 from tuner.units import parse_size
+
+if TYPE_CHECKING:
+    from tuner.job.data_job import DataJob
 
 MAX_CALIBRATION_POINTS = 8
 TRACE_MAX_LENGTH = 1024  # longer configs are extrapolated from two short traced lengths (a long trace takes minutes)
@@ -75,7 +78,13 @@ ESTIMATE_OWN: dict[str, dict[str, Any]] = {
 def estimate(
     job: dict[str, Any],
     micro_batch_size: Annotated[
-        int | None, typer.Option("--micro-batch-size", min=1, help="default: baseline's")
+        int | None,
+        typer.Option(
+            "--micro-batch-size",
+            min=KNOB_RANGES["micro_batch_size"][0],
+            max=KNOB_RANGES["micro_batch_size"][1],
+            help="default: baseline's",
+        ),
     ] = None,
     zero_stage: Annotated[
         int | None, typer.Option("--zero-stage", min=0, max=3, help="default: baseline's, else 0")
@@ -126,7 +135,8 @@ def estimate(
         "reduce_bucket_size": _parse_size(reduce_bucket_size),
         "allgather_bucket_size": _parse_size(allgather_bucket_size),
     }
-    ej = estimate_job(spec, job, knob_options)
+    ej = estimate_job(spec, job, knob_options, _data(job))
+    check_job_limits(ej.world_size, ej.global_batch or 0, cli_option)  # the bounds a search's are held to
     if ej.job.lora is not None:
         check_lora(spec, ej.job.lora, cli_option)
     calib = _calibration_rows(calibrate_from_study, job["storage"], spec, ej.world_size) if calibrate_from_study else []
@@ -136,6 +146,11 @@ def estimate(
     knobs = ej.knobs
     solved = _solve(est, knobs, solve, capacity, margin) if solve is not None and capacity is not None else None
     result = est.predict(knobs)
+    crash = None
+    if ej.data is not None and capacity is not None:
+        from tuner.session.crash_line import crash_line
+
+        crash = crash_line(ej.data, ej.job, knobs, ej.world_size, capacity, est, "this config")
     shown = Shown(
         result=result,
         accumulates=est.accumulates(knobs),
@@ -150,8 +165,34 @@ def estimate(
         traced=how,
         solved=solved,
         config=knobs.model_dump(mode="json"),
+        data=tuple(ej.data_lines()),
+        crash=crash,
     )
     emit(shown, as_json)
+
+
+#: the data settings `tuner estimate` shares with `tuner search` (tuner.session.options.read_data reads them)
+DATA_SETTINGS = (
+    "dataset",
+    "split",
+    "eval_split",
+    "input_column",
+    "target_column",
+    "text_column",
+    "tokenizer",
+    "padding",
+    "max_samples",
+)
+
+
+def _data(job: dict[str, Any]) -> DataJob | None:
+    """The user's data, read as `tuner search` reads it (the same cache), or None without --dataset."""
+    if job.get("dataset") is None:
+        return None
+    from tuner.session.options import SearchOptions, read_data
+
+    given = SearchOptions(budget=1.0, model=job["model"], **{k: job[k] for k in DATA_SETTINGS})
+    return read_data(given, cli_option, None)
 
 
 def _traced(ej: EstimateJob, calib: list[tuple[Knobs, int]]) -> tuple[Estimator, str]:

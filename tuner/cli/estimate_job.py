@@ -5,9 +5,9 @@ an option names them. Pure but for reading the user's files."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -17,6 +17,9 @@ from tuner.job.batching import accumulation_steps
 from tuner.job.definition import BUILTIN_DEFAULTS, Job, JobFlags, resolve_job
 from tuner.memory.trace import Evaluation
 from tuner.session.options import cli_option
+
+if TYPE_CHECKING:
+    from tuner.job.data_job import DataJob
 
 #: the knobs `tuner estimate` takes as options, and their value without a baseline
 KNOB_DEFAULTS: Mapping[str, Any] = {
@@ -42,6 +45,14 @@ class EstimateJob:
     world_size: int
     global_batch: int | None
     source: str  # where the knobs came from, for the header
+    data: DataJob | None = None  # the user's data (--dataset): the job's lengths are its longest sample's
+    length_sources: Mapping[str, str] = field(default_factory=dict)  # where each length came from (with data)
+
+    def data_lines(self) -> list[str]:
+        """The data's lengths and where the job's came from, as the dry run says them (none without --dataset)."""
+        if self.data is None:
+            return []
+        return self.data.lines(self.job.max_length, self.job.max_target_length, self.length_sources)
 
     @property
     def evaluation(self) -> Evaluation | None:
@@ -56,16 +67,20 @@ class EstimateJob:
         )
 
 
-def estimate_job(model: ModelSpec, settings: Mapping[str, Any], knobs: Mapping[str, Any]) -> EstimateJob:
+def estimate_job(
+    model: ModelSpec, settings: Mapping[str, Any], knobs: Mapping[str, Any], data: DataJob | None = None
+) -> EstimateJob:
     """The job and config from the declared settings (``settings``: `tuner estimate`'s face of SearchOptions and
-    JobFlags) and the knob options (``knobs``: None = not given: the baseline's, else :data:`KNOB_DEFAULTS`)."""
+    JobFlags) and the knob options (``knobs``: None = not given: the baseline's, else :data:`KNOB_DEFAULTS`). With
+    ``data``, a length neither a flag nor the training args give is the data's longest sample (as `tuner search`)."""
     flags = JobFlags(**{k: settings.get(k) for k in JobFlags.__dataclass_fields__})
     builtin = model.source.startswith(BUILTIN_PREFIX)
     base = None
     if settings.get("baseline") is not None:
         from tuner.interop.baseline_files import load_baseline
 
-        guess = flags.max_length or int(BUILTIN_DEFAULTS["max_length"])
+        longest = data.defaults().max_length if data is not None else None
+        guess = flags.max_length or longest or int(BUILTIN_DEFAULTS["max_length"])
         training = settings.get("training_args")
         base = load_baseline(
             Path(settings["baseline"]),
@@ -75,6 +90,13 @@ def estimate_job(model: ModelSpec, settings: Mapping[str, Any], knobs: Mapping[s
         )
     elif settings.get("training_args") is not None:
         raise BaselineError("--training-args goes with --baseline (your DeepSpeed JSON); pass both")
+    sources: dict[str, str] = {}
+    if data is not None:  # their data's longest sample, unless their args or a flag set a length (then: truncation)
+        from tuner.job.data_job import fill_from_data, length_sources
+
+        hf_args = base.hf_args if base is not None else None
+        sources = length_sources(flags, hf_args, True, builtin)
+        flags = fill_from_data(flags, data, hf_args)
     job = resolve_job(
         builtin=builtin,
         baseline_knobs=base.knobs if base is not None else None,
@@ -107,4 +129,5 @@ def estimate_job(model: ModelSpec, settings: Mapping[str, Any], knobs: Mapping[s
             f"--micro-batch-size x --world-size = {config.micro_batch_size * world}"
         )
     source = "your baseline" + (" with options" if any(v is not None for v in knobs.values()) else "")
-    return EstimateJob(model, job, config, world, batch, source if base is not None else "options")
+    source = source if base is not None else "options"
+    return EstimateJob(model, job, config, world, batch, source, data, sources)

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tuner.cli.safe_console import SafeConsole
 from tuner.memory.breakdown import PARTS, Breakdown, PhaseEstimate, RankEstimate
 from tuner.memory.estimator import Estimate
 
@@ -33,6 +34,8 @@ class Shown:
     traced: str  # how the trace was taken (exact, or extrapolated from short lengths)
     solved: str | None = None  # the --solve answer, in a line
     config: dict[str, Any] | None = None  # the knobs estimated (Knobs.model_dump)
+    data: tuple[str, ...] = ()  # with --dataset: the data's lengths and where the job's came from
+    crash: str | None = None  # with --dataset and --device-memory: when this config would crash on the data
 
 
 def verdict(shown: Shown) -> str | None:
@@ -87,6 +90,8 @@ def as_json(shown: Shown) -> str:
         "traced": shown.traced,
         "solved": shown.solved,
         "config": shown.config,
+        "data": list(shown.data),
+        "crash": shown.crash,
     }
     return json.dumps(out)
 
@@ -98,8 +103,10 @@ def print_text(shown: Shown) -> None:
     lora = ""
     if shown.trainable_count is not None and shown.trainable_count < shown.param_count:
         lora = f", {shown.trainable_count:,} of them LoRA adapters that train"
-    console = Console(highlight=False, width=110)
+    console = SafeConsole(highlight=False, width=110)
     console.print(f"{shown.header}\n{shown.param_count / 1e6:,.1f}M params{lora}; {shown.traced}", markup=False)
+    for line in shown.data:
+        console.print(line, markup=False)
     for rank in parts.ranks:
         _print_rank(console, rank)
     lines = []
@@ -114,7 +121,7 @@ def print_text(shown: Shown) -> None:
         lines.append(
             f"device memory {shown.capacity / MiB:,.1f} MiB: {verdict(shown)} (with {shown.margin:.0%} margin)"
         )
-    lines += [shown.solved or "", parts.not_covered]
+    lines += [shown.solved or "", shown.crash or "", parts.not_covered]
     for line in lines:
         if line:
             console.print(line, markup=False)

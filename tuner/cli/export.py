@@ -7,14 +7,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from tuner.cli.app import app
+from tuner.cli.safe_console import SafeConsole
 from tuner.errors import BaselineError, ConfigError
+from tuner.files import write_atomic
 
-out_console = Console(highlight=False, soft_wrap=True)
-note_console = Console(stderr=True, highlight=False, soft_wrap=True)
+out_console = SafeConsole(highlight=False, soft_wrap=True)
+note_console = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
 
 StorageOpt = Annotated[
     str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
@@ -23,7 +24,7 @@ StorageOpt = Annotated[
 
 def _write(path: Path, text: str) -> None:
     try:
-        path.write_text(text)
+        write_atomic(path, text)
     except OSError as err:
         raise ConfigError(f"cannot write {path}: {err.strerror or err}; pick a writable path for -o") from None
 
@@ -34,6 +35,13 @@ def export(
     fmt: Annotated[str, typer.Option("--format", "-f", help="json | deepspeed | hf | accelerate | env")] = "deepspeed",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write to FILE instead of stdout")] = None,
     storage: StorageOpt = None,
+    transformers_version: Annotated[
+        str | None,
+        typer.Option(
+            "--transformers-version",
+            help="your training host's transformers (the hf export names fields as it does; default: this host's)",
+        ),
+    ] = None,
 ) -> None:
     """Export the best stable config of a study. With --format accelerate -o FILE the DeepSpeed JSON it points at is
     written next to FILE as FILE-stem.deepspeed.json."""
@@ -45,7 +53,7 @@ def export(
     from tuner.storage import Store
 
     store = Store(load_settings(storage=storage).storage)
-    served = serve_best(store, study, fmt, option=cli_option)
+    served = serve_best(store, study, fmt, option=cli_option, transformers_version=transformers_version)
     best = served.best
     if output is None:
         typer.echo(served.content, nl=False)

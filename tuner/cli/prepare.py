@@ -1,4 +1,5 @@
-"""`tuner prepare`: compiles the DeepSpeed ops probes load (cpu_adam, shm comm) into the op cache, once per environment.
+"""`tuner prepare`: compiles the DeepSpeed ops probes load (cpu_adam; shm_comm without GPUs, fused_adam with them)
+into the op cache, once per environment.
 
 Optional — a search builds what a probe needs before that probe's clock starts — but run ahead of a search it keeps
 the one-off compile (tens of seconds idle, minutes on a busy host) out of the search's budget.
@@ -10,24 +11,23 @@ import time
 
 import typer
 
-from trials.contract import Knobs
 from tuner.cli.app import app
-from tuner.probing.config import probe_config
 from tuner.settings import load_settings
 
 
 @app.command("prepare")
 def prepare() -> None:
     """Compile the DeepSpeed ops the probes load into the op cache (once per Python environment)."""
-    from tuner.probing import forkserver as launch_forkserver
     from tuner.probing.environment import probe_env
-    from tuner.probing.ops import ensure_ops, missing_ops, needed_ops
+    from tuner.probing.gpus import has_visible_gpus
+    from tuner.probing.ops import build_ops, missing_ops, prepare_ops
 
-    config = probe_config(knobs=Knobs(micro_batch_size=1, max_length=8, zero_stage=1, offload_optimizer=True))
+    env = probe_env(1)
+    ops = prepare_ops(has_visible_gpus(env))
     ext_dir = load_settings().torch_extensions_dir
     start = time.monotonic()
-    built = ensure_ops(config, probe_env(1))
-    left = missing_ops(needed_ops(config, not launch_forkserver.usable()), ext_dir)
+    built = build_ops(ops, env)
+    left = missing_ops(ops, ext_dir)
     if left:
         raise typer.Exit(_report_failed(left))
     what = ", ".join(built) if built else "nothing (all cached)"

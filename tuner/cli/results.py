@@ -15,10 +15,12 @@ from rich.text import Text
 from tuner.cli.app import app
 from tuner.cli.listing import CSV_FIELDS, Listed, cells, listed_row, listed_trial, production_entries, select_rows
 from tuner.cli.progress import fmt_num
+from tuner.cli.safe_console import SafeConsole
 from tuner.errors import ConfigError
+from tuner.files import write_atomic
 from tuner.job.definition import Job
 from tuner.job.objective import Objective
-from tuner.records import Fidelity
+from tuner.records import Fidelity, ProbeStatus
 from tuner.reporting.production import production_runs
 from tuner.reporting.trials import join_trials
 from tuner.session.best import best_of, pick_study
@@ -26,23 +28,30 @@ from tuner.settings import load_settings
 from tuner.storage import Store
 from tuner.units import format_size
 
-console = Console(highlight=False, soft_wrap=True)
+console = SafeConsole(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
-    console = Console(highlight=False, soft_wrap=True, width=200)
+    console = SafeConsole(highlight=False, soft_wrap=True, width=200)
 
 
 def table_console() -> Console:
     """The console for `tuner trials`' table: the terminal's width, else $COLUMNS, else 100 columns."""
-    found = Console(highlight=False)
+    found = SafeConsole(highlight=False)
     if found.is_terminal or "COLUMNS" in os.environ:
         return found
-    return Console(highlight=False, width=100)
+    return SafeConsole(highlight=False, width=100)
 
 
 StorageOpt = Annotated[
     str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
 ]
 StudyOpt = Annotated[str | None, typer.Option("--study", help="study name (default: the most recent study)")]
+TransformersOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--transformers-version",
+        help="your training host's transformers (the hf export names fields as it does; default: this host's)",
+    ),
+]
 
 
 @app.command("best")
@@ -54,20 +63,21 @@ def best(
     changes: Annotated[
         bool, typer.Option("--changes", help="list what the export changes in your files (old -> new), not the file")
     ] = False,
+    transformers_version: TransformersOpt = None,
 ) -> None:
     """Print (or write) the best stable config of a study; --changes lists what it changes in your own files."""
     from tuner.session.best import serve_best
     from tuner.session.options import cli_option
 
     store = Store(load_settings(storage=storage).storage)
-    served = serve_best(store, study, fmt, option=cli_option)
+    served = serve_best(store, study, fmt, option=cli_option, transformers_version=transformers_version)
     name = served.study
     text = "".join(line + "\n" for line in served.change_lines) if changes else served.content
     if output is None:
         typer.echo(text, nl=False)
         return
     try:
-        output.write_text(text)
+        write_atomic(output, text)
     except OSError as err:
         raise ConfigError(f"cannot write {output}: {err.strerror}; pick a writable path for -o") from None
     console.print(Text(f"wrote the best config of study {name!r} ({fmt}) to {output}", style="dim"))
@@ -124,6 +134,9 @@ def trials(
 ) -> None:
     """List a study's probes, best first (--all: every trial): status and cause, throughput, peak memory, config; then
     the production runs your training recorded (TunerCallback)."""
+    statuses = [str(s.value) for s in ProbeStatus]
+    if status is not None and status not in statuses:
+        raise ConfigError(f"--status {status!r} is not a probe status; give one of: {', '.join(statuses)}")
     store = Store(load_settings(storage=storage).storage)
     name, definition = pick_study(store, study)
     objective = Objective.from_dict(definition.get("objective"))

@@ -7,13 +7,13 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
 from tuner.cli.app import app
 from tuner.cli.declared import with_settings
 from tuner.cli.progress import LiveProgress, summary_table
+from tuner.cli.safe_console import SafeConsole
 from tuner.declared import SEARCH
 from tuner.search.request import SearchRequest
 from tuner.session.driver import Listener
@@ -22,9 +22,9 @@ from tuner.session.session import Events, SearchSession
 from tuner.settings import redact_url
 from tuner.units import Deadline
 
-console = Console(highlight=False, soft_wrap=True)
+console = SafeConsole(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
-    console = Console(highlight=False, soft_wrap=True, width=200)
+    console = SafeConsole(highlight=False, soft_wrap=True, width=200)
 
 
 class Rendered(Events):

@@ -4,11 +4,11 @@ config or training args, by their keys), and parsed by tuner.interop.baseline.pa
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tuner.bounded import loads_json, read_text_file
 from tuner.errors import BaselineError
 from tuner.interop.baseline import Baseline, parse_baseline
 from tuner.job.definition import HF_MAX_LENGTH_KEYS
@@ -45,16 +45,9 @@ HF_ONLY = {
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise BaselineError(f"cannot read the {what} {str(path)!r}: {err.strerror or err}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise BaselineError(
-            f"the {what} {str(path)!r} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
-        ) from None
+    """The JSON object in the regular file ``path`` (a few MiB at most, nesting and size bounded: tuner.bounded)."""
+    text = read_text_file(Path(path), what, error=BaselineError)
+    data = loads_json(text, f"{what} {str(path)!r}", error=BaselineError)
     if not isinstance(data, dict):
         raise BaselineError(f"the {what} {str(path)!r} must hold a JSON object, got {type(data).__name__}")
     return data

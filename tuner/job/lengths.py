@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from tuner.bounded import MAX_LENGTHS_BYTES, read_text_file
 from tuner.errors import ConfigError
 
 IntArray = npt.NDArray[np.int64]
@@ -200,9 +201,10 @@ def write_tsv(lengths: SampleLengths, path: str | Path) -> None:
 def read_lengths_file(path: str | Path) -> SampleLengths:
     """The two-column ``input<TAB>target`` form, or the one-column form (inputs only); one line names the fix."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"lengths file {p} does not exist; give a file of token counts (`tuner lengths -o FILE`)")
-    lines = [ln for ln in p.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    text = read_text_file(p, "lengths file", MAX_LENGTHS_BYTES)  # a regular file, bounded
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     two_columns = bool(lines) and "\t" in lines[0].strip()
     try:
         if two_columns:
@@ -214,7 +216,7 @@ def read_lengths_file(path: str | Path) -> SampleLengths:
             text = "\n".join(lines)
             values = json.loads(text) if text.startswith("[") else text.replace(",", " ").split()
             lengths = SampleLengths.of([int(v) for v in values])
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         raise ConfigError(
             f"lengths file {p} must hold integer token counts: 'input<TAB>target' per line, or one count per line"
         ) from None

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from trials.contract import Engine, Knobs, Precision
+from tuner.bounded import MAX_DEPTH, ShapeError, check_shape, read_text_file
 from tuner.errors import LimitError, SpaceError
 
 DEFAULT_SPACE_FILE = Path(__file__).with_name("default_space.yaml")
@@ -305,14 +306,10 @@ def config_key(knobs: Knobs, world_size: int, gradient_accumulation_steps: int) 
 
 
 def _read(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    if path.is_dir() or not path.exists():
         what = "is a directory" if path.is_dir() else "does not exist"
         raise SpaceError(f"space file {path} {what}; give a YAML or TOML file (see tuner/job/default_space.yaml)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (UnicodeDecodeError, OSError) as err:
-        reason = "is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else f"cannot be read ({err.strerror})"
-        raise SpaceError(f"space file {path} {reason}; give a YAML or TOML file") from None
+    text = read_text_file(path, "space file", error=SpaceError)
     try:
         if path.suffix.lower() == ".toml":
             data = tomllib.loads(text)
@@ -321,6 +318,9 @@ def _read(path: Path) -> dict[str, Any]:
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as err:
         first = str(err).strip().splitlines()[0]
         raise SpaceError(f"space file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {first}") from None
+    except RecursionError:
+        raise ShapeError(f"space file {path} nests deeper than {MAX_DEPTH} levels") from None
+    check_shape(data, f"space file {path}")
     if data is None:
         data = {}
     if not isinstance(data, dict):

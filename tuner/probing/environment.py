@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from trials.contract import BUILTIN_PREFIX, ModelSpec
+from tuner.files import private_dir
 from tuner.settings import Settings, load_settings
 
 
@@ -19,8 +20,10 @@ def probe_env(
 
     ``settings``: where the op cache is (the probe runner passes its own); None reads them, for a one-off caller
     (``tuner prepare``, the preflight)."""
-    env = dict(os.environ if base is None else base)
-    ext = (settings or load_settings()).torch_extensions_dir
+    env = without_secrets(dict(os.environ if base is None else base))
+    settings = settings or load_settings()
+    private_dir(settings.cache_dir)  # op builds run from here: no other user's files
+    ext = settings.torch_extensions_dir
     ext.mkdir(parents=True, exist_ok=True)
     env["TORCH_EXTENSIONS_DIR"] = str(ext)
     venv_bin = str(Path(sys.executable).parent)
@@ -32,6 +35,18 @@ def probe_env(
     env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     env.setdefault("NCCL_DEBUG", "WARN")  # a rank's stderr tail then carries NCCL's reason for a failure or hang
     return env
+
+
+# what a rank must not read from /proc/<pid>/environ: tuner's API token and storage URL (it may carry a password), the
+# database client's password variables, and anything named like a secret
+SECRET_NAMES = frozenset({"TUNER_API_TOKEN", "TUNER_STORAGE", "PGPASSWORD", "PGPASSFILE", "MYSQL_PWD"})
+SECRET_WORDS = ("PASSWORD", "PASSWD", "SECRET", "API_TOKEN", "API_KEY", "PRIVATE_KEY")
+
+
+def without_secrets(env: dict[str, str]) -> dict[str, str]:
+    """``env`` less tuner's own secrets and variables named like one (the ranks need none of them; HF_TOKEN stays:
+    a gated hub model's files are fetched with it)."""
+    return {k: v for k, v in env.items() if k not in SECRET_NAMES and not any(w in k.upper() for w in SECRET_WORDS)}
 
 
 def hub_id(spec: ModelSpec) -> str | None:

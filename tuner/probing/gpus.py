@@ -14,9 +14,9 @@ import errno
 import fcntl
 import os
 import re
-import tempfile
+import stat
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +62,18 @@ def check_world_size(world_size: int, visible: Sequence[str], physical: int, cud
     )
 
 
-def lock_names(world_size: int, visible: Sequence[str]) -> list[str]:
+def lock_names(world_size: int, visible: Sequence[str], uuid_of: Callable[[int], str] | None = None) -> list[str]:
     """The per-GPU locks a probe of ``world_size`` ranks takes (rank r uses visible device r), sorted (no deadlock
-    between workers taking several)."""
-    return sorted(f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', dev)}" for dev in visible[:world_size])
+    between workers taking several). Keyed by the GPU itself, not by how this process's CUDA_VISIBLE_DEVICES names it:
+    an index is mapped to its UUID (``uuid_of``, NVML's; "index<N>" where NVML cannot say), a UUID is taken as given."""
+
+    def key(dev: str) -> str:
+        name = dev
+        if dev.isdigit():
+            name = (uuid_of(int(dev)) if uuid_of is not None else "") or f"index{dev}"
+        return f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}"
+
+    return sorted(key(dev) for dev in visible[:world_size])
 
 
 def fingerprint_refusal(stored: Mapping[str, Any] | None, here: str, device_memory_given: bool) -> str | None:
@@ -83,6 +91,19 @@ def fingerprint_refusal(stored: Mapping[str, Any] | None, here: str, device_memo
     )
 
 
+# The quick start's memory per rank: on the CPU an emulated device of 160 MiB; on a GPU the CUDA context (0.5-1 GiB,
+# outside the caching allocator) alone is more than that, so no probe could ever be stable there: a 2 GiB share of the
+# card instead, in which the tiny T5's largest DeepSpeed buckets (2e8 elements: 763 MiB each) still run out of memory.
+QUICKSTART_CPU_MEMORY = "160MiB"
+QUICKSTART_GPU_MEMORY = "2GiB"
+
+
+def quickstart_device_memory(physical: int, visible: Sequence[str]) -> str:
+    """The quick start's --device-memory on this host (pure): QUICKSTART_GPU_MEMORY with a visible GPU, else
+    QUICKSTART_CPU_MEMORY."""
+    return QUICKSTART_GPU_MEMORY if physical > 0 and visible else QUICKSTART_CPU_MEMORY
+
+
 # -- the edge: device files, NVML, lock files ------------------------------------------------------------------------
 def physical_gpus(dev: Path = Path("/dev")) -> int:
     """NVIDIA GPUs whose device files this host (container) has."""
@@ -98,6 +119,12 @@ def host_visible_devices(env: Mapping[str, str] | None = None) -> tuple[list[str
     physical = physical_gpus()
     cuda_visible = env.get("CUDA_VISIBLE_DEVICES")
     return visible_devices(cuda_visible, physical), physical, cuda_visible
+
+
+def has_visible_gpus(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ranks started with ``env`` see NVIDIA GPUs (DeepSpeed then runs its CUDA accelerator)."""
+    visible, physical, _ = host_visible_devices(env)
+    return physical > 0 and bool(visible)
 
 
 @contextlib.contextmanager
@@ -152,19 +179,64 @@ def first_visible_index(visible: Sequence[str]) -> int:
     return int(visible[0]) if visible and visible[0].isdigit() else 0
 
 
-LOCK_DIR = Path(tempfile.gettempdir()) / "tuner-gpu-locks"
+def gpu_uuid(index: int) -> str:
+    """The UUID of physical GPU ``index`` from NVML ("GPU-..."), "" without one."""
+    with _nvml_device(index) as device:
+        if device is None:
+            return ""
+        nvml, handle = device
+        buf = ctypes.create_string_buffer(96)
+        if nvml.nvmlDeviceGetUUID(handle, buf, ctypes.c_uint(96)) != 0:
+            return ""
+        return buf.value.decode(errors="replace")
+
+
+# one directory for the whole host (never $TMPDIR, which differs between workers), sticky like /tmp: the workers of
+# every user share the locks, none can remove or replace another's lock file (issue 23 §9); the lock files are 0644:
+# anyone can open one read-only to flock it, only its maker can write it (issue 24 §6: no 0666 files anyone can hold
+# open for writing); a directory of another user's that is not sticky is refused (they could swap the files)
+LOCK_DIR = Path("/tmp/tuner-gpu-locks")
+
+
+def lock_dir_ok(mode: int, owner: int, uid: int) -> bool:
+    """Whether a lock directory of this ``mode`` and ``owner`` is safe for user ``uid`` to lock in: its own, or
+    sticky (nobody removes another's file) and not a symlink's target we cannot judge."""
+    return owner == uid or bool(mode & stat.S_ISVTX)
+
+
+def _lock_dir(path: Path) -> Path:
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(parents=True, mode=0o700)
+        path.chmod(0o1777)  # ours, made now: shared and sticky (the umask cannot widen it later)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(f"{path} is not a directory (a symlink or a file): remove it")
+    if not lock_dir_ok(info.st_mode, info.st_uid, os.getuid()):
+        raise OSError(f"{path} belongs to uid {info.st_uid} and is not sticky: its owner must chmod 1777 it")
+    return path
+
+
+def _open_lock(path: Path) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # flock needs no write access
+    except PermissionError:  # another user's file we may not create in a non-sticky dir of ours: read it
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with contextlib.suppress(PermissionError):
+        if os.fstat(fd).st_uid == os.getuid():
+            os.fchmod(fd, 0o644)  # the umask could have narrowed it: others must be able to open it to lock
+    return fd
 
 
 @contextlib.contextmanager
 def gpu_locks(names: Sequence[str], timeout_s: float, lock_dir: Path = LOCK_DIR) -> Iterator[bool]:
     """Holds an exclusive flock on each named GPU (one probe per GPU across the workers of this host); yields False
     when they were not all free within ``timeout_s`` (nothing is held then). The kernel drops a dead holder's lock."""
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    _lock_dir(lock_dir)
     held: list[int] = []
     deadline = time.monotonic() + timeout_s
     try:
         for name in names:
-            fd = os.open(lock_dir / name, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = _open_lock(lock_dir / name)
             held.append(fd)
             while True:
                 try:

@@ -20,19 +20,35 @@ from pathlib import Path
 
 from trials.contract import OP_LIBRARIES as OP_LIBS
 from trials.contract import ProbeConfig
-from tuner.probing import forkserver as launch_forkserver
+from tuner.probing import gpus
 
 BUILD_TIMEOUT_S = 1800.0
 
 
+_ADAM_TYPES = {"adam", "adamw"}
+
+
 def needed_ops(config: ProbeConfig, gpu_host: bool) -> list[str]:
+    """The JIT ops a probe of ``config`` loads: cpu_adam for an offloaded optimizer; on a GPU host, fused_adam for the
+    user's Adam/AdamW optimizer section on the device (DeepSpeed's FusedAdam); on a host without GPUs, shm_comm
+    (DeepSpeed's CPU accelerator loads it in init_distributed; its CUDA accelerator never builds it)."""
     knobs = config.knobs
     if knobs.engine != "deepspeed":
         return []
+    optimizer = (config.deepspeed or {}).get("optimizer") or {}
+    adam = str(optimizer.get("type", "")).lower() in _ADAM_TYPES
+    torch_adam = bool((optimizer.get("params") or {}).get("torch_adam"))
     ops = ["cpu_adam"] if knobs.offload_optimizer else []
+    if gpu_host and adam and not knobs.offload_optimizer and not torch_adam:
+        ops.append("fused_adam")
     if not gpu_host:
-        ops.append("shm_comm")  # DeepSpeed's CPU accelerator loads it in init_distributed
+        ops.append("shm_comm")
     return ops
+
+
+def prepare_ops(gpu_host: bool) -> list[str]:
+    """What ``tuner prepare`` builds: every op any probe on this host may load."""
+    return ["cpu_adam", "fused_adam"] if gpu_host else ["cpu_adam", "shm_comm"]
 
 
 def missing_ops(ops: list[str], ext_dir: Path) -> list[str]:
@@ -68,10 +84,17 @@ def _build_lock(ext_dir: Path) -> Iterator[None]:
 
 
 def ensure_ops(config: ProbeConfig, env: dict[str, str]) -> list[str]:
-    """Builds the ops ``config`` needs that are not in the cache yet; returns the ones built (best effort: a failed
-    build is left for the probe to report as its own error)."""
+    """Builds the ops ``config`` needs on this host (``needed_ops``: a GPU host is one with visible NVIDIA devices)
+    that are not in the cache yet; returns the ones built (best effort: a failed build is left for the probe to report
+    as its own error)."""
+    return build_ops(needed_ops(config, gpus.has_visible_gpus(env)), env)
+
+
+def build_ops(ops: list[str], env: dict[str, str]) -> list[str]:
+    """Builds those of ``ops`` not in the cache yet, one build at a time across this host's runners; returns the ones
+    built."""
     ext_dir = Path(env["TORCH_EXTENSIONS_DIR"])
-    todo = missing_ops(needed_ops(config, not launch_forkserver.usable()), ext_dir)
+    todo = missing_ops(ops, ext_dir)
     if not todo:
         return []
     with _build_lock(ext_dir):

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trials.contract import free_port
+from tuner.probing.verdict import nccl_log, said_tail
 
 PREFLIGHT_TIMEOUT_S = 90.0
 
@@ -43,6 +44,26 @@ def failure_message(
     )
 
 
+def wait_ranks(procs: Sequence[subprocess.Popen[bytes]], deadline: float) -> bool:
+    """Waits for the preflight's ranks; at the deadline, or a moment after any rank failed (every rank is polled each
+    round, so a dead later rank is seen at once, not as a hang behind a waiting earlier one), kills all their groups.
+    True = timed out."""
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(code is not None for code in codes):
+            return False
+        timed_out = time.monotonic() >= deadline
+        if timed_out or any(code not in (None, 0) for code in codes):
+            time.sleep(0.0 if timed_out else 2.0)  # a failed rank's peers: a moment to print their reason
+            for p in procs:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+            for p in procs:
+                p.wait()
+            return timed_out
+        time.sleep(0.1)
+
+
 def run_preflight(
     world_size: int, env: dict[str, str], work: Path, timeout_s: float = PREFLIGHT_TIMEOUT_S
 ) -> str | None:
@@ -57,28 +78,13 @@ def run_preflight(
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "trials.preflight"],
-                    env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
+                    env=dict(base, RANK=str(r), LOCAL_RANK=str(r), NCCL_DEBUG_FILE=str(nccl_log(errs[r]))),
                     stdout=subprocess.DEVNULL,
                     stderr=fe,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                 )
             )
-    deadline = time.monotonic() + timeout_s
-    timed_out = False
-    while any(p.poll() is None for p in procs):
-        if time.monotonic() >= deadline or any(p.returncode not in (None, 0) for p in procs):
-            timed_out = time.monotonic() >= deadline
-            time.sleep(2.0 if not timed_out else 0.0)  # a failed rank's peers: a moment to print their reason
-            for p in procs:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, signal.SIGKILL)
-            for p in procs:
-                p.wait()
-            break
-        time.sleep(0.1)
-    tails = []
-    for path in errs:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-        tails.append(" | ".join(lines[-3:]))
+    timed_out = wait_ranks(procs, time.monotonic() + timeout_s)
+    tails = [said_tail(path) for path in errs]
     return failure_message(world_size, timed_out, [p.returncode for p in procs], tails, shm_bytes())

@@ -156,7 +156,10 @@ def launch(
             path = rank_out_path(out, r, world)
             path.unlink(missing_ok=True)
             reason_path(path).unlink(missing_ok=True)  # a retry's ranks speak for themselves
-            proc = _start(cfg_path, out, dict(env, RANK=str(r), LOCAL_RANK=str(r)), work, r, server)
+            nccl = str(work / f"rank{r}.nccl")  # verdict.nccl_log: NCCL's reason reaches the cause
+            proc = _start(
+                cfg_path, out, dict(env, RANK=str(r), LOCAL_RANK=str(r), NCCL_DEBUG_FILE=nccl), work, r, server
+            )
             pid_tmp = work / f"rank{r}.pid.tmp"
             pid_tmp.write_text(str(proc.pid))
             os.replace(pid_tmp, work / f"rank{r}.pid")  # the rank's pid is also its process group id

@@ -100,7 +100,8 @@ class ProbeRunner:
         except OSError:
             if self.explicit:
                 raise
-            return None  # "auto": fall back to fresh interpreters
+            launch_forkserver.disable()  # "auto": fresh interpreters for the rest of the search, no restart per probe
+            return None
 
     def _attempt(self, config: ProbeConfig, work: Path, how: str) -> _Attempt:
         """One launch of the probe."""
@@ -112,7 +113,7 @@ class ProbeRunner:
                 ProbeResult(status=Status.ERROR, cause=f"could not prepare the probe: {exc}"), not_launched=True
             )
         visible, physical, _ = gpus.host_visible_devices()
-        names = gpus.lock_names(config.world_size, visible) if physical else []
+        names = gpus.lock_names(config.world_size, visible, gpus.gpu_uuid) if physical else []
         with gpus.gpu_locks(names, timeout_s=config.timeout_s) as free:
             if not free:
                 cause = f"GPUs {', '.join(names)} stayed held by another probe on this host for {config.timeout_s:g} s"

@@ -72,6 +72,23 @@ def tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
     return " | ".join(line.strip() for line in text[-lines:] if line.strip())
 
 
+def nccl_log(stderr: Path) -> Path:
+    """Where a rank's NCCL writes its log (NCCL_DEBUG_FILE, set per rank by tuner.probing.ranks): NCCL logs to stdout,
+    which nobody reads, so its reason for a failure or a hang would otherwise never reach a cause."""
+    return stderr.with_suffix(".nccl")
+
+
+def said_tail(stderr: Path) -> str:
+    """What a rank said last: its stderr tail, and NCCL's last warnings when it logged any."""
+    text = tail(stderr)
+    try:
+        warns = [ln.strip() for ln in nccl_log(stderr).read_text(errors="replace").splitlines() if "NCCL WARN" in ln]
+    except OSError:
+        warns = []
+    nccl = " | ".join(warns[-2:])
+    return " | ".join(part for part in (text, f"NCCL: {nccl}" if nccl else "") if part)
+
+
 def _sigkill(rank: int, oom_kills: int | None) -> tuple[Status, str]:
     if oom_kills:
         return Status.HOST_OOM, (
@@ -97,7 +114,7 @@ def _with_stderr(status: Status, cause: str | None, r: Rank) -> str | None:
     """An error's cause with the rank's stderr tail (for a person; the status is already decided)."""
     if status != Status.ERROR:
         return cause
-    said = tail(r.err)
+    said = said_tail(r.err)
     return f"{cause} [stderr: {said}]" if said and cause else (cause or said or None)
 
 
@@ -111,7 +128,7 @@ def rank_status(r: Rank, timed_out: bool, oom_kills: int | None) -> tuple[Status
         return reason.status, _with_stderr(reason.status, f"rank {r.rank}: {reason.cause}", r)
     if r.killed_by_us:
         return (Status.TIMEOUT, None) if timed_out else (None, None)
-    return exit_status(r.rank, r.proc.returncode, tail(r.err), oom_kills)
+    return exit_status(r.rank, r.proc.returncode, said_tail(r.err), oom_kills)
 
 
 def _phase(r: Rank) -> Phase | None:
@@ -140,11 +157,9 @@ def merge(
         setup_phases=slowest.setup_phases if slowest else {},
     )
     if timed_out and all(s == Status.TIMEOUT for _, s, _ in failures):
-        return ProbeResult(
-            status=Status.TIMEOUT,
-            cause=f"probe passed its {config.timeout_s:g} s timeout; all ranks were killed",
-            **common,
-        )
+        nccl = next((said for r in ranks if "NCCL:" in (said := said_tail(r.err))), "")
+        line = f"probe passed its {config.timeout_s:g} s timeout; all ranks were killed"
+        return ProbeResult(status=Status.TIMEOUT, cause=line + (f" [{nccl}]" if nccl else ""), **common)
     if failures:
         r, status, cause = max(failures, key=lambda f: (f[1].severity, -f[0].rank))
         return ProbeResult(status=status, cause=cause or f"rank {r.rank}: {status}", phase=_phase(r), **common)

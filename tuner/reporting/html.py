@@ -14,6 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from tuner.errors import ConfigError, StudyNotFound
+from tuner.files import write_atomic
 from tuner.memory.imbalance import probe_imbalance
 from tuner.records import DEFAULT_HEADROOM, Candidate, Fidelity, ProbeRow, baseline_row
 from tuner.reporting import figures as figs
@@ -258,7 +259,7 @@ def write_report(url: str, study: str, output: Path) -> Path:
         raise ConfigError(f"-o {output}: folder {output.parent} does not exist; create it or choose another path")
     page = render_html(load(url, study))
     try:
-        output.write_text(page, encoding="utf-8")
+        write_atomic(output, page)
     except OSError as err:
         raise ConfigError(f"cannot write the report to {output}: {err.strerror}; choose a writable path") from None
     return output

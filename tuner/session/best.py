@@ -28,15 +28,16 @@ class ServedBest:
     rows: list[ProbeRow]  # the study's probe rows, in storage order
     best: Candidate
     format: str
+    transformers_version: str | None = None  # the training host's (the hf export's field names); None: this host's
 
     @cached_property
     def content(self) -> str:
         """The export in ``format`` (tuner.interop.export.render_best), as `tuner best` prints it."""
-        return render_best(self.format, self.best, self.definition)
+        return render_best(self.format, self.best, self.definition, self.transformers_version)
 
     @cached_property
     def export_args(self) -> ExportArgs:
-        return best_export_args(self.best, self.definition)
+        return best_export_args(self.best, self.definition, self.transformers_version)
 
     @cached_property
     def baseline(self) -> ProbeRow | None:
@@ -45,7 +46,7 @@ class ServedBest:
     @cached_property
     def changes(self) -> Changes:
         """What the export changes in the user's files (tuner.interop.export.changes)."""
-        return best_changes(self.best, self.definition, self.baseline)
+        return best_changes(self.best, self.definition, self.baseline, self.transformers_version)
 
     @cached_property
     def change_lines(self) -> list[str]:
@@ -95,6 +96,7 @@ def serve_best(
     *,
     option: Callable[[str], str] = api_option,
     ranked: tuple[list[ProbeRow], Candidate | None] | None = None,
+    transformers_version: str | None = None,
 ) -> ServedBest:
     """The best stable config of ``study`` (the most recently created study when None) in format ``fmt``;
     ``ranked``: the study's rows and their best stable candidate when the caller has them already (the API's cache).
@@ -105,7 +107,20 @@ def serve_best(
     rows, found = ranked if ranked is not None else rank(store, name)
     if found is None:
         raise NoStableConfig(no_stable_config(name, rows))
-    return ServedBest(name, definition, rows, found, fmt)
+    return ServedBest(name, definition, rows, found, fmt, checked_version(transformers_version, option))
+
+
+def checked_version(version: str | None, option: Callable[[str], str] = api_option) -> str | None:
+    """A training host's transformers version as given (None: this host's); a ConfigError when it is not one."""
+    if version is None:
+        return None
+    from tuner.interop.export.own import parse_version
+
+    if parse_version(version) is None:
+        raise ConfigError(
+            f"{option('transformers_version')} {version!r} is not a version; give your training host's, e.g. 4.46.3"
+        )
+    return version.strip()
 
 
 def no_stable_config(name: str, rows: list[ProbeRow]) -> str:

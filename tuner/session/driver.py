@@ -21,6 +21,7 @@ import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import optuna
@@ -156,6 +157,7 @@ class Search:
         self._lost_in_a_row = 0
         self._deferred_baseline: str | None = None  # the baseline's config key while another worker probes it
         self._untold: tuple[optuna.trial.Trial, ProbeRow] | None = None  # stored, Optuna not told yet
+        self._journaled_in: Path | bool | None = False  # where the last row was journaled (False: none yet)
 
     def _sync(self) -> None:
         self.strategy.load_rows(self._rows())
@@ -173,16 +175,14 @@ class Search:
         that refuses it stops the search (the journal keeps the row for the next run)."""
         full = dataclasses.replace(row, study_name=self.request.study_name, run_id=run_id)
         entry = Entry(uid=str(uuid.uuid4()), record=_json_record(full))
-        try:
-            self.journal.add(entry)
-            journaled = True
-        except OSError as err:  # the database may still take it: better stored without a local copy than not at all
-            journaled = False
-            if self.listener:
-                self.listener.note(f"cannot write the journal {self.journal.path} ({err.strerror}); storing directly")
+        where = self.journal.add(entry)
+        moved, self._journaled_in = where != self._journaled_in, where
+        if moved and where != self.journal.path and self.listener:  # said once per move; the database may take it
+            failed = "; ".join(f"{p.parent}: {why}" for p, why in self.journal.failures.items())
+            held = f"journaled in {where}" if where is not None else "held in memory only, written again later"
+            self.listener.note(f"cannot write the journal ({failed}); the probe is {held}; storing it")
         self._durably(lambda: self.store.record_probe(full, entry.uid))
-        if journaled:
-            self.journal.done(entry.uid)
+        self.journal.done(entry.uid)
         self._outage_since = None
         return full
 
@@ -235,11 +235,11 @@ class Search:
         """Decides on a storage error: raises StorageError (one line) unless it is a lost connection within patience,
         in which case it waits one backoff step."""
         what = first_line(err)[:160]
-        kept = f"finished probes are stored or kept in {self.journal.path.parent}"
         if not is_connection_loss(err):
+            self.journal.note_stop(f"storage refused a write: {what}")
             raise StorageStopped(
-                f"storage refused the search's read or write ({what}); {kept}: fix the database (space, permissions, "
-                "a writable primary) and re-run the same command to resume"
+                f"storage refused the search's read or write ({what}); {self.journal.kept()}: fix the database "
+                "(space, permissions, a writable primary) and re-run the same command to resume"
             ) from None
         now = time.monotonic()
         if self._outage_since is None:
@@ -249,8 +249,10 @@ class Search:
         waited = now - self._outage_since
         patience = min(STORAGE_PATIENCE_S, max(self.deadline.left, 0.0))
         if waited >= patience:
+            self.journal.note_stop(f"storage unreachable for {waited:.0f} s: {what}")
             raise StorageStopped(
-                f"storage unreachable for {waited:.0f} s ({what}); {kept}: re-run the same command to resume"
+                f"storage unreachable for {waited:.0f} s ({what}); {self.journal.kept()}: re-run the same command "
+                "to resume"
             ) from None
         time.sleep(min(self._delay, patience - waited))
         self._delay = min(self._delay * 2, MAX_BACKOFF_S)

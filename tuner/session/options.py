@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trials.contract import ModelSpec
-from tuner.declared import ESTIMATE, EVERY_SEARCH_FACE, SEARCH, TUNE, setting
+from tuner.declared import API, ESTIMATE, EVERY_SEARCH_FACE, SEARCH, TUNE, setting
 from tuner.errors import BaselineError, ConfigError, TunerError
 from tuner.job.definition import JobFlags
+from tuner.job.inline_data import MAX_INLINE_SAMPLES, InlineLengths, inline_data
 from tuner.job.model_source import resolve_model
 from tuner.job.objective import load_lengths
 from tuner.job.padding import Padding
@@ -32,6 +33,7 @@ from tuner.job.space import (
     load_space,
     space_file_knobs,
 )
+from tuner.names import check_study_name
 from tuner.records import DEFAULT_HEADROOM
 from tuner.search.request import BaselineLoader, SearchRequest
 from tuner.search.request import build_request as build_search_request
@@ -46,6 +48,7 @@ DEFAULT_MODEL = "builtin:tiny-t5"
 FileOrMapping = Path | str | Mapping[str, Any]
 _LOCAL = frozenset({SEARCH, TUNE})  # settings of one run on this host (files, a budget, a seed), not of a study
 _ESTIMATED = EVERY_SEARCH_FACE | {ESTIMATE}  # `tuner estimate` has them too
+_DATA = _LOCAL | {ESTIMATE}  # the user's data: read on this host (POST /studies takes no server path)
 
 
 @dataclass(frozen=True)
@@ -119,26 +122,37 @@ class SearchOptions:
         "your training data: a save_to_disk folder, a JSON-lines/JSON/CSV/Parquet file or folder, or a hub dataset "
         "in your local cache; the job's lengths are its samples'",
         None,
-        faces=_LOCAL,
+        faces=_DATA,
     )
-    split: str = setting("the dataset's training split", "train", faces=_LOCAL)
-    eval_split: str | None = setting("the dataset's eval split (its lengths are shown)", None, faces=_LOCAL)
-    input_column: str | None = setting("seq2seq input text column of --dataset", None, faces=_LOCAL)
-    target_column: str | None = setting("seq2seq label text column of --dataset", None, faces=_LOCAL)
-    text_column: str | None = setting("causal LM text column of --dataset", None, faces=_LOCAL)
+    split: str = setting("the dataset's training split", "train", faces=_DATA)
+    eval_split: str | None = setting("the dataset's eval split (its lengths are shown)", None, faces=_DATA)
+    input_column: str | None = setting("seq2seq input text column of --dataset", None, faces=_DATA)
+    target_column: str | None = setting("seq2seq label text column of --dataset", None, faces=_DATA)
+    text_column: str | None = setting("causal LM text column of --dataset", None, faces=_DATA)
     tokenizer: str | None = setting(
         "tokenizer id or directory for --dataset (default: the model's own; built-in presets have none)",
         None,
-        faces=_LOCAL,
+        faces=_DATA,
     )
     padding: Padding = setting(
         "how your collator pads: longest (per batch, the Trainer's default) or max_length",
         "longest",
         cli_type=str,
-        faces=_LOCAL,
+        faces=_DATA,
     )
     max_samples: int | None = setting(
-        "scan a seeded random sample of this many samples of --dataset", None, min=1, faces=_LOCAL
+        "scan a seeded random sample of this many samples of --dataset", None, min=1, faces=_DATA
+    )
+    sample_lengths: Sequence[Sequence[int]] | Sequence[int] | None = setting(
+        "your data's per-sample token lengths, as `tuner lengths --dataset ... -o` writes them: [input, target] "
+        "pairs (seq2seq) or input lengths (causal LM); the job's lengths are the longest sample's, as with a dataset",
+        None,
+        faces=frozenset({API}),
+        api_type=InlineLengths | None,
+        api={"max_length": MAX_INLINE_SAMPLES},
+        api_help="your data's per-sample token lengths, inline (the server reads no dataset path): [input, target] "
+        f"pairs (seq2seq) or input lengths (causal LM), at most {MAX_INLINE_SAMPLES:,} (a larger dataset: a seeded "
+        "sample, `tuner lengths --dataset ... --max-samples N -o FILE`); the job's lengths are the longest sample's",
     )
     job_flags: JobFlags | None = None
 
@@ -217,7 +231,7 @@ def prepare_request(
     lengths = o.lengths
     lens = load_lengths(lengths) if isinstance(lengths, (str, Path)) else list(lengths) if lengths is not None else None
     request = build_search_request(
-        study_name=o.study or "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        study_name=check_study_name(o.study, option("study")) if o.study else _new_study_name(),
         storage=storage,
         model=face.model(o.model),
         space=parsed_space,
@@ -235,7 +249,7 @@ def prepare_request(
         job_flags=o.job_flags,
         space_listed=listed,
         length_hint=face.length_hint,
-        data=read_data(o, option, cache_dir) if o.dataset is not None else None,
+        data=_data(o, option, cache_dir),
     )
     # the 64-rank and global-batch caps (the GPUs this host shows: check_world_size, before the study is written)
     check_job_limits(request.world_size, request.global_batch, option)
@@ -244,6 +258,15 @@ def prepare_request(
 
         check_lora(request.model, request.job.lora, option)
     return request, explicit_settings(o, baseline_world=loaded[-1].world_size if loaded else None)
+
+
+def _data(o: SearchOptions, option: Callable[[str], str], cache_dir: Path | None) -> DataJob | None:
+    """The user's data: read from ``dataset`` on this host, or the lengths an API body carries inline."""
+    if o.sample_lengths is not None:
+        if o.lengths is not None:
+            raise ConfigError(f"give {option('sample_lengths')} or {option('lengths')}, not both")
+        return inline_data(o.sample_lengths, o.padding)
+    return read_data(o, option, cache_dir) if o.dataset is not None else None
 
 
 def read_data(o: SearchOptions, option: Callable[[str], str], cache_dir: Path | None) -> DataJob:
@@ -290,12 +313,24 @@ def explicit_settings(o: SearchOptions, baseline_world: int | None) -> set[str]:
         "world_size": o.world_size is not None or baseline_world is not None,
         "global_batch": o.global_batch is not None or o.baseline is not None,
         "device_memory": o.device_memory is not None,
-        "objective": o.lengths is not None or o.dataset is not None,
+        "objective": o.lengths is not None or o.dataset is not None or o.sample_lengths is not None,
         "job": o.baseline is not None or (o.job_flags is not None and o.job_flags != JobFlags()),
         "headroom": o.headroom != DEFAULT_HEADROOM,
         "baseline": o.baseline is not None,
     }
     return {key for key, set_ in given.items() if set_}
+
+
+def _new_study_name() -> str:
+    return "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def _mapping(given: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """A baseline given as a mapping, its nesting and size bounded as a file's (tuner.bounded)."""
+    from tuner.bounded import check_shape
+
+    check_shape(given, what)
+    return dict(given)
 
 
 def _baseline_loader(
@@ -312,11 +347,15 @@ def _baseline_loader(
             args_path = Path(training_args) if training_args is not None else None
             loaded.append(load_baseline(Path(baseline), args_path, world_size=world, max_length=max_length))
             return loaded[-1]
-        first = dict(baseline) if isinstance(baseline, Mapping) else read_json(Path(baseline), "baseline file")
+        first = (
+            _mapping(baseline, "baseline")
+            if isinstance(baseline, Mapping)
+            else read_json(Path(baseline), "baseline file")
+        )
         second = None
         if training_args is not None:
             second = (
-                dict(training_args)
+                _mapping(training_args, "training_args")
                 if isinstance(training_args, Mapping)
                 else read_json(Path(training_args), "training-args file")
             )

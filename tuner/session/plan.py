@@ -97,35 +97,11 @@ def baseline_crash(request: SearchRequest, estimator: Any) -> str | None:
     meets the first (tuner.memory.crash), from the estimate at each batch's padded input length."""
     if request.data is None or request.baseline is None or estimator is None or not request.device_memory:
         return None
-    from functools import cache
+    from tuner.session.crash_line import crash_line
 
-    from tuner.errors import TunerError
-    from tuner.job.padding import BatchShape
-    from tuner.memory.crash import crash_odds
-
-    job, base = request.job, request.baseline
-    assert job is not None
-
-    @cache
-    def peak(batch: int, length: int) -> float:
-        knobs = base.model_copy(update={"micro_batch_size": batch, "max_length": length})
-        return float(estimator.predict(knobs).calibrated)
-
-    def need(shape: BatchShape) -> float:
-        return peak(shape.batch, shape.input_length)
-
-    collation = request.data.collation(job.max_length, job.max_target_length)
-    try:
-        odds = crash_odds(
-            request.data.lengths, base.micro_batch_size, request.world_size, collation, need, request.device_memory
-        )
-    except TunerError as err:  # no traced point for the config's checkpointing/precision
-        return f"your config on your data: no crash estimate ({err})"
-    traced = sorted({p.max_length for p in estimator.trace.points})
-    return (
-        f"your config on your data: {odds.describe()} [the estimate traced inputs of {', '.join(map(str, traced))} "
-        f"tokens, labels at {job.max_target_length or job.max_length}; other input lengths follow its a*L + b*L^2 "
-        "fit, extrapolated beyond the traced ones]"
+    assert request.job is not None
+    return crash_line(
+        request.data, request.job, request.baseline, request.world_size, request.device_memory, estimator, "your config"
     )
 
 

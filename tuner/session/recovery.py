@@ -10,10 +10,13 @@ calls it as an explicit step before it builds the driver, whose constructor does
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -25,7 +28,7 @@ from tuner.records.run import RunStatus
 from tuner.search.sampling import make_sampler
 from tuner.search.study import retell, set_user_attr, trial_id
 from tuner.storage import Store, optuna_storage
-from tuner.storage.journal import journals, read_entries, safe_part, write_entries
+from tuner.storage.journal import journals, read_entries, read_stop, safe_part, write_entries
 
 
 def worker_name() -> str:
@@ -83,14 +86,30 @@ def replay_journals(store: Store, study: optuna.Study, folder: Any, me: str, hea
             stored += before is None
             if row.trial_number is not None and row.measured:
                 _tell_from_row(study, row.trial_number, row, headroom)
-        write_entries(path, [])
+        with contextlib.suppress(OSError):  # a read-only place keeps the file: its rows are stored, a replay skips them
+            write_entries(path, [])
     return stored
 
 
-def reap_dead_local_workers(store: Store, study: optuna.Study, me: str, headroom: float = 1.0) -> list[str]:
-    """Closes the runs of workers on this host whose process is gone (kill -9, the OOM killer) now, instead of after
-    the heartbeat grace period: each RUNNING trial they claimed is told from its stored row where the worker died
-    after storing it, else fails with the cause; their claims are released. Returns the causes recorded."""
+def stop_causes(folders: Sequence[Path], study: str) -> dict[int, str]:
+    """Why each gone worker of this host stopped, by pid, where it left a stop line (a storage error it stopped on)."""
+    host = safe_part(socket.gethostname())
+    causes: dict[int, str] = {}
+    for folder in folders:
+        for path, w_host, pid in journals(folder, study):
+            cause = read_stop(path) if w_host == host and pid is not None else None
+            if cause and pid is not None:
+                causes[pid] = cause
+    return causes
+
+
+def reap_dead_local_workers(
+    store: Store, study: optuna.Study, me: str, headroom: float = 1.0, stops: dict[int, str] | None = None
+) -> list[str]:
+    """Closes the runs of workers on this host whose process is gone (kill -9, the OOM killer, a stop on a storage
+    error) now, instead of after the heartbeat grace period: each RUNNING trial they claimed is told from its stored
+    row where the worker died after storing it, else fails with the cause (``stops``: the one a worker left, by pid;
+    else "killed"); their claims are released. Returns the causes recorded."""
     host = socket.gethostname()
     name = study.study_name
     causes: list[str] = []
@@ -105,7 +124,9 @@ def reap_dead_local_workers(store: Store, study: optuna.Study, me: str, headroom
             or pid_alive(int(pid))
         ):
             continue
-        cause = f"interrupted: worker {worker} died during the probe (killed); failed on resume by {me}"
+        stop = (stops or {}).get(int(pid))
+        how = f"stopped on a storage error ({stop})" if stop else "died during the probe (killed)"
+        cause = f"interrupted: worker {worker} {how}; failed on resume by {me}"
         running = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
         claimed = store.worker_claims(name, worker)
         # its trials: the ones it claimed, and the ones it asked for but was killed before claiming
@@ -136,10 +157,13 @@ class Recovered:
     reaped: list[str]
 
 
-def recover(store: Store, study: optuna.Study, folder: Any, me: str, headroom: float) -> Recovered:
-    """Before this worker's first proposal: the order matters, a gone worker's journaled rows are stored and told
-    first, then its other trials fail, then any trial left RUNNING without a heartbeat."""
-    replayed = replay_journals(store, study, folder, me, headroom)
-    reaped = reap_dead_local_workers(store, study, me, headroom)
+def recover(store: Store, study: optuna.Study, folders: Path | Sequence[Path], me: str, headroom: float) -> Recovered:
+    """Before this worker's first proposal: the order matters, a gone worker's journaled rows (in every place a
+    journal may be, tuner.storage.journal.journal_places) are stored and told first, then its other trials fail with
+    the cause it left or "killed", then any trial left RUNNING without a heartbeat."""
+    places = [folders] if isinstance(folders, Path) else list(folders)
+    stops = stop_causes(places, study.study_name)
+    replayed = sum(replay_journals(store, study, folder, me, headroom) for folder in places)
+    reaped = reap_dead_local_workers(store, study, me, headroom, stops)
     fail_stale_trials(study)
     return Recovered(replayed, reaped)

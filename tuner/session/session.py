@@ -20,6 +20,7 @@ from typing import Any
 import optuna
 
 from trials.contract import ProbeConfig, ProbeResult
+from tuner.files import private_dir
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
 from tuner.search.strategy import SearchSetup, Strategy
 from tuner.session.checks import check_host, check_world_size
@@ -30,7 +31,7 @@ from tuner.session.plan import Plan, plan
 from tuner.session.recovery import Recovered, open_study, recover, worker_name
 from tuner.settings import Settings, load_settings
 from tuner.storage import Store
-from tuner.storage.journal import Journal, journal_dir
+from tuner.storage.journal import Journal, journal_places
 from tuner.units import Deadline
 
 __all__ = ["Events", "Joined", "Probe", "Ran", "SearchSession", "join", "open_search", "resolve", "start_strategy"]
@@ -131,9 +132,9 @@ def join(request: SearchRequest, store: Store, cache_dir: Path) -> Joined:
     rows stored, their trials told or failed, stale trials failed (tuner.session.recovery.recover)."""
     study = open_study(request.study_name, request.storage, request.seed, fail_stale=False)
     worker = worker_name()
-    folder = journal_dir(request.storage, cache_dir)
-    recovered = recover(store, study, folder, worker, request.headroom)
-    return Joined(store, study, Journal(folder, request.study_name, worker), worker, recovered)
+    places = journal_places(request.storage, private_dir(cache_dir))
+    recovered = recover(store, study, places, worker, request.headroom)
+    return Joined(store, study, Journal(places[0], request.study_name, worker, places[1:]), worker, recovered)
 
 
 def open_search(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import re
 import time
 from functools import lru_cache
+from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
@@ -18,6 +20,7 @@ from tuner.storage.migrations import VERSION_TABLE
 from tuner.storage.schema import claims, meta, probes, search_runs, studies
 
 SQLITE_BUSY_TIMEOUT_S = 60
+SQLITE_HEADER = b"SQLite format 3\x00"
 CREATE_ATTEMPTS = 6  # processes first-using one database race on Optuna's CREATE TABLEs; the losers retry
 SCHEMA_LOCK_KEY = 0x74756E6572  # "tuner": the PostgreSQL advisory lock every schema upgrade holds
 # What a database made before alembic (tuner <= fb0cbe4, metadata.create_all) holds, and the revision it equals.
@@ -35,13 +38,46 @@ def _check_url(url: str) -> sa.URL:
             "postgresql+psycopg://user@host/db"
         ) from None
     try:
-        parsed.get_dialect()
+        dialect = parsed.get_dialect()
     except NoSuchModuleError:
         raise StorageError(
             f"storage URL {redact_url(url)!r}: unknown database kind {parsed.drivername!r}; use sqlite:/// or "
             "postgresql+psycopg://"
         ) from None
+    _check_kind(parsed, dialect, redact_url(url))
     return parsed
+
+
+def _check_kind(parsed: sa.URL, dialect: type, shown: str) -> None:
+    """SQLite on a file or PostgreSQL through a driver this host has (issue 24: MySQL, psycopg2 or an in-memory or
+    non-SQLite file were tracebacks)."""
+    use = "use sqlite:///tuner.db or postgresql+psycopg://user@host/db"
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise StorageError(
+            f"storage URL {shown!r}: tuner stores in SQLite or PostgreSQL, not {parsed.drivername!r}; {use}"
+        )
+    try:
+        dialect.import_dbapi()  # type: ignore[attr-defined]
+    except ImportError:
+        raise StorageError(
+            f"storage URL {shown!r}: the driver of {parsed.drivername!r} is not installed here; {use}"
+        ) from None
+    if parsed.get_backend_name() != "sqlite":
+        return
+    if not parsed.database or parsed.database == ":memory:" or parsed.query.get("mode") == "memory":
+        raise StorageError(f"storage URL {shown!r} is an in-memory database: nothing would be kept; {use}")
+    _check_sqlite_file(Path(parsed.database).expanduser(), shown)
+
+
+def _check_sqlite_file(path: Path, shown: str) -> None:
+    """An existing, non-empty file must be a SQLite database (its 16-byte header)."""
+    try:
+        with open(path, "rb") as fh:
+            header = fh.read(len(SQLITE_HEADER))
+    except (FileNotFoundError, IsADirectoryError, PermissionError, NotADirectoryError):
+        return  # none yet (made on first use), or SQLite's own error names it
+    if header and header != SQLITE_HEADER:
+        raise StorageError(f"storage {shown!r} is not a SQLite database file; give a new file name or a tuner database")
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -218,6 +254,25 @@ def ensure_schema(url: str) -> Engine:
     return engine
 
 
+def _optuna_schema(url: str, err: RuntimeError) -> Exception:
+    """One line naming the optuna that wrote the storage's tables, or ``err`` itself when it is not that check."""
+    import optuna
+
+    text = str(err)
+    wrote = re.search(r"set up by optuna ([^)\s]+)", text)
+    if "compatible with the table schema" not in text or wrote is None:
+        return err
+    fix = (
+        f"run `optuna storage upgrade --storage {redact_url(url)}` (a newer optuna reads it then)"
+        if "storage upgrade" in text
+        else f"install optuna {wrote.group(1)} or newer here, or use another storage URL"
+    )
+    return StorageError(
+        f"storage {redact_url(url)}: its Optuna tables were written by optuna {wrote.group(1)}, which this host's "
+        f"optuna {optuna.__version__} cannot read; {fix}"
+    )
+
+
 def optuna_storage(url: str, heartbeat_interval: int | None = 30, grace_period: int | None = 120):
     """Optuna's RDBStorage on the same URL. With a heartbeat, trials of a killed worker are failed on resume."""
     import optuna
@@ -230,6 +285,8 @@ def optuna_storage(url: str, heartbeat_interval: int | None = 30, grace_period: 
                 heartbeat_interval=heartbeat_interval,
                 grace_period=grace_period,
             )
+        except RuntimeError as err:  # optuna's own schema check: tables of another optuna version
+            raise _optuna_schema(url, err) from None
         except (OperationalError, IntegrityError, ProgrammingError) as err:
             # two processes first-using one database race on Optuna's CREATE TABLEs (on PostgreSQL also its CREATE
             # TYPE: 'type "studydirection" already exists', a ProgrammingError): the loser retries

@@ -12,7 +12,9 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from tuner.errors import StorageError, StudyNotFound
 from tuner.records import ProbeRow
 from tuner.records.run import Claim, RunStatus, SearchRun
+from tuner.settings import redact
 from tuner.storage.db import _unreachable, ensure_schema
+from tuner.storage.faults import first_line
 from tuner.storage.schema import claims, probes, search_runs, studies
 from tuner.storage.utc import UTCDateTime
 
@@ -70,10 +72,13 @@ class Store:
                         name=name, created_at=self._now(), definition=definition, created_by=created_by
                     )
                 )
-        except IntegrityError:  # another worker created it first
+        except IntegrityError as err:  # another worker created it first, or the database refused the row
             stored = self.study_definition(name)
             if stored is None:
-                raise
+                raise StorageError(
+                    f"storage refused the study {name!r} ({redact(first_line(err), self.url)}); fix the database "
+                    "(space, permissions, a writable primary) and re-run"
+                ) from None
             return stored, False
         return definition, True
 

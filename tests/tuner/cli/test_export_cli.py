@@ -138,3 +138,23 @@ def test_every_face_serves_the_same_best_config_and_the_same_refusal(storage: st
         assert proc.returncode == 2 and proc.stderr.strip().endswith(line), proc.stderr
     answer = client.get("/best-config", params={"study": "empty"})
     assert answer.status_code == 404 and answer.json()["detail"] == line
+
+
+def test_the_hf_export_names_checkpointing_as_the_training_hosts_transformers(storage: str, tmp_path: Path) -> None:
+    """transformers 5.0-5.22 has no activation_checkpointing field: Seq2SeqTrainingArguments(**export) raised
+    TypeError there (issue 23, defect 11). --transformers-version picks the field; this host's by default."""
+    old = run(
+        "export", "--study", "s", "-f", "hf", "--transformers-version", "5.17.0", "--storage", storage, cwd=tmp_path
+    )
+    assert old.returncode == 0, old.stderr
+    hf = json.loads(old.stdout)
+    assert "gradient_checkpointing" in hf and "activation_checkpointing" not in hf
+    new = run(
+        "export", "--study", "s", "-f", "hf", "--transformers-version", "5.23.0", "--storage", storage, cwd=tmp_path
+    )
+    assert "activation_checkpointing" in json.loads(new.stdout)
+    bad = run(
+        "export", "--study", "s", "-f", "hf", "--transformers-version", "latest", "--storage", storage, cwd=tmp_path
+    )
+    assert bad.returncode == 2 and "--transformers-version 'latest' is not a version" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -104,6 +104,14 @@ def ds_validate(config: dict[str, Any], world: int) -> Any:
     return DeepSpeedConfig(copy.deepcopy(config), mpu=DataParallelMpu(world))
 
 
+def _enabled(parsed: Any, precision: str) -> bool:
+    """DeepSpeedConfig's precision switch: ``<precision>_config.enabled`` (newer DeepSpeed) or ``bfloat16_enabled`` /
+    ``fp16_enabled`` (the 0.15 floor, scripts/compat.sh)."""
+    config = getattr(parsed, f"{precision}_config", None)
+    old = {"bfloat16": "bfloat16_enabled", "float16": "fp16_enabled"}[precision]
+    return bool(config.enabled if config is not None else getattr(parsed, old))
+
+
 @pytest.mark.parametrize("world", [1, 4])
 @pytest.mark.parametrize("baseline", [None, USER_DS], ids=["plain", "baseline"])
 @pytest.mark.parametrize(
@@ -115,8 +123,8 @@ def test_deepspeed_config_accepts_every_export(ds_comm: None, knobs: dict, basel
     assert parsed.world_size == world
     assert parsed.train_batch_size == 2 * 3 * world
     assert parsed.zero_optimization_stage == knobs["zero_stage"]
-    assert parsed.bfloat16_config.enabled is (knobs["precision"] == "bf16")
-    assert parsed.float16_config.enabled is (knobs["precision"] == "fp16")
+    assert _enabled(parsed, "bfloat16") is (knobs["precision"] == "bf16")
+    assert _enabled(parsed, "float16") is (knobs["precision"] == "fp16")
     if knobs["zero_stage"]:
         assert parsed.zero_config.reduce_bucket_size == 50_000_000
         device = parsed.zero_config.offload_optimizer.device

@@ -43,10 +43,12 @@ def test_their_training_args_come_back_with_only_the_tuned_values_changed() -> N
     base, knobs, accum = seed_case(gradient_checkpointing=True)
     ds, hf = exports(base, knobs, accum)
     given = json.loads((SEED / "training_args.json").read_text())
-    tuned = {"per_device_train_batch_size", "gradient_accumulation_steps", "activation_checkpointing", "deepspeed"}
+    key = checkpointing_key(installed_transformers())  # activation_checkpointing from transformers 5.23
+    other = {"activation_checkpointing", "gradient_checkpointing"} - {key}
+    tuned = {"per_device_train_batch_size", "gradient_accumulation_steps", key, "deepspeed"}
     assert {k: v for k, v in hf.items() if k not in tuned} == {k: v for k, v in given.items() if k not in tuned}
     assert (hf["per_device_train_batch_size"], hf["gradient_accumulation_steps"]) == (4, 2)
-    assert hf["activation_checkpointing"] is True and "gradient_checkpointing" not in hf  # transformers 5's name
+    assert hf[key] is True and not other & set(hf)
     assert hf["bf16"] is True and hf["predict_with_generate"] is True and hf["per_device_eval_batch_size"] == 50
     assert hf["deepspeed"] == ds
     # their DeepSpeed file: "auto" where they wrote it (the Trainer fills it from these args), tuned ZeRO keys set
@@ -124,7 +126,15 @@ def test_diff_lists_each_change_old_to_new() -> None:
 
 @pytest.mark.parametrize(
     ("version", "key"),
-    [("5.24.0", "activation_checkpointing"), ("4.57.1", "gradient_checkpointing"), (None, "gradient_checkpointing")],
+    [
+        ("5.24.0", "activation_checkpointing"),
+        ("5.23.0", "activation_checkpointing"),
+        ("5.22.1", "gradient_checkpointing"),  # 5.0-5.22 have no activation_checkpointing field (issue 23, defect 11)
+        ("5.17.0", "gradient_checkpointing"),
+        ("4.57.1", "gradient_checkpointing"),
+        (None, "gradient_checkpointing"),
+        ("main", "gradient_checkpointing"),
+    ],
 )
 def test_checkpointing_is_named_as_the_installed_transformers_names_it(version: str | None, key: str) -> None:
     assert checkpointing_key(version) == key
@@ -144,3 +154,30 @@ def test_the_hf_export_carries_the_generation_the_eval_was_probed_with() -> None
     own = hf_export(knobs, world_size=1, gradient_accumulation_steps=1, files=UserFiles.of(base.files()), job=job)
     assert own["generation_max_length"] == 24 and own["output_dir"] == "out"
     assert "generation_max_length" not in hf_export(knobs, world_size=1, gradient_accumulation_steps=1, job=None)
+
+
+def test_best_changes_says_which_transformers_the_training_args_were_written_for() -> None:
+    from dataclasses import dataclass, field
+
+    from tuner.interop.export.changes import best_changes
+
+    base, knobs, accum = seed_case(gradient_checkpointing=True)
+
+    @dataclass
+    class Best:
+        knobs: dict[str, Any]
+        config: dict[str, Any]
+        fingerprints: list[dict[str, Any]] = field(default_factory=list)
+
+    best = Best(knobs.model_dump(), {"world_size": 1, "gradient_accumulation_steps": accum})
+    definition = {"baseline_files": base.files(), "baseline_source": base.ds_config}
+    lines = best_changes(best, definition, None, "4.46.3").lines()
+    assert "training args: gradient_checkpointing: (unset) -> True" in lines
+    assert lines[-1].startswith(
+        "training args written for transformers 4.46.3 (checkpointing as gradient_checkpointing)"
+    )
+    assert (
+        best_changes(best, definition, None, "5.24.0")
+        .lines()[-1]
+        .startswith("training args written for transformers 5.24.0 (checkpointing as activation_checkpointing)")
+    )

@@ -38,8 +38,34 @@ def test_world_size_above_the_visible_gpus_is_one_line_before_any_probe() -> Non
 
 
 def test_each_probe_locks_the_gpus_its_ranks_use() -> None:
-    assert gpus.lock_names(2, ["3", "1", "0"]) == ["gpu-1", "gpu-3"]
+    assert gpus.lock_names(2, ["3", "1", "0"]) == ["gpu-index1", "gpu-index3"]
     assert gpus.lock_names(1, ["MIG-x/y"]) == ["gpu-MIG-x_y"]
+
+
+def test_gpu_locks_are_keyed_by_the_gpu_not_by_its_visible_index() -> None:
+    """Two workers naming one GPU differently (CUDA_VISIBLE_DEVICES=1 vs its UUID) take the same lock (issue 23,
+    defect 9); NVML's UUID lookup is given (no GPU here)."""
+    uuids = {0: "GPU-aaaa", 1: "GPU-bbbb"}
+    assert gpus.lock_names(1, ["1"], uuids.__getitem__) == gpus.lock_names(1, ["GPU-bbbb"]) == ["gpu-GPU-bbbb"]
+    assert gpus.lock_names(1, ["1"], lambda index: "") == ["gpu-index1"]  # NVML cannot say
+
+
+def test_gpu_locks_live_in_one_host_wide_directory_every_worker_can_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert Path("/tmp/tuner-gpu-locks") == gpus.LOCK_DIR  # not $TMPDIR, which differs between workers
+    locks = tmp_path / "locks"
+    with gpus.gpu_locks(["gpu-GPU-bbbb"], timeout_s=1, lock_dir=locks) as held:
+        assert held
+    assert locks.stat().st_mode & 0o7777 == 0o1777  # sticky: nobody removes another's lock file
+    assert (locks / "gpu-GPU-bbbb").stat().st_mode & 0o777 == 0o644  # others open it read-only to flock it
+    (locks / "gpu-GPU-bbbb").chmod(0o444)  # another worker's flock needs no write access to the file
+    with gpus.gpu_locks(["gpu-GPU-bbbb"], timeout_s=1, lock_dir=locks) as again:
+        assert again
+    (locks / "gpu-evil").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError), gpus.gpu_locks(["gpu-evil"], timeout_s=0.3, lock_dir=locks):
+        pass
 
 
 def test_a_second_holder_waits_for_the_gpu_lock_and_gives_up(tmp_path: Path) -> None:
@@ -139,3 +165,52 @@ def test_the_preflight_failure_names_the_nccl_fixes() -> None:
 @pytest.mark.slow
 def test_the_preflight_runs_its_collective_on_every_rank(tmp_path: Path) -> None:
     assert run_preflight(2, probe_env(2), tmp_path, timeout_s=120) is None  # gloo here, NCCL on a GPU host
+
+
+def test_the_preflight_sees_a_dead_later_rank_at_once_not_as_a_hang() -> None:
+    """Rank 0 waits (in its collective), rank 1 died: before, only rank 0 was polled, so rank 1's exit was never seen
+    and the preflight reported a hang at its timeout (issue 23, defect 8). Real processes."""
+    import subprocess
+    import time
+
+    from tuner.probing.preflight import wait_ranks
+
+    procs = [
+        subprocess.Popen(["sleep", "60"], start_new_session=True),
+        subprocess.Popen(["sh", "-c", "exit 1"], start_new_session=True),
+    ]
+    time.sleep(0.2)
+    timed_out = wait_ranks(procs, time.monotonic() + 30)
+    assert timed_out is False
+    assert procs[1].returncode == 1 and procs[0].returncode == -signal.SIGKILL
+
+
+def test_nccls_own_reason_reaches_the_cause(tmp_path: Path) -> None:
+    """NCCL logs to stdout, which nobody reads; each rank's NCCL_DEBUG_FILE (verdict.nccl_log) is tailed into the
+    cause beside its stderr."""
+    from tuner.probing.verdict import nccl_log, said_tail
+
+    err = tmp_path / "rank1.stderr"
+    err.write_text("Traceback ...\nDistBackendError: NCCL error\n")
+    nccl_log(err).write_text("h:1:2 [1] NCCL INFO Bootstrap\nh:1:2 [1] NCCL WARN Cuda failure 'out of memory'\n")
+    said = said_tail(err)
+    assert "DistBackendError" in said and "NCCL: h:1:2 [1] NCCL WARN Cuda failure 'out of memory'" in said
+    assert stderr_fallback(said) == "oom"
+
+
+def test_the_quick_start_caps_a_gpu_at_a_share_of_the_card_not_the_cpus_emulated_160_mib() -> None:
+    """160 MiB plus a CUDA context outside the allocator is never stable: on a GPU host the quick start searches a
+    2 GiB share of the card, where the largest buckets still run out of memory (issue 23, defect 12)."""
+    assert gpus.quickstart_device_memory(0, []) == "160MiB"
+    assert gpus.quickstart_device_memory(4, ["0", "1", "2", "3"]) == "2GiB"
+    assert gpus.quickstart_device_memory(4, []) == "160MiB"  # CUDA_VISIBLE_DEVICES="": the CPU's emulated device
+    script = (Path(__file__).resolve().parents[3] / "scripts" / "quickstart.sh").read_text()
+    assert "quickstart_device_memory(physical_gpus(), host_visible_devices()[0])" in script
+
+
+def test_a_lock_directory_of_another_user_is_used_only_when_sticky() -> None:
+    """Issue 24 §6: the shared folder belonged to whoever made it first; unless it is sticky its owner could swap
+    the lock files under another user's workers."""
+    assert gpus.lock_dir_ok(0o40700, owner=1000, uid=1000)  # ours
+    assert gpus.lock_dir_ok(0o41777, owner=0, uid=1000)  # another's, sticky like /tmp
+    assert not gpus.lock_dir_ok(0o40777, owner=0, uid=1000)  # another's, not sticky: refused

@@ -25,6 +25,37 @@ def test_needed_ops() -> None:
     assert needed_ops(_cfg(zero_stage=1, offload_optimizer=True), gpu_host=False) == ["cpu_adam", "shm_comm"]
 
 
+def test_the_users_adam_on_a_gpu_is_fused_adam_built_before_the_probe() -> None:
+    """The team's DeepSpeed JSON has an AdamW section: on CUDA DeepSpeed JIT-builds FusedAdam inside trial 0, on every
+    rank at once (issue 23, defect 5); offloaded it is DeepSpeedCPUAdam."""
+    adamw = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+    cfg = _cfg(zero_stage=2).model_copy(update={"deepspeed": adamw})
+    assert needed_ops(cfg, gpu_host=True) == ["fused_adam"]
+    assert needed_ops(cfg, gpu_host=False) == ["shm_comm"]  # the CPU accelerator runs torch's AdamW (torch_adam)
+    offloaded = _cfg(zero_stage=2, offload_optimizer=True).model_copy(update={"deepspeed": adamw})
+    assert needed_ops(offloaded, gpu_host=True) == ["cpu_adam"]
+    assert launch_ops.prepare_ops(gpu_host=True) == ["cpu_adam", "fused_adam"]
+    assert launch_ops.prepare_ops(gpu_host=False) == ["cpu_adam", "shm_comm"]
+
+
+def test_a_host_with_visible_nvidia_gpus_is_not_asked_for_shm_comm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host kind comes from the visible devices, not from the launcher: on an NVIDIA host with the fork server in
+    use, shm_comm (which DeepSpeed's CUDA accelerator never builds) is not demanded, so neither a probe nor `tuner
+    prepare` waits on or fails over it (issue 23, defect 4). The device count is mocked (no GPU here)."""
+    monkeypatch.setattr(launch_ops.gpus, "physical_gpus", lambda dev=None: 2)
+    monkeypatch.setattr(launch_ops.subprocess, "Popen", _no_build)
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    assert ensure_ops(_cfg(zero_stage=1), env) == []
+    assert ensure_ops(_cfg(zero_stage=1), {**env, "CUDA_VISIBLE_DEVICES": "1"}) == []
+    assert launch_ops.gpus.has_visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) is False  # none visible: the CPU's
+
+
+def _no_build(*args: object, **kwargs: object) -> None:
+    raise AssertionError("no op should be built here")
+
+
 def test_missing_ops_looks_for_the_built_library(tmp_path: Path) -> None:
     assert missing_ops(["cpu_adam", "shm_comm"], tmp_path) == ["cpu_adam", "shm_comm"]
     (tmp_path / "cpu_adam").mkdir()
@@ -53,7 +84,7 @@ def test_a_dead_builds_lock_is_cleared_before_building(tmp_path: Path, monkeypat
             return 0
 
     monkeypatch.setattr(launch_ops.subprocess, "Popen", Build)
-    monkeypatch.setattr(launch_ops.launch_forkserver, "usable", lambda: True)
+    monkeypatch.setattr(launch_ops.gpus, "physical_gpus", lambda dev=None: 0)
     built = ensure_ops(_cfg(zero_stage=1, offload_optimizer=True), {"TORCH_EXTENSIONS_DIR": str(tmp_path)})
     assert seen == {"lock": False} and built == ["cpu_adam"]
 

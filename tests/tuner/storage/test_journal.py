@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from tuner.storage.journal import Entry, Journal, journal_dir, journals, read_entries, safe_part, write_entries
+from tuner.storage.journal import (
+    Entry,
+    Journal,
+    journal_dir,
+    journal_places,
+    journals,
+    read_entries,
+    read_stop,
+    safe_part,
+    write_entries,
+)
 
 ROW = {"study_name": "s", "trial_number": 3, "status": "ok", "samples_per_s": 12.5, "knobs": {"micro_batch_size": 4}}
 
@@ -26,6 +36,9 @@ def test_the_journal_lives_beside_a_sqlite_file_and_under_the_cache_for_a_server
     assert pg == other_password  # the password is no part of where: a rotated password finds the same journal
     assert pg != other_db and pg.parent == tmp_path / "cache" / "journal"
     assert "secret" not in str(pg)
+    beside, cached = journal_places(f"sqlite:///{db}", tmp_path / "cache")  # a SQLite file's second place: the cache
+    assert beside == tmp_path / "dir" / "tuner.db.journal.d" and cached.parent == tmp_path / "cache" / "journal"
+    assert journal_places("postgresql+psycopg://tuner:secret@db:5432/tuner", tmp_path / "cache") == [pg]
 
 
 def test_file_names_are_safe_and_one_per_study_and_worker(tmp_path: Path) -> None:
@@ -81,20 +94,46 @@ def test_write_entries_replaces_the_file_whole(tmp_path: Path) -> None:
     write_entries(path, [])  # nothing to remove: no error
 
 
-def test_a_journal_that_cannot_be_written_raises_oserror_for_the_driver_to_store_directly(tmp_path: Path) -> None:
-    """What a read-only or full folder does: add raises OSError (tuner.session.driver then stores the row directly and
-    says so). Here the folder's path is a file, and then the journal file's path a folder (the tests run as root,
-    which a read-only mode does not stop)."""
-    blocked = tmp_path / "folder"
+def test_a_place_that_cannot_be_written_passes_the_entry_to_the_next_then_to_memory(tmp_path: Path) -> None:
+    """What a read-only or full folder does (here the folder's path is a file: the tests run as root, which a read-only
+    mode does not stop): the entry goes to the next place; with no place left it is held in memory, written at the
+    next add once a place takes writes again, and ``kept`` says where each is, never "kept" for one in memory."""
+    blocked = tmp_path / "beside-the-db"
     blocked.write_text("a file where the journal folder should be")
-    with pytest.raises(OSError):
-        Journal(blocked, "s", "h:1").add(Entry("u", ROW))
-    journal = Journal(tmp_path / "ok", "s", "h:1")
-    journal.path.mkdir(parents=True)
-    with pytest.raises(OSError):
-        journal.add(Entry("u", ROW))
+    cache = tmp_path / "cache"
+    journal = Journal(blocked, "s", "h:1", fallbacks=[cache])
+    assert journal.add(Entry("u1", ROW)) == journal.paths[1] and journal.paths[1].parent == cache
+    assert [e.uid for e in read_entries(journal.paths[1])] == ["u1"] and blocked in {p.parent for p in journal.failures}
+    assert journal.kept(tries=1) == f"1 finished probe(s) not stored are kept in {journal.paths[1]}"
+    journal.done("u1")
+    assert not journal.paths[1].exists() and journal.kept(tries=1) == "every finished probe is stored"
+
+    cache.rename(tmp_path / "cache-moved")
+    cache.write_text("now the cache folder is blocked too")
+    assert journal.add(Entry("u2", ROW)) is None  # no place: held in memory
+    assert [e.uid for e in journal.pending()] == ["u2"]
+    line = journal.kept(tries=2, pause_s=0.0)
+    assert "1 finished probe(s) could not be written anywhere" in line and "kept in" not in line, line
+    assert str(blocked) in line and "are lost" in line
+
+    cache.unlink()  # the cache takes writes again: the next add writes both
+    assert journal.add(Entry("u3", ROW)) == journal.paths[1]
+    assert [e.uid for e in read_entries(journal.paths[1])] == ["u2", "u3"]
     with pytest.raises(OSError):
         write_entries(blocked / "j.jsonl", [Entry("u", ROW)])
+
+
+def test_a_stop_line_is_no_entry_and_is_read_back_for_the_next_run(tmp_path: Path) -> None:
+    """``note_stop`` leaves why the worker stopped (tuner.session.recovery names it for the trials it fails); entries
+    read past it, and the file goes with its last entry."""
+    journal = Journal(tmp_path / "j", "s", "h:1")
+    journal.add(Entry("u1", ROW))
+    journal.note_stop("storage refused a write: database or disk is full")
+    assert [e.uid for e in read_entries(journal.path)] == ["u1"]  # the stop line is no entry
+    assert read_stop(journal.path) == "storage refused a write: database or disk is full"
+    assert read_stop(tmp_path / "none.jsonl") is None
+    journal.done("u1")
+    assert read_entries(journal.path) == [] and sorted(p.name for p in journal.path.parent.iterdir()) == []
 
 
 def test_journals_lists_the_files_of_one_study_with_their_worker(tmp_path: Path) -> None:

@@ -232,10 +232,13 @@ def installed_transformers() -> str | None:
         return None
 
 
-def best_export_args(best: BestLike, definition: Mapping[str, Any]) -> ExportArgs:
+def best_export_args(
+    best: BestLike, definition: Mapping[str, Any], transformers_version: str | None = None
+) -> ExportArgs:
     """World size and accumulation from the config the best candidate was measured with (the study definition's
     world size, else 1, where the stored config lacks it); the baseline's DeepSpeed JSON from the study definition
-    (``baseline_source``), whose optimizer, scheduler and clipping the export keeps."""
+    (``baseline_source``), whose optimizer, scheduler and clipping the export keeps. ``transformers_version``: the
+    training host's (the hf export names its fields as that version does); None: this host's."""
     source = definition.get("baseline_source")
     job = definition.get("job")
     return ExportArgs(
@@ -243,7 +246,7 @@ def best_export_args(best: BestLike, definition: Mapping[str, Any]) -> ExportArg
         gradient_accumulation_steps=int(best.config.get("gradient_accumulation_steps") or 1),
         baseline=source if isinstance(source, Mapping) else None,
         files=UserFiles.of(definition.get("baseline_files")),
-        transformers_version=installed_transformers(),
+        transformers_version=transformers_version or installed_transformers(),
         job=job if isinstance(job, Mapping) else None,
     )
 
@@ -260,6 +263,9 @@ def measured_knobs(best: BestLike) -> dict[str, Any]:
     return knobs
 
 
-def render_best(fmt: str, best: BestLike, definition: Mapping[str, Any]) -> str:
-    """A study's best config in format ``fmt``, as every command and the API hand it out."""
-    return render(fmt, measured_knobs(best), **best_export_args(best, definition).kwargs())
+def render_best(
+    fmt: str, best: BestLike, definition: Mapping[str, Any], transformers_version: str | None = None
+) -> str:
+    """A study's best config in format ``fmt``, as every command and the API hand it out (for the training host's
+    ``transformers_version``; None: this host's)."""
+    return render(fmt, measured_knobs(best), **best_export_args(best, definition, transformers_version).kwargs())

@@ -9,12 +9,12 @@ and at what size the user's config ran out of memory. Pure functions.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trials.contract import DS_HOST_KEYS
 from tuner.interop.export import BestLike, best_export_args, deepspeed_export, hf_export, measured_knobs
-from tuner.interop.export.own import UserFiles
+from tuner.interop.export.own import UserFiles, checkpointing_key
 from tuner.units import format_size
 
 _UNSET = object()
@@ -41,6 +41,7 @@ class Changes:
     fixed: str | None = None  # the job, held fixed (tuner.job.definition.Job.describe)
     not_probed: list[str] = field(default_factory=list)  # the user's keys the export carries but no probe ran
     verdict: str | None = None  # against the baseline probe
+    written_for: str | None = None  # which transformers the training-args export names its fields for
 
     def lines(self) -> list[str]:
         out = [c.line() for c in self.changes] or ["no change to your files"]
@@ -50,6 +51,8 @@ class Changes:
             out.append(f"carried, not probed: {', '.join(self.not_probed)} (probes run without them)")
         if self.verdict:
             out.append(self.verdict)
+        if self.written_for:
+            out.append(self.written_for)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,10 +133,13 @@ def _searched(choices: Any) -> bool:
     return not isinstance(choices, list) or len(choices) > 1
 
 
-def best_changes(best: BestLike, definition: Mapping[str, Any], baseline: Any | None) -> Changes:
+def best_changes(
+    best: BestLike, definition: Mapping[str, Any], baseline: Any | None, transformers_version: str | None = None
+) -> Changes:
     """The changes of a study's best config (``best``: a selection Candidate) to the user's files, as ``tuner best
-    --changes``, ``GET /best-config`` and the report show them; ``baseline``: the study's baseline probe row."""
-    args = best_export_args(best, definition)
+    --changes``, ``GET /best-config`` and the report show them; ``baseline``: the study's baseline probe row;
+    ``transformers_version``: the training host's (None: this host's)."""
+    args = best_export_args(best, definition, transformers_version)
     knobs = measured_knobs(best)
     world, accum, files = args.world_size, args.gradient_accumulation_steps, args.files
     exported: dict[str, Mapping[str, Any] | None] = {"training args": None, "deepspeed": None}
@@ -175,7 +181,7 @@ def best_changes(best: BestLike, definition: Mapping[str, Any], baseline: Any | 
         for name, value in knobs.items()
         if value is not None and _searched(space.get(name))
     ]
-    return changes_of(
+    found = changes_of(
         args.files,
         exported,
         job=fixed,
@@ -183,4 +189,16 @@ def best_changes(best: BestLike, definition: Mapping[str, Any], baseline: Any | 
         best_objective=float(getattr(best, "objective", 0.0) or 0.0),
         best_samples_per_s=getattr(best, "samples_per_s", None),
         tuned_without_files=tuned,
+    )
+    if exported["training args"] is None:
+        return found
+    return replace(found, written_for=written_for(args.transformers_version))
+
+
+def written_for(transformers_version: str | None) -> str:
+    """The line saying which transformers the training-args export was written for."""
+    key = checkpointing_key(transformers_version)
+    return (
+        f"training args written for transformers {transformers_version or '(unknown)'} (checkpointing as {key}); "
+        "give your training host's with --transformers-version"
     )

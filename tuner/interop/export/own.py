@@ -9,6 +9,7 @@ wrote it and the HF Trainer fills it the same way from the exported training arg
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,14 +46,24 @@ class UserFiles:
         return files if files.deepspeed is not None or files.training_args is not None else None
 
 
+# the first transformers whose TrainingArguments has ``activation_checkpointing`` (5.0-5.22 and 4.x only know
+# ``gradient_checkpointing``; from 5.23 it is a deprecated alias, gone in v6)
+ACTIVATION_CHECKPOINTING_SINCE = (5, 23)
+
+
 def checkpointing_key(transformers_version: str | None) -> str:
-    """The TrainingArguments name of gradient checkpointing: ``activation_checkpointing`` from transformers 5 (which
-    deprecates ``gradient_checkpointing``, gone in v6), ``gradient_checkpointing`` before (or when unknown)."""
-    try:
-        major = int(str(transformers_version).split(".")[0])
-    except ValueError:
+    """The TrainingArguments name of gradient checkpointing in ``transformers_version``: ``activation_checkpointing``
+    from 5.23, ``gradient_checkpointing`` before (and when unknown: every version still accepts it)."""
+    parsed = parse_version(transformers_version)
+    if parsed is None:
         return "gradient_checkpointing"
-    return "activation_checkpointing" if major >= 5 else "gradient_checkpointing"
+    return "activation_checkpointing" if parsed >= ACTIVATION_CHECKPOINTING_SINCE else "gradient_checkpointing"
+
+
+def parse_version(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a version string such as "5.17.0" or "4.46.3"; None when it is not one."""
+    match = re.match(r"^\s*(\d+)\.(\d+)", str(version or ""))
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def own_deepspeed(tuned: Mapping[str, Any], given: Mapping[str, Any], resolved: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,108 @@
+"""Bounds on what tuner reads from a user: files (regular files only, a few MiB at most) and nested data (JSON from a
+file, a mapping from ``tuner.tune``, an API body), checked before anything is parsed further or stored.
+
+A 900-deep ``training_args`` would be stored and then fail every later read (recursion in the serialiser), and
+``--baseline /dev/zero`` would read without end: every file reader (baseline, training args, space, lengths) reads
+through ``read_text_file``, and every nested input passes ``check_shape``. Pure but for the one read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import ConfigError, TunerError
+
+MAX_FILE_BYTES = 4 * 1024 * 1024  # a DeepSpeed JSON, training args or space file is a few KiB
+MAX_LENGTHS_BYTES = 64 * 1024 * 1024  # a lengths file: one number per sample (10M samples)
+MAX_DEPTH = 32  # a DeepSpeed JSON nests 3-4 deep
+MAX_ITEMS = 10_000  # keys and list items in one document, all levels together
+
+
+class ShapeError(TunerError):
+    """Nested input past MAX_DEPTH or MAX_ITEMS (HTTP 422)."""
+
+    http_status = 422
+
+
+def read_text_file(path: Path, what: str, limit: int = MAX_FILE_BYTES, error: type[TunerError] = ConfigError) -> str:
+    """The UTF-8 text of the regular file ``path``, at most ``limit`` bytes; ``error`` (one line) otherwise."""
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        raise error(f"cannot read the {what} {str(path)!r}: {err.strerror or err}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"the {what} {str(path)!r} is not a regular file; give a file (tuner reads no devices or pipes)")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)  # a file that grows, or says size 0 (/proc), is still read only this far
+    except OSError as err:
+        raise error(f"cannot read the {what} {str(path)!r}: {err.strerror or err}") from None
+    if len(data) > limit:
+        raise error(f"the {what} {str(path)!r} is over {_size(limit)}; tuner reads at most that much of it")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"the {what} {str(path)!r} is not UTF-8 text") from None
+
+
+def loads_json(text: str, what: str, error: type[TunerError] = ConfigError) -> Any:
+    """``json.loads`` of ``text``, its nesting and size checked (``check_shape``); ``error`` on invalid JSON."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise error(f"the {what} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except RecursionError:
+        raise ShapeError(f"the {what} nests deeper than {MAX_DEPTH} levels") from None
+    check_shape(data, what)
+    return data
+
+
+def check_shape(data: Any, what: str) -> None:
+    """Raises ShapeError naming the first path deeper than MAX_DEPTH, or when ``data`` holds more than MAX_ITEMS keys
+    and items. Iterative: no recursion on hostile depth."""
+    stack: list[tuple[Any, str, int]] = [(data, what, 0)]
+    items = 0
+    while stack:
+        value, path, depth = stack.pop()
+        children = _children(value, path)
+        if not children:
+            continue
+        if depth >= MAX_DEPTH:
+            raise ShapeError(f"{_short(path)} nests deeper than {MAX_DEPTH} levels; a config nests a few")
+        items += len(children)
+        if items > MAX_ITEMS:
+            raise ShapeError(f"{what} holds more than {MAX_ITEMS} keys and items; a config holds a few hundred")
+        stack.extend((child, child_path, depth + 1) for child_path, child in children)
+
+
+def _children(value: Any, path: str) -> list[tuple[str, Any]]:
+    if isinstance(value, Mapping):
+        return [(f"{path}.{key}", child) for key, child in value.items()]
+    if isinstance(value, (list, tuple)):
+        return [(f"{path}[{i}]", child) for i, child in enumerate(value)]
+    return []
+
+
+def _short(path: str, keep: int = 120) -> str:
+    return path if len(path) <= keep else f"{path[:keep]}..."
+
+
+def _size(n: int) -> str:
+    return f"{n // (1024 * 1024)} MiB"
+
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_FILE_BYTES",
+    "MAX_ITEMS",
+    "MAX_LENGTHS_BYTES",
+    "ShapeError",
+    "check_shape",
+    "loads_json",
+    "read_text_file",
+]
