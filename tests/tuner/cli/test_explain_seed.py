@@ -33,7 +33,7 @@ def _explain(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     if not data.exists():  # 100k samples, one in 700 from 6,000-9,000 words (tokens: words + 1)
         write_jsonl(data, long_tail_lengths(100_000, tail_every=700, tail=(6000, 9000)), target_words=(5, 60))
     args = [*TUNER, "explain", "--model", "builtin:flan-t5-large", "--baseline", str(SEED / "ds_config.json")]
-    args += ["--training-args", str(SEED / "training_args.json"), "--world-size", "4", "--device-memory", "81050MiB"]
+    args += ["--training-args", str(SEED / "training_args.json"), "--world-size", "4", "--device-memory", "79.15GiB"]
     args += ["--dataset", str(data), "--input-column", "source", "--target-column", "target"]
     args += ["--tokenizer", str(tokenizer), "--storage", f"sqlite:///{tmp_path}/t.db", "--oom-message", OOM, *extra]
     env = {**os.environ, "TUNER_CACHE_DIR": str(tmp_path / "cache")}
