@@ -8,12 +8,10 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuner.errors import StorageError, TunerError
-from tuner.settings import public_url, redact_url
+from tuner.settings import public_url, redact_url, storage_host
 from tuner.storage.read_pool import UNAVAILABLE
 
 log = logging.getLogger("tuner.api")
@@ -38,18 +36,11 @@ async def _storage_error(request: Request, exc: StorageError) -> JSONResponse:
     """503; the storage URL in the message shown as its scheme and database name only (no user, host or port)."""
     url = request.app.state.services.settings.storage
     detail = str(exc).replace(redact_url(url), public_url(url)).replace(url, public_url(url))
-    host = _host(url)
+    host = storage_host(url)
     if host and host in detail:  # the driver's own words name the server ("connection to server at ...")
         log.warning("storage error: %s", detail)
         detail = f"cannot reach storage {public_url(url)}: the database did not answer; the server's log has why"
     return _json(503, detail)
-
-
-def _host(url: str) -> str | None:
-    try:
-        return make_url(url).host
-    except ArgumentError:
-        return None
 
 
 async def _db_error(_request: Request, exc: Exception) -> JSONResponse:

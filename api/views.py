@@ -24,8 +24,9 @@ from api.schemas import (
     StudySummaryOut,
     TrialPageOut,
 )
-from tuner.records import DEFAULT_HEADROOM, Candidate, ProbeRow, ProbeStatus
+from tuner.records import Candidate, ProbeRow, ProbeStatus
 from tuner.records.run import RunStatus, SearchRun
+from tuner.records.study import StudyRecord
 from tuner.reporting.production import ProductionRun, production_runs
 from tuner.reporting.trials import join_trials
 from tuner.session.best import rank, serve_best
@@ -48,9 +49,9 @@ def study_status(runs: list[SearchRun], now: dt.datetime) -> str:
     return (last if last.ended else RunStatus.INTERRUPTED).value  # marked running, no longer beating
 
 
-def summary(row: dict[str, Any], runs: list[SearchRun], now: dt.datetime) -> StudySummaryOut:
+def summary(study: StudyRecord, runs: list[SearchRun], now: dt.datetime) -> StudySummaryOut:
     status = study_status(runs, now)
-    return StudySummaryOut(name=row["name"], created_at=row["created_at"], created_by=row["created_by"], status=status)
+    return StudySummaryOut(name=study.name, created_at=study.created_at, created_by=study.created_by, status=status)
 
 
 def _progress(runs: list[SearchRun], n_trials: int, n_probes: int, status: str, now: dt.datetime) -> ProgressOut:
@@ -117,22 +118,21 @@ def _summary_of(found: Ranked) -> _Summary:
     return _Summary(dict(Counter(r.status.value for r in found.rows)), _best_so_far(found.best))
 
 
-def study_detail(store: ReadStore, svc: Services, row: dict[str, Any]) -> StudyOut:
+def study_detail(store: ReadStore, svc: Services, study: StudyRecord) -> StudyOut:
     """The study with its progress and best so far: trial counts from the unfinished tail
     (tuner.storage.trial_counts), the probe counts and best so far cached until a probe row is added (api.cache), so
     the answer costs a few indexed queries whatever the size of the study."""
-    name = row["name"]
-    definition = dict(row["definition"])
+    name, definition = study.name, study.definition
     runs = store.runs(name)
     _, states = store.trials.study_counts(name)
     found = svc.cache.get(store, name, "summary", lambda: _summary_of(ranked(store, svc, name)))
     now = store.db_now()
     status = study_status(runs, now)
     budgets = [float(r.budget_s) for r in runs if r.budget_s]
-    budget = definition.get("budget_s") or (max(budgets) if budgets else None)
+    budget = definition.budget_s or (max(budgets) if budgets else None)
     return StudyOut(
-        **summary(row, runs, now).model_dump(),
-        definition=definition,
+        **summary(study, runs, now).model_dump(),
+        definition=definition.to_json(),
         budget_s=budget,
         progress=_progress(runs, sum(states.values()), sum(found.probe_statuses.values()), status, now),
         best=found.best,
@@ -264,10 +264,10 @@ def best_config(store: Store, name: str, fmt: str, found: Ranked) -> BestConfigO
     definition, rows, best = served.definition, served.rows, served.best
     args = served.export_args
     world, accum = args.world_size, args.gradient_accumulation_steps
-    result = next((r.result for r in best.rows if r.result), None) or {}
+    measured = next((r.measurement for r in best.rows if r.result), None)
     reserved = [r.peak_reserved for r in best.rows if r.peak_reserved is not None]
     tokens = [r.tokens_per_s for r in best.rows if r.tokens_per_s is not None]
-    headroom = float(definition.get("headroom") or DEFAULT_HEADROOM)
+    headroom = definition.headroom
     content = served.content if fmt != "json" else None
     changes = ChangesOut(**served.changes.to_dict(), lines=served.change_lines)
     production = [_production(run) for run in production_runs(rows, best.config_key)]
@@ -291,8 +291,8 @@ def best_config(store: Store, name: str, fmt: str, found: Ranked) -> BestConfigO
         confirmed=best.confirmed,
         caveat=served.caveat,
         measurements=best.measurements,
-        fingerprint=dict(result.get("fingerprint") or {}),
-        versions={str(k): str(v) for k, v in (result.get("versions") or {}).items()},
+        fingerprint=dict(measured.fingerprint) if measured else {},
+        versions=dict(measured.versions) if measured else {},
         baseline=_baseline(served.baseline, best),
         changes=changes,
         production=production,

@@ -75,6 +75,32 @@ def public_url(url: str) -> str:
     return f"{parsed.drivername} database {name or '(none)'}"
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite storage URL, None for any other (or an unparsable one: the store says what is wrong)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    return Path(parsed.database).expanduser()
+
+
+def storage_host(url: str) -> str | None:
+    """The server host of the storage URL ``url`` (None: none, or an unparsable URL): what the API looks for in a
+    driver's message before showing it (api.errors)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).host
+    except ArgumentError:
+        return None
+
+
 def redact(text: str, url: str) -> str:
     """``text`` (an error message, say) with every secret of the storage URL ``url`` replaced by ***."""
     for secret in sorted(url_secrets(url), key=len, reverse=True):

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import APIRouter
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 import tuner
 from api.deps import ServicesDep
 from api.schemas import ErrorOut, HealthOut
 from tuner.errors import StorageError
-from tuner.settings import public_url
+from tuner.settings import public_url, sqlite_file
 
 router = APIRouter(tags=["health"])
 
@@ -28,14 +24,3 @@ def health(svc: ServicesDep) -> HealthOut:
         raise StorageError(f"storage {public_url(url)} is gone: its file was deleted or moved; restore it and restart")
     svc.store().ping()
     return HealthOut(status="ok", storage=public_url(url), version=tuner.__version__)
-
-
-def sqlite_file(url: str) -> Path | None:
-    """The file of a SQLite storage URL, None for any other."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return None  # the store says what is wrong with it
-    if parsed.get_backend_name() != "sqlite" or not parsed.database:
-        return None
-    return Path(parsed.database).expanduser()

@@ -19,6 +19,7 @@ from api.schemas import (
     TrialStateName,
     ValidationErrorOut,
 )
+from tuner.records.study import StudyRecord
 from tuner.storage import Store
 
 router = APIRouter(prefix="/studies", tags=["studies"])
@@ -38,7 +39,7 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "descript
 def list_studies(svc: ServicesDep) -> StudyListOut:
     store = svc.store()
     now = store.db_now()  # the workers' heartbeats are on the database's clock
-    return StudyListOut(studies=[views.summary(row, store.runs(row["name"]), now) for row in store.study_rows()])
+    return StudyListOut(studies=[views.summary(s, store.runs(s.name), now) for s in store.studies()])
 
 
 @router.get("/{name}", response_model=StudyOut, responses={**COMMON, **NOT_FOUND})
@@ -49,8 +50,8 @@ def get_study(name: StudyName, svc: ServicesDep) -> Response:
     return Response(detail.model_dump_json(), media_type="application/json")
 
 
-def _row(store: Store, name: str) -> dict[str, Any]:
-    row = store.study_row(name)
+def _row(store: Store, name: str) -> StudyRecord:
+    row = store.study(name)
     if row is None:
         store.require_study(name)  # the one "no study named ..." line
     assert row is not None

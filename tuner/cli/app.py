@@ -37,6 +37,7 @@ COMMAND_MODULES = [
     "tuner.cli.prepare",
     "tuner.cli.report",
     "tuner.cli.estimate",
+    "tuner.cli.explain",
     "tuner.cli.search",
     "tuner.cli.results",
     "tuner.cli.export",

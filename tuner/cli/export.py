@@ -86,6 +86,18 @@ def export(
     )
 
 
+def _training_args_fields() -> tuple[frozenset[str] | None, str | None]:
+    """The keys this host's Seq2SeqTrainingArguments takes and transformers' version (None: not installed)."""
+    try:
+        import dataclasses
+
+        import transformers
+    except ImportError:
+        return None, None
+    fields = frozenset(f.name for f in dataclasses.fields(transformers.Seq2SeqTrainingArguments))
+    return fields, transformers.__version__
+
+
 @app.command("doctor")
 def doctor(
     ds_config: Annotated[Path | None, typer.Option("--ds-config", help="your DeepSpeed JSON")] = None,
@@ -111,7 +123,10 @@ def doctor(
         ds_path = Path(hf["deepspeed"])
         ds = read_json(ds_path if ds_path.is_absolute() else training_args.parent / ds_path, "DeepSpeed config")
     env = dict(os.environ)
-    baseline, findings = diagnose(ds, hf, env=env, gpus=visible_gpus(env))
+    accepted, version = _training_args_fields() if hf is not None else (None, None)
+    baseline, findings = diagnose(
+        ds, hf, env=env, gpus=visible_gpus(env), accepted=accepted, transformers_version=version
+    )
     warnings = sum(f.severity == "warn" for f in findings)
     if as_json:
         typer.echo(

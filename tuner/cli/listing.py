@@ -6,7 +6,7 @@ storage and prints."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.cli.progress import brief_cause, compact, fmt_num
@@ -35,6 +35,7 @@ class Listed:
     seconds: float | None
     ranks: str  # per-rank peaks of a multi-rank probe, with the imbalance flag ("" when not one)
     production: ProductionRun | None = None  # a production run: what it recorded beside the probes
+    phase_peaks: dict[str, int] = field(default_factory=dict)  # peak per phase, most over ranks (Measurement)
 
     @property
     def status_text(self) -> str:
@@ -56,6 +57,7 @@ class Listed:
             "reused_from": self.reused_from,
             "seconds": self.seconds,
             "ranks": self.ranks,
+            "phase_peaks": self.phase_peaks,
         }
         if self.production is not None:
             rec = self.production.recorded
@@ -77,6 +79,10 @@ class Listed:
         }
 
 
+def _phases(row: ProbeRow | None) -> dict[str, int]:
+    return row.measurement.phase_peaks if row is not None else {}
+
+
 def listed_trial(rec: TrialRecord, ranks: str) -> Listed:
     return Listed(
         trial=rec.number,
@@ -91,6 +97,7 @@ def listed_trial(rec: TrialRecord, ranks: str) -> Listed:
         reused_from=rec.reused_from,
         seconds=rec.probe_seconds,
         ranks=ranks,
+        phase_peaks=_phases(rec.latest),
     )
 
 
@@ -110,6 +117,7 @@ def listed_row(row: ProbeRow, ranks: str, production: ProductionRun | None = Non
         seconds=row.probe_seconds,
         ranks=ranks,
         production=production,
+        phase_peaks=_phases(row),
     )
 
 
@@ -155,6 +163,21 @@ def _cause(r: Listed) -> str:
     return r.cause[:160]
 
 
+#: the phase-peak column's heading per phase (trials.contract.MEMORY_PHASES)
+PHASE_HEADINGS = {"train": "train", "eval_forward": "eval", "generate": "generate"}
+
+
+def phases_shown(rows: Iterable[Listed]) -> list[str]:
+    """The phases some listed row has a stored peak of, in MEMORY_PHASES order ([]: no row has any, no column)."""
+    seen = {p for r in rows for p in r.phase_peaks}
+    return [p for p in PHASE_HEADINGS if p in seen]
+
+
+def phase_cell(r: Listed, phases: Sequence[str]) -> str:
+    """The peaks of ``phases`` of a row, "/"-separated; "-" for a phase it has no peak of (not stored, or not run)."""
+    return " / ".join(format_size(r.phase_peaks[p]) if p in r.phase_peaks else "-" for p in phases)
+
+
 def cells(r: Listed, job: Mapping[str, Any] | None = None) -> tuple[str, ...]:
     """A table row: trial (and fidelity when not a short probe), status, objective, peak, seconds, config, cause."""
     trial = "-" if r.trial is None else str(r.trial)
@@ -170,4 +193,14 @@ def cells(r: Listed, job: Mapping[str, Any] | None = None) -> tuple[str, ...]:
     )
 
 
-__all__ = ["CSV_FIELDS", "Listed", "cells", "listed_row", "listed_trial", "production_entries", "select_rows"]
+__all__ = [
+    "CSV_FIELDS",
+    "Listed",
+    "cells",
+    "listed_row",
+    "listed_trial",
+    "phase_cell",
+    "phases_shown",
+    "production_entries",
+    "select_rows",
+]

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -13,14 +12,25 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.cli.app import app
-from tuner.cli.listing import CSV_FIELDS, Listed, cells, listed_row, listed_trial, production_entries, select_rows
+from tuner.cli.listing import (
+    CSV_FIELDS,
+    PHASE_HEADINGS,
+    Listed,
+    cells,
+    listed_row,
+    listed_trial,
+    phase_cell,
+    phases_shown,
+    production_entries,
+    select_rows,
+)
 from tuner.cli.progress import fmt_num
 from tuner.cli.safe_console import SafeConsole
 from tuner.errors import ConfigError
 from tuner.files import write_atomic
 from tuner.job.definition import Job
 from tuner.job.objective import Objective
-from tuner.records import Fidelity, ProbeStatus
+from tuner.records import Fidelity, ProbeRow, ProbeStatus
 from tuner.reporting.production import production_runs
 from tuner.reporting.trials import join_trials
 from tuner.session.best import best_of, pick_study
@@ -98,22 +108,20 @@ def trial_rows(store: Store, name: str) -> list[Listed]:
     except KeyError:  # a study defined (e.g. via the API) that no worker has started yet
         trials = []
     records = join_trials(trials, rows)
-    out = [listed_trial(rec, rank_note(rec.latest.result if rec.latest else None)) for rec in records]
+    out = [listed_trial(rec, rank_note(rec.latest)) for rec in records]
     joined = {rec.number for rec in records}
     out += [
-        listed_row(r, rank_note(r.result))
-        for r in rows
-        if r.fidelity == Fidelity.CONFIRM and r.trial_number not in joined
+        listed_row(r, rank_note(r)) for r in rows if r.fidelity == Fidelity.CONFIRM and r.trial_number not in joined
     ]
     return out
 
 
-def rank_note(result: Mapping[str, Any] | None) -> str:
-    """Per-rank peaks of a multi-rank probe (its result JSON), with the imbalance flag (> 20% spread) and its likely
-    causes."""
-    from tuner.memory.imbalance import probe_imbalance
+def rank_note(row: ProbeRow | None) -> str:
+    """Per-rank peaks of a multi-rank probe (its typed measurement), with the imbalance flag (> 20% spread) and its
+    likely causes."""
+    from tuner.memory.imbalance import rank_imbalance
 
-    imb = probe_imbalance(result)
+    imb = rank_imbalance(row.measurement.ranks) if row is not None else None
     if imb is None:
         return ""
     peaks = " ".join(f"r{rank}={format_size(peak)}" for rank, peak in imb.peaks.items())
@@ -141,21 +149,24 @@ def trials(
         raise ConfigError(f"--status {status!r} is not a probe status; give one of: {', '.join(statuses)}")
     store = Store(load_settings(storage=storage).storage, read_only=True)
     name, definition = pick_study(store, study)
-    objective = Objective.from_dict(definition.get("objective"))
+    objective = Objective.from_dict(definition.objective)
     listed = select_rows(trial_rows(store, name), everything=everything, status=status, top=top)
     runs = production_runs(store.probes(name))
     if as_json or as_csv:
         _print_data([*listed, *production_entries(runs, status)], as_csv)
         return
-    job = definition.get("job") if isinstance(definition.get("job"), Mapping) else None
+    job = definition.job
     out = table_console()
     held = f"; held fixed, not shown: {Job.model_validate(job).describe()}" if job else ""
     out.print(Text(f"study {name} ({objective.unit}){held}"))
     table = Table(box=None, pad_edge=False)
     for col in ("trial", "status", objective.unit, "peak", "s"):  # the Optuna state: --json
         table.add_column(col, no_wrap=True)
+    phases = phases_shown(listed)
+    if phases:  # rows stored with per-phase peaks (issue 22): the train and eval peaks beside the peak
+        table.add_column(" / ".join(PHASE_HEADINGS[p] for p in phases), no_wrap=True)
     table.add_column("config", overflow="fold", min_width=30)
-    rendered = [cells(r, job) for r in listed]
+    rendered = [_with_phases(cells(r, job), r, phases) for r in listed]
     causes = any(c[-1] for c in rendered)
     if causes:  # a column only when some row has a cause or per-rank peaks to show
         table.add_column("cause / ranks", overflow="fold")
@@ -166,6 +177,11 @@ def trials(
         out.print(Text(f"study {name!r} has no trials to list yet" + ("" if everything else " (try --all)")))
     for run in runs:
         out.print(Text(run.line()))
+
+
+def _with_phases(row: tuple[str, ...], listed: Listed, phases: list[str]) -> tuple[str, ...]:
+    """The table row with the phase-peak cell after the seconds (when the table has that column)."""
+    return (*row[:5], phase_cell(listed, phases), *row[5:]) if phases else row
 
 
 def _print_data(rows: list[Listed], as_csv: bool) -> None:
@@ -190,24 +206,22 @@ def studies(storage: StorageOpt = None) -> None:
     table = Table(title="studies")
     for col in ("study", "created", "model", "job (held fixed)", "world", "global batch", "probes", "best", "unit"):
         table.add_column(col)
-    rows = store.study_rows()
+    rows = store.studies()
     for s in rows:
-        d = s["definition"]
-        probes = store.probes(s["name"])
+        d = s.definition
+        probes = store.probes(s.name)
         found = best_of(probes)
-        model = d.get("model")
-        source = model.get("source", "-") if isinstance(model, dict) else str(model or "-")
-        job = Job.model_validate(d["job"]).describe() if d.get("job") else "-"
+        job = Job.model_validate(d.job).describe() if d.job else "-"
         table.add_row(
-            Text(str(s["name"])),  # stored text, never rich markup
-            str(s["created_at"])[:19],
-            Text(str(source)),
+            Text(s.name),  # stored text, never rich markup
+            str(s.created_at)[:19],
+            Text(d.model_source or "-"),
             Text(job),
-            str(d.get("world_size", "-")),
-            str(d.get("global_batch", "-")),
+            str(d.world_size or "-"),
+            str(d.global_batch or "-"),
             str(sum(1 for p in probes if p.measured)),
             fmt_num(found.objective) if found else "-",
-            Objective.from_dict(d.get("objective")).unit,
+            Objective.from_dict(d.objective).unit,
         )
     console.print(table)
     if not rows:

@@ -199,7 +199,7 @@ class TunerCallback(TrainerCallback):
         steps = self.step_times[1:] or self.step_times  # the first step holds one-off setup
         step_s = statistics.median(steps) if steps else None
         samples = knobs["micro_batch_size"] * accum * world / step_s if step_s else None
-        headroom = float(Store(self.storage).require_study(self.study).get("headroom") or 0.9)
+        headroom = Store(self.storage).require_definition(self.study).headroom
         row = ProbeRow(
             config_key=config_key(Knobs.model_validate(knobs), world, accum),
             fidelity=Fidelity.PRODUCTION,

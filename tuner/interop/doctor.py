@@ -94,10 +94,24 @@ def _zero_traps(ds: Mapping[str, Any], precision: str | None) -> list[Finding]:
     ]
 
 
+def eval_first_runs(hf: Mapping[str, Any]) -> str:
+    """When the Trainer first evaluates, from eval_strategy / eval_steps, in words."""
+    strategy = str(hf.get("eval_strategy") or hf.get("evaluation_strategy") or "no")
+    if strategy == "epoch":
+        return (
+            "evaluation first runs at the end of the first epoch (eval_strategy: epoch): an OOM before then is not it"
+        )
+    if strategy == "steps":
+        steps = hf.get("eval_steps") or hf.get("logging_steps") or 500
+        return f"evaluation first runs after step {steps} (eval_strategy: steps): an OOM before then is not it"
+    return f"evaluation runs only when called (eval_strategy: {strategy})"
+
+
 def _hf_traps(hf: Mapping[str, Any], micro: int | None) -> list[Finding]:
     found: list[Finding] = []
     generate = hf.get("predict_with_generate") is True
     evaluates = generate or hf.get("do_eval") is True or hf.get("eval_strategy", "no") not in ("no", None)
+    when = eval_first_runs(hf)
     eval_bs = hf.get("per_device_eval_batch_size", 8)
     if generate and micro and isinstance(eval_bs, int) and eval_bs >= EVAL_RATIO * micro:
         found.append(
@@ -108,19 +122,20 @@ def _hf_traps(hf: Mapping[str, Any], micro: int | None) -> list[Finding]:
                 "with predict_with_generate",
                 why="evaluation runs while the optimizer state and ZeRO buffers stay resident; generate holds a "
                 "key/value cache per sequence and beam for the whole eval batch, so the eval step, not training, is "
-                "the peak",
+                f"the peak; {when}",
                 fix=f"per_device_eval_batch_size <= {micro} (or a short generation_max_length / fewer beams)",
                 search=f"eval_batch_size: [{micro}, {max(micro, eval_bs // 2)}, {eval_bs}]\ngenerate: [true]",
             )
         )
-    if evaluates and hf.get("eval_accumulation_steps") is None:
+    # with predict_with_generate the loop keeps generated token ids (batch x generation length), not logits
+    if evaluates and not generate and hf.get("eval_accumulation_steps") is None:
         found.append(
             Finding(
                 code="eval-accumulation",
                 severity="warn",
                 title="eval predictions accumulate on the GPU for the whole eval set (eval_accumulation_steps unset)",
-                why="the Trainer keeps every eval batch's logits/generated tokens on the device until the end of the "
-                "evaluation loop, so memory grows with the number of eval samples: an OOM after some hundreds",
+                why="the Trainer keeps every eval batch's logits on the device until the end of the "
+                f"evaluation loop, so memory grows with the number of eval samples: an OOM after some hundreds; {when}",
                 fix="eval_accumulation_steps: 8 (moves predictions to the CPU every 8 steps)",
                 search="not a tuner knob: set it in the training args; the search then probes the eval step with "
                 "eval_batch_size/generate",
@@ -155,8 +170,49 @@ def _hf_traps(hf: Mapping[str, Any], micro: int | None) -> list[Finding]:
     return found
 
 
+#: training-args keys a transformers release dropped: the key -> the last release line that accepts it
+REMOVED_KEYS = {"overwrite_output_dir": "4.x (removed in 5.0)"}
+
+
+def _unknown_keys(hf: Mapping[str, Any], accepted: frozenset[str] | None, version: str | None) -> list[Finding]:
+    """Keys of the training args this host's TrainingArguments does not take (``accepted``: its field names)."""
+    if accepted is None:
+        return []
+    unknown = sorted(k for k in hf if k not in accepted and k != "deepspeed")
+    if not unknown:
+        return []
+    known = [f"{k}: transformers {REMOVED_KEYS[k]} accepts it" for k in unknown if k in REMOVED_KEYS]
+    return [
+        Finding(
+            code="unknown-training-args",
+            severity="warn",
+            title=f"training args this host's transformers {version or ''} does not accept: {', '.join(unknown)}",
+            why="Seq2SeqTrainingArguments(**args) raises on them here"
+            + (f" ({'; '.join(known)})" if known else "")
+            + "; the run fails before training, or runs under another transformers than this host's",
+            fix=f"drop {', '.join(unknown)} from the args, or run on the transformers that accepts them",
+            search="nothing to add: probes build the args this host's transformers takes",
+        )
+    ]
+
+
+def _skipped(gpus: int | None) -> list[Finding]:
+    if gpus:
+        return []
+    return [
+        Finding(
+            code="skipped-gpu-checks",
+            severity="info",
+            title="skipped: the launcher and allocator checks (no GPUs visible on this host)",
+            why="both read the GPUs the job would see; run tuner doctor where the job runs to have them",
+            fix="run tuner doctor on the training host, from the same job script",
+            search="",
+        )
+    ]
+
+
 def _env_traps(env: Mapping[str, str], gpus: int | None) -> list[Finding]:
-    found: list[Finding] = []
+    found: list[Finding] = _skipped(gpus)
     if gpus and gpus > 1 and not any(env.get(k) for k in LAUNCHER_ENV):
         found.append(
             Finding(
@@ -207,9 +263,12 @@ def diagnose(
     *,
     env: Mapping[str, str] | None = None,
     gpus: int | None = None,
+    accepted: frozenset[str] | None = None,
+    transformers_version: str | None = None,
 ) -> tuple[Baseline | None, list[Finding]]:
     """The parsed setup (None when "auto" values have no training args to resolve them) and its findings, warnings
-    first. A broken config (contradictory batch fields, unknown ZeRO keys ...) raises BaselineError."""
+    first. A broken config (contradictory batch fields, unknown ZeRO keys ...) raises BaselineError. ``accepted``:
+    the field names this host's TrainingArguments takes (``transformers_version`` its release), to flag the others."""
     env = dict(os.environ if env is None else env)
     ds = dict(ds_config or {})
     hf = dict(hf_args or {})
@@ -236,6 +295,7 @@ def diagnose(
     findings += _zero_traps(ds, precision)
     findings += _ds_logging(ds)
     if hf_args is not None:
+        findings += _unknown_keys(hf, accepted, transformers_version)
         findings += _hf_traps(hf, micro if isinstance(micro, int) else None)
     else:
         findings.append(

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.records.measurement import Measurement
+
 THRESHOLD = 0.20
 
 CAUSE_RANK0_GATHER = (
@@ -57,8 +59,6 @@ class Imbalance:
 
 
 def _peak_of(rank: Any) -> tuple[int, int]:
-    if isinstance(rank, Mapping):
-        return int(rank["rank"]), int(rank.get("peak_allocated") or 0)
     return int(rank.rank), int(rank.peak_allocated or 0)
 
 
@@ -83,7 +83,8 @@ def likely_causes(heaviest_rank: int) -> tuple[str, ...]:
 
 
 def rank_imbalance(ranks: Iterable[Any], threshold: float = THRESHOLD) -> Imbalance | None:
-    """The imbalance of a probe's ranks (RankMemory objects or their dicts); None with fewer than two ranks."""
+    """The imbalance of a probe's ranks (trials.contract.RankMemory or a row's tuner.records.RankPeaks); None with fewer
+    than two ranks."""
     if threshold < 0:
         raise ValueError("threshold must be >= 0")
     peaks: dict[int, int] = {}
@@ -107,8 +108,7 @@ def rank_imbalance(ranks: Iterable[Any], threshold: float = THRESHOLD) -> Imbala
 
 
 def probe_imbalance(result: Mapping[str, Any] | None, threshold: float = THRESHOLD) -> Imbalance | None:
-    """The imbalance of a stored probe's result (a ProbeResult as JSON, e.g. ProbeRow.result): reads its ranks."""
-    ranks = result.get("ranks") if isinstance(result, Mapping) else None
-    if not ranks:
-        return None
-    return rank_imbalance(ranks, threshold)
+    """The imbalance of a stored probe's result (a ProbeResult as JSON, e.g. ProbeRow.result), read through the one
+    conversion of a stored result (tuner.records.Measurement); a row's own ``measurement.ranks`` go to
+    rank_imbalance directly."""
+    return rank_imbalance(Measurement.from_json(result).ranks, threshold)

@@ -15,6 +15,7 @@ from tuner.records.probe import (
     is_stable,
 )
 from tuner.records.run import STALE_AFTER_S, Claim, RecordError, RunStatus, SearchRun
+from tuner.records.study import StudyDefinition, StudyRecord
 
 __all__ = [
     "DEFAULT_HEADROOM",
@@ -30,6 +31,8 @@ __all__ = [
     "RecordError",
     "RunStatus",
     "SearchRun",
+    "StudyDefinition",
+    "StudyRecord",
     "baseline_row",
     "failed_in_production",
     "is_stable",

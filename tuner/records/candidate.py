@@ -28,7 +28,7 @@ class Candidate:
     @property
     def fingerprints(self) -> list[dict[str, Any]]:
         """The hardware/environment fingerprint of each of its probes (trials.fingerprint)."""
-        return [dict(r.result.get("fingerprint") or {}) for r in self.rows if r.result]
+        return [dict(r.measurement.fingerprint) for r in self.rows if r.result]
 
 
 __all__ = ["Candidate"]

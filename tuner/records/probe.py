@@ -10,9 +10,11 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
-from trials.contract import Status, memory_need
+from trials.contract import Status
+from tuner.records.measurement import Measurement
 from tuner.records.production import ProductionResult
 from tuner.records.ruled_out import RecordError, RuledOutBy
 
@@ -99,19 +101,16 @@ class ProbeRow:
         """What the probe needed of the device (trials.contract.memory_need, the max over ranks, from the stored
         result): the quantity the stability rule and the memory estimate's calibration use. Rows without per-rank
         parts (older ones) fall back to the reserved, then the allocated peak."""
-        ranks = (self.result or {}).get("ranks") or []
-        needs = [
-            memory_need(
-                int(r.get("peak_reserved") or 0),
-                int(r.get("overhead") or 0),
-                r.get("device_used_peak"),
-                int(r.get("peak_allocated") or 0),
-            )
-            for r in ranks
-        ]
-        if needs and max(needs) > 0:
-            return max(needs)
-        return self.peak_reserved or self.peak_allocated
+        need = self.measurement.memory_need
+        return need if need is not None else (self.peak_reserved or self.peak_allocated)
+
+    @cached_property
+    def measurement(self) -> Measurement:
+        """The stored result, typed (per rank: peaks and per-phase peaks): built once per row. Empty for an inferred
+        row (it ran nothing) and for a production row (its result is ``production``'s)."""
+        if self.fidelity is Fidelity.INFERRED or self.fidelity is Fidelity.PRODUCTION:
+            return Measurement()
+        return Measurement.from_json(self.result)
 
     @property
     def production(self) -> ProductionResult | None:

@@ -8,7 +8,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from tuner.memory.imbalance import probe_imbalance
+from trials.contract import MEMORY_PHASES
+from tuner.memory.imbalance import rank_imbalance
 from tuner.records import ProbeRow, ProbeStatus
 
 MiB = float(1 << 20)
@@ -202,7 +203,7 @@ def rank_peaks(rows: Iterable[ProbeRow]) -> go.Figure | None:
     labels: list[str] = []
     per_rank: dict[int, list[float | None]] = defaultdict(list)
     for row in rows:
-        imb = probe_imbalance(row.result)
+        imb = rank_imbalance(row.measurement.ranks)
         if imb is None:
             continue
         label = f"#{row.id} t{row.trial_number}" + (" !" if imb.flagged else "")
@@ -217,3 +218,31 @@ def rank_peaks(rows: Iterable[ProbeRow]) -> go.Figure | None:
         fig.add_trace(go.Bar(x=labels, y=per_rank[rank], name=f"rank {rank}"))
     fig.update_layout(barmode="group")
     return _layout(fig, "Peak memory per rank (probes marked ! are imbalanced > 20%)", "probe", "peak allocated (MiB)")
+
+
+def phase_peaks(rows: Iterable[ProbeRow]) -> go.Figure | None:
+    """Grouped bars of each measured probe's peak per phase of its memory window (train, eval forward, generate:
+    ProbeRow.measurement.phase_peaks, the most over ranks); a probe whose ranks' phase peaks differ gets one bar group
+    per rank ("r1"). None when no row stored phases (rows from before per-phase peaks show nothing, never a guess)."""
+    labels: list[str] = []
+    bars: dict[str, list[float | None]] = defaultdict(list)
+    for row in rows:
+        measured = row.measurement
+        if not measured.phase_peaks:
+            continue
+        base = f"#{row.id} t{row.trial_number}"
+        groups = [(f"{base} r{r.rank}", r.phases) for r in measured.ranks] if measured.ranks_differ else []
+        for label, peaks in groups or [(base, measured.phase_peaks)]:
+            labels.append(label)
+            for phase, peak in peaks.items():
+                bars[phase].extend([None] * (len(labels) - 1 - len(bars[phase])))
+                bars[phase].append(peak / MiB)
+    if not labels:
+        return None
+    fig = go.Figure()
+    for phase in MEMORY_PHASES:
+        if phase in bars:
+            values = bars[phase] + [None] * (len(labels) - len(bars[phase]))
+            fig.add_trace(go.Bar(x=labels, y=values, name=phase.replace("_", " ")))
+    fig.update_layout(barmode="group")
+    return _layout(fig, "Peak memory per phase of each probe (per rank where the ranks differ)", "probe", "MiB")

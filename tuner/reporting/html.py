@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,8 @@ import plotly.graph_objects as go
 
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.files import write_atomic
-from tuner.memory.imbalance import probe_imbalance
-from tuner.records import DEFAULT_HEADROOM, Candidate, Fidelity, ProbeRow, baseline_row
+from tuner.memory.imbalance import rank_imbalance
+from tuner.records import Candidate, Fidelity, ProbeRow, StudyDefinition, baseline_row
 from tuner.reporting import figures as figs
 from tuner.session.best import best_of
 from tuner.storage.store import Store
@@ -27,7 +26,7 @@ MiB = float(1 << 20)
 @dataclass
 class ReportData:
     study: str
-    definition: dict[str, Any]
+    definition: StudyDefinition
     rows: list[ProbeRow]
     optuna_study: Any | None  # optuna.Study when Optuna has the study
     best: Candidate | None
@@ -37,16 +36,14 @@ class ReportData:
 
     @property
     def headroom(self) -> float:
-        value = self.definition.get("headroom", DEFAULT_HEADROOM)
-        return float(value) if isinstance(value, (int, float)) else DEFAULT_HEADROOM
+        return self.definition.headroom
 
     @property
     def capacity(self) -> int | None:
         caps = [int(r.capacity) for r in self.rows if r.capacity]
         if caps:
             return max(caps)
-        dm = self.definition.get("device_memory")
-        return int(dm) if isinstance(dm, int) else None
+        return self.definition.device_memory
 
 
 def _load_optuna_study(url: str, name: str) -> Any | None:
@@ -61,7 +58,7 @@ def _load_optuna_study(url: str, name: str) -> Any | None:
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def _exports(best: Candidate, definition: Mapping[str, Any]) -> dict[str, str]:
+def _exports(best: Candidate, definition: StudyDefinition) -> dict[str, str]:
     """The chosen config in each export format (tuner.interop.export), exactly as `GET /best-config` hands it out."""
     from tuner.interop.export import render_best
 
@@ -77,22 +74,23 @@ def _exports(best: Candidate, definition: Mapping[str, Any]) -> dict[str, str]:
 def load(url: str, study: str) -> ReportData:
     """Reads everything the report shows; StudyNotFound when neither our tables nor Optuna know ``study``."""
     store = Store(url, read_only=True)
-    definition = store.study_definition(study)
+    stored = store.definition(study)
     optuna_study = _load_optuna_study(url, study)
-    if definition is None and optuna_study is None:
+    if stored is None and optuna_study is None:
         raise StudyNotFound(f"no study named {study!r} in this storage; `tuner studies` lists the known ones")
     rows = store.probes(study)
     best = best_of(rows)
-    exports = _exports(best, definition or {}) if best is not None else {}
+    definition = stored or StudyDefinition()
+    exports = _exports(best, definition) if best is not None else {}
     changes: list[str] = []
     if best is not None:
         from tuner.interop.export.changes import best_changes
 
-        changes = best_changes(best, definition or {}, baseline_row(rows)).lines()
+        changes = best_changes(best, definition, baseline_row(rows)).lines()
     from tuner.reporting.production import production_runs
 
     production = [run.line() for run in production_runs(rows)]
-    return ReportData(study, definition or {}, rows, optuna_study, best, exports, changes, production)
+    return ReportData(study, definition, rows, optuna_study, best, exports, changes, production)
 
 
 # -- HTML ----------------------------------------------------------------------------------------------------------
@@ -203,7 +201,7 @@ def _best_section(data: ReportData) -> str:
 def _ranks_section(data: ReportData, figures: _Figures) -> str:
     lines: list[list[Any]] = []
     for row in data.rows:
-        imb = probe_imbalance(row.result)
+        imb = rank_imbalance(row.measurement.ranks)
         if imb is None:
             continue
         peaks = ", ".join(f"r{r}: {p / MiB:,.1f}" for r, p in imb.peaks.items())
@@ -212,7 +210,9 @@ def _ranks_section(data: ReportData, figures: _Figures) -> str:
         return '<p class="empty">No multi-rank probes in this study.</p>'
     table = _table(["probe", "trial", "status", "peak MiB per rank", "imbalance"], lines)
     table = table.replace("<td>IMBALANCE", '<td class="flag">IMBALANCE')
-    causes = sorted({c for row in data.rows if (i := probe_imbalance(row.result)) and i.flagged for c in i.causes})
+    causes = sorted(
+        {c for row in data.rows if (i := rank_imbalance(row.measurement.ranks)) and i.flagged for c in i.causes}
+    )
     hint = "".join(f"<li>{_e(c)}</li>" for c in causes)
     hint = f"<p>Likely causes of the flagged spreads:</p><ul>{hint}</ul>" if hint else ""
     return figures.div(figs.rank_peaks(data.rows)) + table + hint
@@ -226,11 +226,14 @@ def render_html(data: ReportData) -> str:
         figures.div(figs.throughput_vs_micro_batch(rows), "no measured probes yet"),
         figures.div(figs.memory_vs_micro_batch(rows, data.capacity, data.headroom), "no peak memory recorded yet"),
     ]
+    phases = figs.phase_peaks(rows)
+    if phases is not None:  # rows stored with per-phase peaks (train, eval forward, generate)
+        plots.append(figures.div(phases))
     if len({r.knobs.get("max_length") for r in rows if r.knobs}) > 1:  # a frontier over lengths needs two of them
         plots.append(figures.div(figs.oom_frontier(rows), "no configs tried yet"))
     optuna_plots = [figures.div(f) for f in _optuna_figures(data.optuna_study)] if data.optuna_study else []
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    definition = json.dumps(data.definition, indent=2, sort_keys=True, default=str)
+    definition = json.dumps(data.definition.to_json(), indent=2, sort_keys=True, default=str)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

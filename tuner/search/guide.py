@@ -195,7 +195,7 @@ def _need(row: ProbeRow, capacity: int) -> float | None:
     if row.status == ProbeStatus.OK and row.peak_allocated:
         return float(row.peak_allocated)
     if row.status == ProbeStatus.OOM and capacity:
-        refused = max((int(r.get("oom_need") or 0) for r in (row.result or {}).get("ranks", [])), default=0)
+        refused = row.measurement.oom_need
         return float(max(int(row.peak_allocated or 0), capacity, refused))
     return None
 

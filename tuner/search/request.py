@@ -17,7 +17,7 @@ from tuner.job.batching import default_global_batch, require_reachable
 from tuner.job.definition import BUILTIN_DEFAULTS, Job, JobFlags, fix_space, resolve_job
 from tuner.job.objective import Objective, objective_for
 from tuner.job.space import Space, space_from_definition
-from tuner.records import DEFAULT_HEADROOM
+from tuner.records import DEFAULT_HEADROOM, RecordError, StudyDefinition
 from tuner.search.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -202,25 +202,33 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def request_from_definition(base: SearchRequest, stored: dict[str, Any]) -> SearchRequest:
-    """The request to resume a study with: its stored definition, this run's budget, trials and seed."""
+def request_from_definition(base: SearchRequest, stored: StudyDefinition | dict[str, Any]) -> SearchRequest:
+    """The request to resume a study with: its stored definition, this run's budget, trials and seed. RecordError
+    (one line) for a definition that lacks what a search needs (the model, the space, the world size, the global
+    batch)."""
+    d = StudyDefinition.of(stored)
+    if d.model is None or d.space is None or d.world_size is None or d.global_batch is None:
+        raise RecordError(
+            f"study {base.study_name!r}: its stored definition lacks the model, space, world size or global batch; "
+            "pick a new --study name"
+        )
     return SearchRequest(
         study_name=base.study_name,
         storage=base.storage,
-        model=ModelSpec.model_validate(stored["model"]),
-        space=space_from_definition(stored["space"]),
-        world_size=int(stored["world_size"]),
-        global_batch=int(stored["global_batch"]),
-        objective=Objective.from_dict(stored.get("objective")),
+        model=ModelSpec.model_validate(d.model),
+        space=space_from_definition(d.space),
+        world_size=d.world_size,
+        global_batch=d.global_batch,
+        objective=Objective.from_dict(d.objective),
         budget_s=base.budget_s,
-        device_memory=stored.get("device_memory"),
-        headroom=float(stored.get("headroom") or base.headroom),
+        device_memory=d.device_memory,
+        headroom=d.headroom,
         n_trials=base.n_trials,
-        baseline=Knobs.model_validate(stored["baseline"]) if stored.get("baseline") else None,
-        baseline_source=stored.get("baseline_source"),
-        baseline_files=stored.get("baseline_files"),
+        baseline=Knobs.model_validate(d.baseline) if d.baseline else None,
+        baseline_source=d.baseline_source,
+        baseline_files=d.baseline_files,
         schedule=base.schedule,
         seed=base.seed,
-        job=Job.model_validate(stored["job"]) if stored.get("job") else None,
-        job_changes=tuple(stored.get("job_changes") or ()),
+        job=Job.model_validate(d.job) if d.job else None,
+        job_changes=d.job_changes,
     )

@@ -7,12 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
 from tuner.interop.export import FORMATS, ExportArgs, best_export_args, render_best
 from tuner.interop.export.changes import Changes, best_changes
-from tuner.records import Candidate, ProbeRow, baseline_row, failed_in_production
+from tuner.records import Candidate, ProbeRow, StudyDefinition, baseline_row, failed_in_production
 from tuner.search.selection import best_stable
 from tuner.session.options import api_option
 from tuner.settings import redact_url
@@ -24,7 +23,7 @@ class ServedBest:
     """The best stable config of ``study`` with what every face shows of it."""
 
     study: str
-    definition: dict[str, Any]
+    definition: StudyDefinition
     rows: list[ProbeRow]  # the study's probe rows, in storage order
     best: Candidate
     format: str
@@ -78,14 +77,14 @@ def check_format(fmt: str, option: Callable[[str], str] = api_option) -> None:
         raise ConfigError(f"unknown {option('format')} {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
-def pick_study(store: Store, study: str | None) -> tuple[str, dict[str, Any]]:
+def pick_study(store: Store, study: str | None) -> tuple[str, StudyDefinition]:
     """``study``'s definition, or the most recently created study's when None."""
     if study is not None:
-        return study, store.require_study(study)
-    rows = store.study_rows()
+        return study, store.require_definition(study)
+    rows = store.studies()
     if not rows:
         raise StudyNotFound(f"no study in storage {redact_url(store.url)}; run `tuner search --budget 30m` first")
-    return rows[0]["name"], dict(rows[0]["definition"])
+    return rows[0].name, rows[0].definition
 
 
 def rank(store: Store, name: str) -> tuple[list[ProbeRow], Candidate | None]:

@@ -37,7 +37,7 @@ def check_host(request: SearchRequest, store: Store, resumed: bool, settings: Se
         return
     if resumed and not recorded:
         first = next((row for row in store.probes(request.study_name, limit=5) if row.result), None)
-        stored = (first.result or {}).get("fingerprint") if first is not None else None
+        stored = (first.measurement.fingerprint or None) if first is not None else None
         here = gpus.gpu_name(gpus.first_visible_index(visible))
         refusal = gpus.fingerprint_refusal(stored, here, request.device_memory is not None)
         if refusal:

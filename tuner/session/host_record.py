@@ -131,7 +131,8 @@ def check_host_record(
     ConfigError with one line naming the field when they differ. False for a study from before the record (probe
     rows, no record): it resumes as before, and only its first probe's GPU type can be compared."""
     here = here or this_host()
-    stored = (store.study_definition(study) or {}).get(KEY)
+    definition = store.definition(study)
+    stored = definition.host if definition is not None else None
     if stored is None:
         if resumed and store.probes(study, limit=1):
             return False

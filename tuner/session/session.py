@@ -21,6 +21,7 @@ import optuna
 
 from trials.contract import ProbeConfig, ProbeResult
 from tuner.files import private_dir
+from tuner.records import StudyDefinition
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
 from tuner.search.strategy import SearchSetup, Strategy
 from tuner.session.checks import check_host, check_world_size
@@ -89,7 +90,7 @@ def resolve(request: SearchRequest, explicit: set[str], store: Store) -> tuple[S
     if created:
         return request, False
     check_resume(request.study_name, stored, wanted, explicit)
-    return request_from_definition(request, stored), True
+    return request_from_definition(request, StudyDefinition.from_json(stored, request.study_name)), True
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from tuner.errors import StorageError, StudyNotFound
 from tuner.records import ProbeRow
 from tuner.records.run import Claim, RunStatus, SearchRun
+from tuner.records.study import StudyDefinition, StudyRecord
 from tuner.settings import redact
 from tuner.storage.db import _unreachable, ensure_schema, open_for_reading
 from tuner.storage.faults import first_line
@@ -113,17 +114,27 @@ class Store:
                 return value
         raise StorageError(f"study {name!r}: its definition kept changing while {key!r} was recorded; try again")
 
-    def study_rows(self) -> list[dict[str, Any]]:
-        """All study definitions, newest first."""
+    def studies(self) -> list[StudyRecord]:
+        """All studies, newest first, as typed records (RecordError names a broken definition)."""
         with self._connect() as conn:
             rows = conn.execute(sa.select(studies).order_by(studies.c.created_at.desc(), studies.c.id.desc())).all()
-        return [dict(r._mapping) for r in rows]
+        return [StudyRecord.from_record(dict(r._mapping)) for r in rows]
 
     def require_study(self, name: str) -> dict[str, Any]:
+        """The stored definition's JSON, as written (what a resumed study is compared with: check_resume)."""
         definition = self.study_definition(name)
         if definition is None:
             raise StudyNotFound(f"no study named {name!r} in this storage; `tuner studies` lists the known ones")
         return definition
+
+    def definition(self, name: str) -> StudyDefinition | None:
+        """The study's definition as a typed record (built once here, its invariants checked), or None."""
+        stored = self.study_definition(name)
+        return StudyDefinition.from_json(stored, name) if stored is not None else None
+
+    def require_definition(self, name: str) -> StudyDefinition:
+        """As ``definition``; StudyNotFound (one line) for an unknown study."""
+        return StudyDefinition.from_json(self.require_study(name), name)
 
     # -- search runs -----------------------------------------------------------------------------------------------
     def start_run(self, study_name: str, worker: str, budget_s: float | None, deadline: dt.datetime | None) -> int:
@@ -284,11 +295,11 @@ class Store:
         return [ProbeRow.from_record(dict(r._mapping)) for r in rows]
 
     # -- reads for pages (the API): one indexed query each, whatever the size of the study ----------------------------
-    def study_row(self, name: str) -> dict[str, Any] | None:
-        """One study's row (name, created_at, created_by, definition), or None."""
+    def study(self, name: str) -> StudyRecord | None:
+        """One study (name, created_at, created_by, its typed definition), or None."""
         with self._connect() as conn:
             row = conn.execute(sa.select(studies).where(studies.c.name == name)).first()
-        return dict(row._mapping) if row else None
+        return StudyRecord.from_record(dict(row._mapping)) if row else None
 
     def probes_of_trials(self, study_name: str, trial_numbers: list[int]) -> list[ProbeRow]:
         """The probe rows of these trials (a page of them), in the order they were stored. Read on the (study_name,

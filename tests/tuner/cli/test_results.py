@@ -194,3 +194,45 @@ def test_trials_json_and_csv_list_the_production_runs_the_table_prints(url: str)
     table = list(csv.DictReader(io.StringIO(run("--csv"))))
     assert (table[-1]["state"], table[-1]["fidelity"], table[-1]["status"]) == ("PRODUCTION", "production", "oom")
     assert table[-1]["config"].startswith("micro=2 len=64")
+
+
+def test_trials_shows_train_and_eval_peaks_where_stored(url: str, monkeypatch, capsys) -> None:
+    """Issue 22 §2: the per-phase peaks a probe stored (RankMemory.phases) as one compact column of the table and in
+    --json; a study whose rows have none keeps the table as it was (no column, never a made-up value)."""
+    import json
+
+    from tuner.cli import main as tuner_main
+
+    populate_study(url, "phases")
+    MiB = 1 << 20
+    result = {
+        "status": "ok",
+        "ranks": [{"rank": 0, "peak_allocated": 9 * MiB, "phases": {"train": 9 * MiB, "eval_forward": 4 * MiB}}],
+    }
+    knobs = {"micro_batch_size": 7, "max_length": 64, "zero_stage": 1}
+    SampleStudy(url, "phases").record(
+        trial_number=None,
+        fidelity="confirm",
+        config_key="phased",
+        knobs=knobs,
+        config={},
+        status="ok",
+        peak_allocated=9 * MiB,
+        stable=True,
+        objective=1.0,
+        result=result,
+    )
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(sys, "argv", ["tuner", "trials", "--study", "phases", "--storage", url])
+    tuner_main()
+    out = capsys.readouterr().out
+    assert "train / eval" in out and "9.0 MiB / 4.0 MiB" in out, out[-3000:]
+    assert "- / -" in out  # the rows stored without phases say so
+    monkeypatch.setattr(sys, "argv", ["tuner", "trials", "--study", "phases", "--storage", url, "--json"])
+    tuner_main()
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {"train": 9 * MiB, "eval_forward": 4 * MiB} in [r["phase_peaks"] for r in lines]
+    populate_study(url, "plain")
+    monkeypatch.setattr(sys, "argv", ["tuner", "trials", "--study", "plain", "--storage", url])
+    tuner_main()
+    assert "train / eval" not in capsys.readouterr().out

@@ -66,8 +66,8 @@ def zero(**kw: Any) -> dict:
             {**ARGS, "per_device_eval_batch_size": 32, "predict_with_generate": True},
             None,
             0,
-            {"eval-batch-generate", "eval-accumulation"},
-            set(),
+            {"eval-batch-generate"},
+            {"eval-accumulation"},  # generate keeps token ids, not logits: nothing of the vocabulary's size piles up
         ),
         (DS, {**ARGS, "per_device_eval_batch_size": 32}, None, 0, set(), {"eval-batch-generate"}),
         (
@@ -105,7 +105,9 @@ def zero(**kw: Any) -> dict:
             {"gpus-without-launcher", "allocator-fragmentation"},
         ),
         (DS, ARGS, {}, 1, {"allocator-fragmentation"}, {"gpus-without-launcher"}),
-        (DS, ARGS, {}, None, set(), {"gpus-without-launcher", "allocator-fragmentation"}),
+        (DS, ARGS, {}, None, {"skipped-gpu-checks"}, {"gpus-without-launcher", "allocator-fragmentation"}),
+        (DS, ARGS, {}, 0, {"skipped-gpu-checks"}, {"gpus-without-launcher", "allocator-fragmentation"}),
+        (DS, ARGS, {}, 2, set(), {"skipped-gpu-checks"}),
         # "auto" without training args: the ZeRO checks still run, the batch checks say what they need
         (
             {**zero(), "train_micro_batch_size_per_gpu": "auto"},
@@ -141,7 +143,7 @@ def test_every_finding_says_what_to_try_and_how_the_search_tests_it() -> None:
         "bf16": True,
     }
     _, findings = diagnose({**DS, "steps_per_print": 1, "bf16": {"enabled": True}}, hf, env={}, gpus=4)
-    assert len(findings) >= 8
+    assert len(findings) >= 7  # no eval-accumulation: predict_with_generate keeps token ids
     for f in findings:
         assert f.title and f.why and f.fix and f.search, f.code
     overlap = next(f for f in findings if f.code == "overlap-comm-buckets")
@@ -236,3 +238,27 @@ def test_doctor_cli_mistakes_are_one_line_exit_2(tmp_path: Path, files: dict, ma
     proc = run("doctor", *argv)
     assert proc.returncode == 2
     assert match in proc.stderr and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+SEED = Path(__file__).resolve().parents[2] / "data" / "seed"
+
+
+def test_the_seed_files_eval_findings_say_when_eval_first_runs_and_generate_keeps_token_ids() -> None:
+    ds = json.loads((SEED / "ds_config.json").read_text())
+    hf = json.loads((SEED / "training_args.json").read_text())
+    _, found = diagnose(ds, hf, env={}, gpus=None)
+    by_code = {f.code: f for f in found}
+    assert "eval-accumulation" not in by_code  # predict_with_generate: token ids, not logits
+    assert "at the end of the first epoch (eval_strategy: epoch)" in by_code["eval-batch-generate"].why
+    assert "skipped-gpu-checks" in by_code and "launcher and allocator" in by_code["skipped-gpu-checks"].title
+
+
+def test_training_args_this_transformers_does_not_accept_are_named_with_the_version_that_does() -> None:
+    hf = {**ARGS, "overwrite_output_dir": True}
+    accepted = frozenset(k for k in ARGS) | {"output_dir"}
+    _, found = diagnose(DS, hf, env={}, gpus=None, accepted=accepted, transformers_version="5.24.0")
+    warn = next(f for f in found if f.code == "unknown-training-args")
+    assert "transformers 5.24.0 does not accept: overwrite_output_dir" in warn.title
+    assert "transformers 4.x (removed in 5.0) accepts it" in warn.why
+    _, clean = diagnose(DS, ARGS, env={}, gpus=None, accepted=accepted, transformers_version="5.24.0")
+    assert "unknown-training-args" not in {f.code for f in clean}

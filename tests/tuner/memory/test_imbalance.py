@@ -16,6 +16,7 @@ from tuner.memory.imbalance import (
     rank_imbalance,
     spread,
 )
+from tuner.records.measurement import RankPeaks
 
 MiB = 1 << 20
 
@@ -92,7 +93,7 @@ def test_custom_threshold_and_negative_threshold() -> None:
         rank_imbalance(ranks(100, 110), threshold=-1)
 
 
-def test_accepts_dicts_and_stored_probe_rows() -> None:
+def test_reads_a_stored_result_through_its_typed_measurement() -> None:
     result = ProbeResult(status="ok", ranks=ranks(100 * MiB, 130 * MiB))
     row = {"result": result.model_dump(mode="json")}
     imb = probe_imbalance(row["result"])
@@ -102,7 +103,5 @@ def test_accepts_dicts_and_stored_probe_rows() -> None:
 
 
 def test_duplicate_rank_entries_keep_the_max() -> None:
-    imb = rank_imbalance(
-        [{"rank": 0, "peak_allocated": 10}, {"rank": 0, "peak_allocated": 30}, {"rank": 1, "peak_allocated": 30}]
-    )
+    imb = rank_imbalance([RankPeaks(0, 10), RankPeaks(0, 30), RankPeaks(1, 30)])
     assert imb is not None and imb.peaks == {0: 30, 1: 30} and not imb.flagged

@@ -22,6 +22,7 @@ from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
 from tuner.interop.export.env import render_env, to_env
 from tuner.interop.export.hf import to_hf
 from tuner.interop.export.own import UserFiles, own_deepspeed, own_training_args
+from tuner.records.study import StudyDefinition
 
 FORMATS: tuple[str, ...] = ("json", "deepspeed", "hf", "accelerate", "env")
 
@@ -233,21 +234,21 @@ def installed_transformers() -> str | None:
 
 
 def best_export_args(
-    best: BestLike, definition: Mapping[str, Any], transformers_version: str | None = None
+    best: BestLike, definition: StudyDefinition | Mapping[str, Any], transformers_version: str | None = None
 ) -> ExportArgs:
     """World size and accumulation from the config the best candidate was measured with (the study definition's
     world size, else 1, where the stored config lacks it); the baseline's DeepSpeed JSON from the study definition
     (``baseline_source``), whose optimizer, scheduler and clipping the export keeps. ``transformers_version``: the
     training host's (the hf export names its fields as that version does); None: this host's."""
-    source = definition.get("baseline_source")
-    job = definition.get("job")
+    d = StudyDefinition.of(definition)
+    source = d.baseline_source
     return ExportArgs(
-        world_size=int(best.config.get("world_size") or definition.get("world_size") or 1),
+        world_size=int(best.config.get("world_size") or d.world_size or 1),
         gradient_accumulation_steps=int(best.config.get("gradient_accumulation_steps") or 1),
         baseline=source if isinstance(source, Mapping) else None,
-        files=UserFiles.of(definition.get("baseline_files")),
+        files=UserFiles.of(d.baseline_files),
         transformers_version=transformers_version or installed_transformers(),
-        job=job if isinstance(job, Mapping) else None,
+        job=d.job,
     )
 
 
@@ -264,7 +265,7 @@ def measured_knobs(best: BestLike) -> dict[str, Any]:
 
 
 def render_best(
-    fmt: str, best: BestLike, definition: Mapping[str, Any], transformers_version: str | None = None
+    fmt: str, best: BestLike, definition: StudyDefinition | Mapping[str, Any], transformers_version: str | None = None
 ) -> str:
     """A study's best config in format ``fmt``, as every command and the API hand it out (for the training host's
     ``transformers_version``; None: this host's)."""

@@ -15,6 +15,7 @@ from typing import Any
 from trials.contract import DS_HOST_KEYS
 from tuner.interop.export import BestLike, best_export_args, deepspeed_export, hf_export, measured_knobs
 from tuner.interop.export.own import UserFiles, checkpointing_key
+from tuner.records.study import StudyDefinition
 from tuner.units import format_size
 
 _UNSET = object()
@@ -87,9 +88,9 @@ def verdict(baseline: Any | None, best_objective: float, best_samples_per_s: flo
             speed += f" ({baseline.samples_per_s:.3g} -> {best_samples_per_s:.3g} samples/s)"
         return speed + ("" if baseline.stable else "; yours ran above the memory headroom")
     if status == "oom":
-        result = baseline.result or {}
-        phase = result.get("phase") or "an unknown phase"
-        need = max((r.get("oom_need") or r.get("peak_allocated") or 0 for r in result.get("ranks") or []), default=0)
+        measured = baseline.measurement
+        phase = measured.phase or "an unknown phase"
+        need = max((r.oom_need or r.peak_allocated for r in measured.ranks), default=0)
         size = f", needing at least {format_size(need)}" if need else ""
         return f"your config ran out of memory in its {phase} step{size}; this one fits"
     return f"your config did not complete its probe ({status}: {baseline.cause or 'no cause recorded'})"
@@ -134,12 +135,16 @@ def _searched(choices: Any) -> bool:
 
 
 def best_changes(
-    best: BestLike, definition: Mapping[str, Any], baseline: Any | None, transformers_version: str | None = None
+    best: BestLike,
+    definition: StudyDefinition | Mapping[str, Any],
+    baseline: Any | None,
+    transformers_version: str | None = None,
 ) -> Changes:
     """The changes of a study's best config (``best``: a selection Candidate) to the user's files, as ``tuner best
     --changes``, ``GET /best-config`` and the report show them; ``baseline``: the study's baseline probe row;
     ``transformers_version``: the training host's (None: this host's)."""
-    args = best_export_args(best, definition, transformers_version)
+    d = StudyDefinition.of(definition)
+    args = best_export_args(best, d, transformers_version)
     knobs = measured_knobs(best)
     world, accum, files = args.world_size, args.gradient_accumulation_steps, args.files
     exported: dict[str, Mapping[str, Any] | None] = {"training args": None, "deepspeed": None}
@@ -162,20 +167,19 @@ def best_changes(
             files=files,
             allow_auto=True,
         )
-    job = definition.get("job")
+    job = d.job
     fixed = None
-    if isinstance(job, Mapping):
+    if job is not None:
         from tuner.job.definition import Job
 
         held = Job.model_validate(job)
         fixed = held.describe()
         if held.lora is not None:
             fixed += "; no export sets the adapters: your script builds them (peft), as every probe did"
-        searched = list(definition.get("job_changes") or ())
+        searched = list(d.job_changes)
         if searched:
             fixed += f" (searched on purpose, as the space file lists: {', '.join(searched)})"
-    stored = definition.get("space")
-    space: Mapping[str, Any] = stored if isinstance(stored, Mapping) else {}
+    space: Mapping[str, Any] = d.space or {}
     tuned = [  # without a baseline to compare with: the knobs the search chose (those the space gave a choice)
         Change("knobs", name, None, value, added=True)
         for name, value in knobs.items()
