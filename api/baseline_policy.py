@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tuner.errors import BaselineError
+from tuner.interop.ds_names import MAX_STEPS, as_number, check_types
 
 # DeepSpeed top-level sections a definition from the API may hold: batch, precision, clipping, ZeRO, the optimizer and
 # scheduler, activation checkpointing, communication dtypes. Everything else (flops_profiler, tensorboard, wandb,
@@ -72,6 +73,13 @@ RANGES: tuple[tuple[str, float, float, bool, bool], ...] = (
     ("gradient_clipping", 0.0, 1e6, True, True),
     ("max_grad_norm", 0.0, 1e6, True, True),
     ("warmup_ratio", 0.0, 1.0, True, True),
+    ("warmup_num_steps", 0.0, MAX_STEPS, True, True),
+    ("total_num_steps", 0.0, MAX_STEPS, True, True),
+    ("warmup_steps", 0.0, MAX_STEPS, True, True),
+    ("cycle_first_step_size", 0.0, MAX_STEPS, True, True),
+    ("cycle_second_step_size", 0.0, MAX_STEPS, True, True),
+    ("decay_step_size", 0.0, MAX_STEPS, True, True),
+    ("lr_range_test_step_size", 0.0, MAX_STEPS, True, True),
 )
 REPORT_NONE: tuple[Any, ...] = (None, "none", [], ["none"], ())
 
@@ -104,11 +112,12 @@ def _range(path: str) -> tuple[float, float, bool, bool] | None:
 
 
 def _check_numbers(where: str, tree: Mapping[str, Any]) -> None:
-    for path, _key, value in _walk(tree, ""):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+    for path, _key, given in _walk(tree, ""):
+        value = as_number(given)  # a number, or a string that parses as one ("1000"): checked the same
+        if value is None:
             continue
         if not math.isfinite(value):
-            raise RefusedBaseline(f"{where}.{path}: {value!r} is not a finite number")
+            raise RefusedBaseline(f"{where}.{path}: {given!r} is not a finite number")
         bounds = _range(path)
         if bounds is None:
             continue
@@ -117,7 +126,7 @@ def _check_numbers(where: str, tree: Mapping[str, Any]) -> None:
         below = value < high if not high_in else value <= high
         if not (above and below):
             span = f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
-            raise RefusedBaseline(f"{where}.{path}: {value!r} is outside {span}; give a value in that range")
+            raise RefusedBaseline(f"{where}.{path}: {given!r} is outside {span}; give a value in that range")
 
 
 def _check_paths(where: str, tree: Any) -> None:
@@ -142,6 +151,10 @@ def check_deepspeed(ds: Mapping[str, Any], where: str = "baseline") -> None:
             )
     _check_paths(where, ds)
     _check_numbers(where, ds)
+    try:
+        check_types(ds)  # the optimizer and scheduler types DeepSpeed knows (tuner.interop.ds_names)
+    except BaselineError as err:
+        raise RefusedBaseline(f"{where}.{err}") from None
 
 
 def check_training_args(hf: Mapping[str, Any], where: str = "training_args") -> None:

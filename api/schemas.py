@@ -203,6 +203,9 @@ class BestConfigOut(BaseModel):
     headroom: float = Field(description="the study's stability threshold: peak <= headroom x capacity")
     memory_fraction: float | None = Field(None, description="peak_allocated / capacity")
     confirmed: bool = Field(description="re-probed longer and still stable")
+    caveat: str | None = Field(
+        None, description='"not confirmed: ..." when the pick was never re-probed longer (null when confirmed)'
+    )
     measurements: int
     fingerprint: dict[str, Any] = Field(default_factory=dict, description="hardware the config was measured on")
     versions: dict[str, str] = Field(default_factory=dict, description="torch, deepspeed, transformers versions")

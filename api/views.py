@@ -289,6 +289,7 @@ def best_config(store: Store, name: str, fmt: str, found: Ranked) -> BestConfigO
         headroom=headroom,
         memory_fraction=best.peak_allocated / best.capacity if best.capacity else None,
         confirmed=best.confirmed,
+        caveat=served.caveat,
         measurements=best.measurements,
         fingerprint=dict(measured.fingerprint) if measured else {},
         versions=dict(measured.versions) if measured else {},

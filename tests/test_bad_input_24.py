@@ -39,6 +39,14 @@ FILES: dict[str, str] = {
     ),
     "wide.json": json.dumps({"per_device_train_batch_size": 2, **{f"k{i}": i for i in range(20_000)}}),
     "deep.yaml": "micro_batch_size: " + "[" * 900 + "1" + "]" * 900 + "\n",
+    "opt_import.json": json.dumps({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "__import__(os)"}}),
+    "sched_bogus.json": json.dumps({"train_micro_batch_size_per_gpu": 2, "scheduler": {"type": "Bogus"}}),
+    "lr_string.json": json.dumps(
+        {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": "1000"}}}
+    ),
+    "warmup_huge.json": json.dumps(
+        {"train_micro_batch_size_per_gpu": 2, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1e308}}}
+    ),
     "big.json": '{"per_device_train_batch_size": 2, "pad": "' + "x" * (5 * 1024 * 1024) + '"}',
 }
 CLI: list[Cli] = [
@@ -100,6 +108,37 @@ CLI += [
     ),
 ]
 CLI += [
+    # -- §6: baseline checks: the optimizer and scheduler types DeepSpeed knows, numbers as numbers -------------------
+    Cli(
+        "i24-baseline-optimizer-type",
+        ["search", "--budget", "1m", "--baseline", "{tmp}/opt_import.json"],
+        r"optimizer\.type '__import__\(os\)' is not an optimizer DeepSpeed knows; give one of .*AdamW.*adamw",
+    ),
+    Cli(
+        "i24-baseline-scheduler-type",
+        ["search", "--budget", "1m", "--baseline", "{tmp}/sched_bogus.json"],
+        r"scheduler\.type 'Bogus' is not a scheduler DeepSpeed knows; give one of .*WarmupLR",
+    ),
+    Cli(
+        "i24-baseline-lr-string",
+        ["search", "--budget", "1m", "--baseline", "{tmp}/lr_string.json"],
+        r"optimizer\.params\.lr is the string '1000'; give it as a number",
+    ),
+    Cli(
+        "i24-baseline-warmup-1e308",
+        ["doctor", "--ds-config", "{tmp}/warmup_huge.json"],
+        r"scheduler\.params\.warmup_num_steps: 1e\+308 is outside \[0, 1,000,000,000\] steps",
+    ),
+    Cli(
+        "i24-model-default-typed",  # the default model typed out, against a study of another model
+        ["search", "--budget", "1m", "--storage", "{db}", "--study", "flan", "--model", "builtin:tiny-t5"],
+        r"study 'flan' was created with a different model .*google/flan-t5-small",
+    ),
+    Cli(
+        "i24-headroom-default-typed",
+        ["search", "--budget", "1m", "--storage", "{db}", "--study", "flan", "--headroom", "0.9"],
+        r"study 'flan' was created with a different headroom \(0\.8\)",
+    ),
     Cli(
         "i24-trials-status", ["trials", "--storage", "{db}", "--status", "bogus"], r"--status 'bogus'.*ok, oom, timeout"
     ),
@@ -129,6 +168,38 @@ API: list[Api] = [
         body={"name": "wide", "training_args": {"per_device_train_batch_size": 2, "x": [0] * 11_000}},
         headers=AUTH,
     ),
+    Api(
+        "i24-api-optimizer-type",
+        "POST",
+        "/studies",
+        r"baseline\.optimizer\.type '__import__\(os\)' is not an optimizer DeepSpeed knows",
+        body={"name": "opt", "baseline": {"optimizer": {"type": "__import__(os)"}}},
+        headers=AUTH,
+    ),
+    Api(
+        "i24-api-lr-string",
+        "POST",
+        "/studies",
+        r"baseline\.optimizer\.params\.lr: '1000' is outside \(0, 1\]",
+        body={"name": "lr", "baseline": {"optimizer": {"type": "AdamW", "params": {"lr": "1000"}}}},
+        headers=AUTH,
+    ),
+    Api(
+        "i24-api-hf-lr-string",
+        "POST",
+        "/studies",
+        r"training_args\.learning_rate: '1000' is outside \(0, 1\]",
+        body={"name": "lr", "training_args": {"per_device_train_batch_size": 2, "learning_rate": "1000"}},
+        headers=AUTH,
+    ),
+    Api(
+        "i24-api-warmup-1e308",
+        "POST",
+        "/studies",
+        r"baseline\.scheduler\.params\.warmup_num_steps: 1e\+308 is outside \[0, 1e\+09\]",
+        body={"name": "w", "baseline": {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1e308}}}},
+        headers=AUTH,
+    ),
     Api("i24-api-name-dotdot", "POST", "/studies", r"name", body={"name": ".."}, headers=AUTH),
     Api("i24-api-name-dot", "POST", "/studies", r"name", body={"name": "."}, headers=AUTH),
     Api("i24-api-get-dotdot", "GET", "/studies/%2e%2e", r"name|pattern"),
@@ -146,7 +217,19 @@ def world24(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         (tmp / name).write_text(text)
     _newer_optuna(tmp / "newer-optuna.db")
     _refusing(tmp / "full.db")
+    _other_model(url)
     return {"tmp": tmp, "db": db, "url": url}
+
+
+def _other_model(url: str) -> None:
+    """Study "flan": the definition `tuner search --model google/flan-t5-small --headroom 0.8` stores."""
+    from tuner.session.options import CLI as CLI_FACE
+    from tuner.session.options import SearchOptions, prepare_request
+    from tuner.storage.store import Store
+
+    request, _ = prepare_request(SearchOptions(budget="1m", study="flan", headroom=0.8), url, CLI_FACE)
+    definition = {**request.definition(), "model": {"source": "google/flan-t5-small", "overrides": {}}}
+    Store(url).create_study("flan", definition)
 
 
 def _newer_optuna(path: Path) -> None:
@@ -218,3 +301,108 @@ def test_issue24_api_bad_input(case: Api, world24: dict[str, Any]) -> None:
     assert len(detail) < 1000, detail[:2000]
     assert _snapshot(world24["db"]) == before, "stored data changed"
     assert client.get("/studies/rep").status_code == 200
+
+
+# -- §6: a pick never re-probed longer says so in every face ---------------------------------------------------------
+def _run_cli(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    monkeypatch.setattr(sys, "argv", ["tuner", *argv])
+    monkeypatch.setenv("COLUMNS", "400")
+    code: object = 0
+    try:
+        tuner_main()
+    except SystemExit as exit_info:
+        code = exit_info.code
+    out = capsys.readouterr()
+    assert code in (0, None), out.err
+    return out.out, out.err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["best", "--study", "{study}"],
+        ["best", "--study", "{study}", "--format", "deepspeed", "-o", "{tmp}/ds.json"],
+        ["export", "--study", "{study}", "--format", "hf"],
+        ["export", "--study", "{study}", "--format", "accelerate", "-o", "{tmp}/acc.yaml"],
+    ],
+    ids=["best", "best-o", "export", "export-o"],
+)
+def test_unconfirmed_pick_says_so_in_the_cli(
+    argv: list[str], world24: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The report study's pick ("rep") was never re-probed longer; the API tests' ("t5-demo") was."""
+    from tests.helpers.sample_storage import populate
+
+    tmp = world24["tmp"]
+    url = f"sqlite:///{tmp}/confirmed.db"
+    if not (tmp / "confirmed.db").exists():
+        populate(url)
+    for study, storage, caveat in (("rep", world24["url"], True), ("t5-demo", url, False)):
+        args = [a.replace("{study}", study).replace("{tmp}", str(tmp)) for a in argv]
+        out, err = _run_cli([*args, "--storage", storage], monkeypatch, capsys)
+        said = [line for line in err.splitlines() if "not confirmed" in line]
+        if caveat:
+            assert len(said) == 1 and f"tuner search --study {study}" in said[0], err
+        else:
+            assert not said, err
+        if ("-o" not in args and args[-1] in ("json", "hf")) or args == ["best", "--study", study]:
+            json.loads(out)  # stdout stays the config alone
+        assert "not confirmed" not in out
+
+
+def test_unconfirmed_pick_says_so_in_changes_and_api(
+    world24: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = _run_cli(["best", "--study", "rep", "--changes", "--storage", world24["url"]], monkeypatch, capsys)
+    assert out.splitlines()[0].startswith("not confirmed: trial "), out
+    client = TestClient(create_app(Settings(storage=world24["url"], api_token=TOKEN)))
+    body = client.get("/best-config", params={"study": "rep"}).json()
+    assert body["confirmed"] is False and body["caveat"].startswith("not confirmed: trial ")
+    assert body["changes"]["lines"][0] == body["caveat"]
+    raw = client.get("/best-config", params={"study": "rep", "format": "deepspeed", "raw": "true"})
+    assert raw.headers["X-Tuner-Caveat"] == body["caveat"]
+    assert "not confirmed" not in raw.text
+
+
+# -- §6: read commands never write ------------------------------------------------------------------------------------
+FOREIGN_READS = [
+    ["studies"],
+    ["trials", "--study", "x"],
+    ["best", "--study", "x"],
+    ["export", "--study", "x"],
+    ["report", "--study", "x", "-o", "{tmp}/r.html"],
+]
+
+
+@pytest.mark.parametrize("argv", FOREIGN_READS, ids=lambda a: a[0])
+def test_read_commands_leave_a_foreign_sqlite_file_as_it_was(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    foreign = tmp_path / "app.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO users (name) VALUES ('ada')")
+    conn.close()
+    before = foreign.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    monkeypatch.setattr(sys, "argv", ["tuner", *args, "--storage", f"sqlite:///{foreign}"])
+    with pytest.raises(SystemExit) as exit_info:
+        tuner_main()
+    line = _one_error_line(capsys.readouterr().err)
+    assert exit_info.value.code == 2, line
+    assert re.search(r"is not a tuner database \(no tuner_studies table; left as it was\)", line), line
+    assert foreign.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]  # no -wal, -shm or report file
+
+
+def test_read_commands_create_no_missing_sqlite_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["tuner", "studies", "--storage", f"sqlite:///{tmp_path}/typo.db"])
+    with pytest.raises(SystemExit) as exit_info:
+        tuner_main()
+    line = _one_error_line(capsys.readouterr().err)
+    assert exit_info.value.code == 2 and "the file does not exist" in line, line
+    assert not list(tmp_path.iterdir())

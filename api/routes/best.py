@@ -53,11 +53,12 @@ def best_config(
     )
     if not raw:  # validated where it was built (and cached): FastAPI would validate it again against response_model
         return Response(out.model_dump_json(), media_type="application/json")
+    headers = {"X-Tuner-Caveat": out.caveat} if out.caveat else None  # the raw body is the file: no room in it
     if format == "json":
         body = {
             "knobs": out.knobs,
             "world_size": out.world_size,
             "gradient_accumulation_steps": out.gradient_accumulation_steps,
         }
-        return Response(json.dumps(body, indent=2) + "\n", media_type="application/json")
-    return PlainTextResponse(out.content or "", media_type=MEDIA.get(format, "text/plain"))
+        return Response(json.dumps(body, indent=2) + "\n", media_type="application/json", headers=headers)
+    return PlainTextResponse(out.content or "", media_type=MEDIA.get(format, "text/plain"), headers=headers)

@@ -52,9 +52,11 @@ def export(
     from tuner.settings import load_settings
     from tuner.storage import Store
 
-    store = Store(load_settings(storage=storage).storage)
+    store = Store(load_settings(storage=storage).storage, read_only=True)
     served = serve_best(store, study, fmt, option=cli_option, transformers_version=transformers_version)
     best = served.best
+    if served.caveat:  # on stderr: `tuner export > ds.json` stays a config
+        typer.echo(served.caveat, err=True)
     if output is None:
         typer.echo(served.content, nl=False)
         return

@@ -79,10 +79,12 @@ def best(
     from tuner.session.best import serve_best
     from tuner.session.options import cli_option
 
-    store = Store(load_settings(storage=storage).storage)
+    store = Store(load_settings(storage=storage).storage, read_only=True)
     served = serve_best(store, study, fmt, option=cli_option, transformers_version=transformers_version)
     name = served.study
     text = "".join(line + "\n" for line in served.change_lines) if changes else served.content
+    if served.caveat and not changes:  # --changes lists it first; stderr keeps `tuner best > ds.json` a config
+        typer.echo(served.caveat, err=True)
     if output is None:
         typer.echo(text, nl=False)
         return
@@ -145,7 +147,7 @@ def trials(
     statuses = [str(s.value) for s in ProbeStatus]
     if status is not None and status not in statuses:
         raise ConfigError(f"--status {status!r} is not a probe status; give one of: {', '.join(statuses)}")
-    store = Store(load_settings(storage=storage).storage)
+    store = Store(load_settings(storage=storage).storage, read_only=True)
     name, definition = pick_study(store, study)
     objective = Objective.from_dict(definition.objective)
     listed = select_rows(trial_rows(store, name), everything=everything, status=status, top=top)
@@ -200,7 +202,7 @@ def _print_data(rows: list[Listed], as_csv: bool) -> None:
 @app.command("studies")
 def studies(storage: StorageOpt = None) -> None:
     """List the studies in a storage, newest first, with their best stable throughput."""
-    store = Store(load_settings(storage=storage).storage)
+    store = Store(load_settings(storage=storage).storage, read_only=True)
     table = Table(title="studies")
     for col in ("study", "created", "model", "job (held fixed)", "world", "global batch", "probes", "best", "unit"):
         table.add_column(col)

@@ -65,9 +65,16 @@ def _job(request: SearchRequest) -> dict[str, Any] | None:
     return request.job.model_dump(mode="json") if request.job is not None else None
 
 
+def _named(ctx: typer.Context, settings: dict[str, Any]) -> frozenset[str]:
+    """The settings typed on the command line (or set by an environment variable), even at their default value."""
+    sources = {name: ctx.get_parameter_source(name) for name in settings}
+    return frozenset(name for name, s in sources.items() if s is not None and s.name in ("COMMANDLINE", "ENVIRONMENT"))
+
+
 @app.command("search")
 @with_settings(SEARCH, into="settings")
 def search(
+    ctx: typer.Context,
     settings: dict[str, Any],
     dry_run: Annotated[
         bool,
@@ -78,7 +85,7 @@ def search(
     ] = False,
 ) -> None:
     """Find the fastest config that does not run out of memory, by short real probe trainings."""
-    session = SearchSession(SearchOptions.of(settings), face=CLI, events=Rendered())
+    session = SearchSession(SearchOptions.of({**settings, "given": _named(ctx, settings)}), face=CLI, events=Rendered())
     if dry_run:
         request, found = session.plan()
         for line in found.lines(request):

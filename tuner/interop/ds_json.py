@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.errors import BaselineError
+from tuner.interop.ds_names import check_params, check_types
 from tuner.interop.export.mapping import AUTO, DS_KNOWN_TOP, DS_PATH, PRECISION_BLOCKS, ZERO_KEYS, get_path
 
 ZERO_BLOCK = DS_PATH["zero_stage"][0]  # "zero_optimization": where every ZeRO knob lives
@@ -59,6 +60,8 @@ def check_ds_keys(ds: Mapping[str, Any]) -> None:
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         raise BaselineError(f"{dotted('zero_stage')} must be 0, 1, 2 or 3, got {stage!r}")
     _check_offload(zero)
+    check_types(ds)
+    check_params(ds)
     for block in (*PRECISION_BLOCKS.values(), "bfloat16"):
         value = ds.get(block)
         if value is not None and not (isinstance(value, dict) and value.get("enabled", False) in (True, False, AUTO)):

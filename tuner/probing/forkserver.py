@@ -18,13 +18,13 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from trials.contract import EXIT_ERROR, FORKSERVER_READY
+from tuner.probing.tempdirs import owned_dir
 
 # the zygote's environment: CUDA availability from NVML, so no import or check initialises the driver before a fork
 ZYGOTE_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
@@ -93,7 +93,7 @@ def pid_alive(pid: int) -> bool:
 
 class ForkServer:
     def __init__(self, env: dict[str, str]) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="tuner-fs-"))
+        self.dir = owned_dir("tuner-fs-")  # named by this pid: a killed run's is swept (tuner.probing.tempdirs)
         self.path = self.dir / "s"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trials.forkserver", "--socket", str(self.path)],

@@ -12,7 +12,6 @@ hub are resolved once per runner process (its ranks read them offline). A transi
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from tuner.probing import gpus, ranks, verdict
 from tuner.probing.cgroup import oom_kills_between, read_oom_kills
 from tuner.probing.environment import probe_env, resolve_hub_model
 from tuner.probing.ops import ensure_ops
+from tuner.probing.tempdirs import owned_dir, sweep_once
 from tuner.settings import Settings, load_settings
 
 LAUNCHERS = ("auto", "spawn", "forkserver")
@@ -65,6 +65,7 @@ class ProbeRunner:
         self.launcher = launcher
         self.explicit = (launcher or settings.probe_launcher) == "forkserver"
         choose_launcher(launcher, settings)  # refuses an unknown launcher now
+        sweep_once()  # what a killed run (kill -9) left in the temp dir
 
     def env(self, world_size: int) -> dict[str, str]:
         return probe_env(world_size, settings=self.settings)
@@ -76,7 +77,7 @@ class ProbeRunner:
         how = choose_launcher(self.launcher, self.settings)
         ensure_ops(config, self.env(config.world_size))
         own = workdir is None
-        work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="tuner-probe-"))
+        work = Path(workdir) if workdir is not None else owned_dir("tuner-probe-")
         work.mkdir(parents=True, exist_ok=True)
         try:
             for attempt in range(1, MAX_ATTEMPTS + 1):

@@ -73,7 +73,7 @@ def _exports(best: Candidate, definition: StudyDefinition) -> dict[str, str]:
 
 def load(url: str, study: str) -> ReportData:
     """Reads everything the report shows; StudyNotFound when neither our tables nor Optuna know ``study``."""
-    store = Store(url)
+    store = Store(url, read_only=True)
     stored = store.definition(study)
     optuna_study = _load_optuna_study(url, study)
     if stored is None and optuna_study is None:

@@ -48,10 +48,16 @@ class ServedBest:
         return best_changes(self.best, self.definition, self.baseline, self.transformers_version)
 
     @cached_property
+    def caveat(self) -> str | None:
+        """Why the pick's figure is provisional (one line every face shows), or None when it was re-probed longer."""
+        return None if self.best.confirmed else not_confirmed(self.study, self.best)
+
+    @cached_property
     def change_lines(self) -> list[str]:
-        """The changes as `tuner best --changes` prints them, and the configs no longer served."""
+        """The changes as `tuner best --changes` prints them, the pick's caveat first, and the configs no longer
+        served."""
         failed = failed_in_production(self.rows)
-        lines = self.changes.lines()
+        lines = ([self.caveat] if self.caveat else []) + self.changes.lines()
         if failed:
             lines.append(
                 f"no longer served: {len(failed)} config{'s' if len(failed) > 1 else ''} whose real training run "
@@ -120,6 +126,15 @@ def checked_version(version: str | None, option: Callable[[str], str] = api_opti
             f"{option('transformers_version')} {version!r} is not a version; give your training host's, e.g. 4.46.3"
         )
     return version.strip()
+
+
+def not_confirmed(study: str, best: Candidate) -> str:
+    """The line that says a pick was never re-probed longer (the search's summary says "not confirmed")."""
+    which = f"trial {best.trial_number}" if best.trial_number is not None else "this config"
+    return (
+        f"not confirmed: {which} was measured by short probes only, never re-probed longer; run "
+        f"`tuner search --study {study}` longer to confirm it before relying on its figure"
+    )
 
 
 def no_stable_config(name: str, rows: list[ProbeRow]) -> str:

@@ -155,6 +155,9 @@ class SearchOptions:
         "sample, `tuner lengths --dataset ... --max-samples N -o FILE`); the job's lengths are the longest sample's",
     )
     job_flags: JobFlags | None = None
+    #: settings the caller named even at their default value (the command line's, e.g. `--model builtin:tiny-t5`):
+    #: a resumed study's stored ones must agree with them too
+    given: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> SearchOptions:
@@ -308,14 +311,14 @@ def explicit_settings(o: SearchOptions, baseline_world: int | None) -> set[str]:
     """The definition fields the user set (a resumed study's stored ones must agree): given options, and what the
     baseline files decide (their world size, global batch and job)."""
     given = {
-        "model": o.model != DEFAULT_MODEL,
+        "model": o.model != DEFAULT_MODEL or "model" in o.given,
         "space": o.space is not None,
         "world_size": o.world_size is not None or baseline_world is not None,
         "global_batch": o.global_batch is not None or o.baseline is not None,
         "device_memory": o.device_memory is not None,
         "objective": o.lengths is not None or o.dataset is not None or o.sample_lengths is not None,
         "job": o.baseline is not None or (o.job_flags is not None and o.job_flags != JobFlags()),
-        "headroom": o.headroom != DEFAULT_HEADROOM,
+        "headroom": o.headroom != DEFAULT_HEADROOM or "headroom" in o.given,
         "baseline": o.baseline is not None,
     }
     return {key for key, set_ in given.items() if set_}

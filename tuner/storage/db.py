@@ -254,6 +254,36 @@ def ensure_schema(url: str) -> Engine:
     return engine
 
 
+def open_for_reading(url: str) -> Engine:
+    """ensure_schema for the read commands (`tuner studies`, `trials`, `best`, `export`, `report`): a database without
+    tuner's tables (another program's SQLite file, an empty database) or a SQLite file that does not exist is refused
+    with one StorageError line and left as it was, byte for byte; a tuner database of an older schema, or an Optuna
+    storage (its studies can be reported), gets tuner's tables as on every use."""
+    parsed = make_url(url) if "://" in url else None
+    path = parsed.database if parsed is not None and parsed.drivername.startswith("sqlite") else None
+    if path and path != ":memory:" and not Path(path).exists():
+        raise StorageError(
+            f"cannot reach storage {path}: the file does not exist (a read creates none); give the --storage of your "
+            "studies (`tuner search` creates it)"
+        )
+    plain = sa.create_engine(url, **engine_kwargs(url))  # no WAL pragma: that would rewrite a SQLite file's header
+    try:
+        with plain.connect() as conn:
+            tables = set(sa.inspect(conn).get_table_names())
+    except OperationalError as err:
+        raise _unreachable(url, err) from None
+    except sa.exc.DatabaseError:  # not a database at all: ensure_schema's one line says so
+        return ensure_schema(url)
+    finally:
+        plain.dispose()
+    if studies.name not in tables and not {"studies", "trials", "version_info"} <= tables:  # nor Optuna's own
+        raise StorageError(
+            f"storage {redact_url(url)} is not a tuner database (no {studies.name} table; left as it was); give the "
+            "--storage of your studies (`tuner search` or `tuner db upgrade` creates tuner's tables)"
+        )
+    return ensure_schema(url)
+
+
 def _optuna_schema(url: str, err: RuntimeError) -> Exception:
     """One line naming the optuna that wrote the storage's tables, or ``err`` itself when it is not that check."""
     import optuna

@@ -14,7 +14,7 @@ from tuner.records import ProbeRow
 from tuner.records.run import Claim, RunStatus, SearchRun
 from tuner.records.study import StudyDefinition, StudyRecord
 from tuner.settings import redact
-from tuner.storage.db import _unreachable, ensure_schema
+from tuner.storage.db import _unreachable, ensure_schema, open_for_reading
 from tuner.storage.faults import first_line
 from tuner.storage.schema import claims, probes, search_runs, studies
 from tuner.storage.utc import UTCDateTime
@@ -40,9 +40,11 @@ def db_time(dialect: str) -> sa.ColumnElement[Any]:
 
 
 class Store:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
+        """``read_only``: a read command's store, refused on a database without tuner's tables instead of creating
+        them there (tuner.storage.db.open_for_reading)."""
         self.url = url
-        self.engine = ensure_schema(url)
+        self.engine = open_for_reading(url) if read_only else ensure_schema(url)
 
     def _now(self) -> sa.ColumnElement[Any]:
         return db_time(self.engine.dialect.name)
