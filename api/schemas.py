@@ -11,6 +11,7 @@ from tuner import names
 from tuner.bounded import ShapeError, check_shape
 from tuner.declared import API, declared
 from tuner.job.definition import JobFlags
+from tuner.job.inline_data import MAX_INLINE_SAMPLES
 from tuner.session.options import SearchOptions
 
 STUDY_NAME_PATTERN = names.STUDY_NAME_PATTERN  # one rule for the API and `tuner search --study` (tuner.names)
@@ -232,9 +233,16 @@ class StudyBody(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _bounded(cls, data: Any) -> Any:
-        """Nesting and size bounded (tuner.bounded) before any field is read: 422 naming the path, nothing stored."""
+        """Nesting and size bounded (tuner.bounded) before any field is read: 422 naming the path, nothing stored.
+        ``sample_lengths`` (up to MAX_INLINE_SAMPLES [input, target] pairs: 3 items each) has its own item bound,
+        one pair over it, so its field's validator names the limit; the rest of the body has the config's."""
         try:
-            check_shape(data, "body")
+            if isinstance(data, dict) and "sample_lengths" in data:
+                rest = {key: value for key, value in data.items() if key != "sample_lengths"}
+                check_shape(rest, "body")
+                check_shape(data["sample_lengths"], "body.sample_lengths", 3 * (MAX_INLINE_SAMPLES + 1))
+            else:
+                check_shape(data, "body")
         except ShapeError as err:
             raise ValueError(str(err)) from None
         return data

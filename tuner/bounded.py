@@ -62,9 +62,9 @@ def loads_json(text: str, what: str, error: type[TunerError] = ConfigError) -> A
     return data
 
 
-def check_shape(data: Any, what: str) -> None:
-    """Raises ShapeError naming the first path deeper than MAX_DEPTH, or when ``data`` holds more than MAX_ITEMS keys
-    and items. Iterative: no recursion on hostile depth."""
+def check_shape(data: Any, what: str, max_items: int = MAX_ITEMS) -> None:
+    """Raises ShapeError naming the first path deeper than MAX_DEPTH, or when ``data`` holds more than ``max_items``
+    keys and items. Iterative: no recursion on hostile depth."""
     stack: list[tuple[Any, str, int]] = [(data, what, 0)]
     items = 0
     while stack:
@@ -75,8 +75,8 @@ def check_shape(data: Any, what: str) -> None:
         if depth >= MAX_DEPTH:
             raise ShapeError(f"{_short(path)} nests deeper than {MAX_DEPTH} levels; a config nests a few")
         items += len(children)
-        if items > MAX_ITEMS:
-            raise ShapeError(f"{what} holds more than {MAX_ITEMS} keys and items; a config holds a few hundred")
+        if items > max_items:
+            raise ShapeError(f"{what} holds more than {max_items} keys and items; a config holds a few hundred")
         stack.extend((child, child_path, depth + 1) for child_path, child in children)
 
 
