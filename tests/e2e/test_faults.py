@@ -463,7 +463,8 @@ def test_sqlite_search_writes_while_api_reads(tmp_path: Path) -> None:
 
 # -- writes that fail while reads work (issue 13, points 1 and 2) ----------------------------------------------------
 def journal_entries(db: Path) -> list[dict[str, Any]]:
-    """The unstored rows in the search's journal (tuner.storage.journal), beside the SQLite file."""
+    """The unstored rows in the search's journal (tuner.storage.journal), beside the SQLite file; the line a stopped
+    worker leaves with its cause ({"stopped": ...}, issue 24 §1: the resume names it) is no row."""
     folder = db.with_name(db.name + ".journal.d")
     if not folder.is_dir():
         return []
@@ -471,7 +472,9 @@ def journal_entries(db: Path) -> list[dict[str, Any]]:
     for path in sorted(folder.glob("*.jsonl")):
         for line in path.read_text().splitlines():
             with contextlib.suppress(ValueError):
-                out.append(json.loads(line))
+                entry = json.loads(line)
+                if not (isinstance(entry, dict) and set(entry) == {"stopped"}):
+                    out.append(entry)
     return out
 
 

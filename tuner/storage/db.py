@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import time
@@ -69,15 +70,27 @@ def _check_kind(parsed: sa.URL, dialect: type, shown: str) -> None:
     _check_sqlite_file(Path(parsed.database).expanduser(), shown)
 
 
+# Files whose header this process has read. Closing ANY descriptor of a file drops every POSIX lock the process holds
+# on it (fcntl semantics), SQLite's included: reading the header again while one of this process's connections holds
+# a lock let another process checkpoint under it ("disk I/O error" in tests/e2e/test_faults.py, the API reading while
+# a search writes). So each file is read once per process, before this process opens a connection to it.
+_HEADER_READ: set[str] = set()
+
+
 def _check_sqlite_file(path: Path, shown: str) -> None:
-    """An existing, non-empty file must be a SQLite database (its 16-byte header)."""
+    """An existing, non-empty file must be a SQLite database (its 16-byte header); read once per process."""
+    key = os.path.realpath(path)
+    if key in _HEADER_READ:
+        return
     try:
         with open(path, "rb") as fh:
             header = fh.read(len(SQLITE_HEADER))
     except (FileNotFoundError, IsADirectoryError, PermissionError, NotADirectoryError):
+        _HEADER_READ.add(key)  # SQLite makes it on first use, as a database: never read it again under a lock
         return  # none yet (made on first use), or SQLite's own error names it
     if header and header != SQLITE_HEADER:
         raise StorageError(f"storage {shown!r} is not a SQLite database file; give a new file name or a tuner database")
+    _HEADER_READ.add(key)
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
