@@ -44,7 +44,7 @@ def verdict(shown: Shown) -> str | None:
     return "fits" if shown.result.calibrated * (1 + shown.margin) <= shown.capacity else "over budget"
 
 
-def _phase_json(p: PhaseEstimate) -> dict[str, Any]:
+def phase_json(p: PhaseEstimate) -> dict[str, Any]:
     return {
         "phase": p.phase,
         "total": p.total,
@@ -83,7 +83,7 @@ def as_json(shown: Shown) -> str:
         "verdict": verdict(shown),
         "peak_phase": parts.worst.peak.phase if parts else None,
         "ranks": [
-            {"rank": rank.rank, "phases": [_phase_json(p) for p in rank.phases]}
+            {"rank": rank.rank, "phases": [phase_json(p) for p in rank.phases]}
             for rank in (parts.ranks if parts else ())
         ],
         "not_covered": parts.not_covered if parts else None,

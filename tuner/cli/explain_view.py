@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from tuner.cli.estimate_view import phase_json
 from tuner.memory.breakdown import PARTS, PhaseEstimate
 from tuner.memory.explain import Change, Explanation
 
@@ -89,24 +89,6 @@ def lines(e: Explanation, search: str) -> list[str]:
     return out
 
 
-def _phase(p: PhaseEstimate) -> dict[str, Any]:
-    return {
-        "phase": p.phase,
-        "total": p.total,
-        "parts": [
-            {
-                "name": part.name,
-                "bytes": part.nbytes,
-                "note": part.note,
-                "largest": [
-                    {"op": a.op, "shape": list(a.shape), "dtype": a.dtype, "bytes": a.nbytes} for a in part.largest
-                ],
-            }
-            for part in p.parts
-        ],
-    }
-
-
 def as_json(e: Explanation) -> str:
     crash = e.crash
     body = {
@@ -117,7 +99,7 @@ def as_json(e: Explanation) -> str:
             "input_length": e.worst.input_length,
             "target_length": e.worst.target_length,
         },
-        "ranks": [{"rank": r.rank, "phases": [_phase(p) for p in r.phases]} for r in e.breakdown.ranks],
+        "ranks": [{"rank": r.rank, "phases": [phase_json(p) for p in r.phases]} for r in e.breakdown.ranks],
         "verdict": {"text": e.verdict, "phase": e.crossing},
         "eval": e.eval_note,
         "crash": None
