@@ -13,6 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.helpers.servers import one_rank_env
+from tuner.storage.db import ensure_schema
 
 TUNER = str(Path(sys.executable).with_name("tuner"))
 SPACE = "micro_batch_size: [2, 32]\nzero_stage: [0]\ngradient_checkpointing: [false]\n"
@@ -139,8 +140,11 @@ def test_invalid_space_file_is_one_line(tmp_path):
 
 
 def test_best_without_any_study_is_one_line(tmp_path):
+    missing = tuner("best", "--storage", f"sqlite:///{tmp_path}/missing.db", timeout=120)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and not (tmp_path / "missing.db").exists()
+    ensure_schema(f"sqlite:///{tmp_path}/empty.db").dispose()  # tuner's tables, no study in them
     done = tuner("best", "--storage", f"sqlite:///{tmp_path}/empty.db", timeout=120)
-    assert done.returncode == 2 and "no study" in done.stderr
+    assert done.returncode == 2 and "no study" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     done = tuner("best", "--storage", f"sqlite:///{tmp_path}/empty.db", "--format", "yaml", timeout=120)
     assert done.returncode == 2 and "--format" in done.stderr
 
