@@ -7,7 +7,8 @@
    limit and answered 413 as soon as it passes it, never buffered whole, and 408 when it does not arrive within
    ``Settings.api_body_timeout_s``; Content-Length with Transfer-Encoding is 400 (h11 follows the chunks and ignores
    the length: a body declared 5 bytes could be 100 MB);
-3. a query string over MAX_QUERY_BYTES is 414, headers over MAX_HEADER_BYTES in all 431.
+3. a query string over MAX_QUERY_BYTES is 414, headers over MAX_HEADER_BYTES in all 431;
+4. a Host header off the allow-list (tuner.hosts: DNS rebinding) is 400, before anything else is answered.
 
 FastAPI reads and parses a body before it runs a route's dependencies, so neither can be a dependency."""
 
@@ -19,6 +20,7 @@ import json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import token_problem
+from tuner.hosts import host_allowed
 
 MAX_BODY_BYTES = 256 * 1024  # a definition with both baseline files inline is a few KiB
 MAX_QUERY_BYTES = 8 * 1024  # the longest query this API takes (a trials page's filters) is under 200 bytes
@@ -60,6 +62,8 @@ class RequestGuard:
         problem: Problem | None = _head_problem(scope)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         settings = scope["app"].state.services.settings
+        if problem is None and not host_allowed(headers.get("host"), scope["app"].state.answered_hosts):
+            problem = (400, _host_refused(headers.get("host")), None)
         if problem is None and scope["method"] in BODY_METHODS:
             problem = token_problem(settings, headers.get("authorization"))
         if problem is None:
@@ -121,6 +125,14 @@ class RequestGuard:
             return pending.pop() if pending else await receive()
 
         return replay
+
+
+def _host_refused(host: str | None) -> str:
+    shown = "".join(c for c in (host or "")[:100] if c.isprintable())
+    return (
+        f"Host {shown!r} is not one this server answers (DNS-rebinding guard): use the server's own name, or add "
+        "it to `tuner serve --allowed-hosts` / TUNER_ALLOWED_HOSTS"
+    )
 
 
 def _head_problem(scope: Scope) -> Problem | None:

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tests.helpers.composefile import DOCKERFILE, ComposeError, command, interpolate, load, parse_cli, with_option
+from tuner.hosts import host_allowed, parse_allowed_hosts
 
 ENV = {"TUNER_API_TOKEN": "t0ken", "TUNER_MAX_LENGTH": "512"}
 
@@ -24,6 +25,11 @@ def test_services_and_their_wiring() -> None:
         storage = services[name]["environment"]["TUNER_STORAGE"]
         assert storage.startswith("postgresql+psycopg://") and "@postgres:5432/" in storage
     assert services["api"]["ports"] == ["127.0.0.1:8000:8000"]
+    # the API answers the Host names the published port and its own healthcheck use, and no other by default
+    allowed = parse_allowed_hosts(services["api"]["environment"]["TUNER_ALLOWED_HOSTS"])
+    probe = re.search(r"http://([^/]+)/health", " ".join(services["api"]["healthcheck"]["test"]))
+    assert probe and host_allowed(probe.group(1), allowed) and host_allowed("localhost:8000", allowed)
+    assert not host_allowed("evil.example", allowed)
 
 
 def test_worker_reserves_gpus() -> None:

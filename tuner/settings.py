@@ -140,6 +140,12 @@ class Settings(BaseSettings):
         pattern=r"^[A-Za-z0-9._-]+$",
         description="the study GET /best-config serves without study= (unset: study= is required)",
     )
+    allowed_hosts: str | None = Field(
+        None,
+        max_length=4096,
+        description="comma-separated Host names `tuner serve` answers (a.example, *.example, 10.0.0.5, * for any); "
+        "unset: the loopback names on a loopback bind, any Host elsewhere (DNS rebinding: see tuner/hosts.py)",
+    )
     api_body_timeout_s: float = Field(
         30.0, gt=0, le=3600, description="seconds a request body may take to arrive at `tuner serve` (408 after)"
     )
@@ -157,6 +163,18 @@ class Settings(BaseSettings):
     @classmethod
     def _launcher_case(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_list(cls, value: str | None) -> str | None:
+        if value is not None:
+            from tuner.hosts import parse_allowed_hosts
+
+            try:
+                parse_allowed_hosts(value)
+            except ConfigError as err:
+                raise ValueError(str(err)) from None
+        return value
 
     @field_validator("api_token", mode="before")
     @classmethod
@@ -182,6 +200,7 @@ _TAKES = {
     "api_body_timeout_s": "a number of seconds above 0, at most 3600",
     "storage": "a SQLAlchemy URL such as sqlite:///tuner.db",
     "default_study": "a study name (letters, digits, . _ -)",
+    "allowed_hosts": "comma-separated host names or addresses (*.domain and * allowed)",
 }
 
 

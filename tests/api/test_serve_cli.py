@@ -3,6 +3,7 @@ on an unreachable storage, serves real HTTP, stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 
@@ -83,3 +84,57 @@ def test_sigterm_stops_the_server_cleanly(sqlite_url) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_loopback_server_refuses_foreign_host_names_and_serves_its_docs_without_a_cdn(sqlite_url) -> None:
+    """DNS rebinding: a page on evil.example re-pointed at 127.0.0.1 sends ``Host: evil.example``; the loopback server
+    answers only the loopback names (issue 24 §6). /docs loads Swagger UI from the server itself (air-gapped hosts)."""
+    populate(sqlite_url, "demo")
+    proc, base = start_server(sqlite_url)
+    port = base.rsplit(":", 1)[1]
+    try:
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", ""):
+            r = httpx.get(f"{base}/best-config", params={"study": "demo"}, headers={"Host": host})
+            assert r.status_code == 400 and "--allowed-hosts" in r.json()["detail"], (host, r.text)
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", f"[::1]:{port}"):
+            r = httpx.get(f"{base}/best-config", params={"study": "demo"}, headers={"Host": host})
+            assert r.status_code == 200, (host, r.text)
+        page = httpx.get(f"{base}/docs").text
+        assets = re.findall(r"(?:src|href)=[\"']([^\"']+)", page)
+        assert assets and not [a for a in assets if "://" in a], assets  # nothing from another host
+        js = httpx.get(base + next(a for a in assets if a.endswith("swagger-ui-bundle.js")))
+        assert js.status_code == 200 and len(js.content) > 500_000 and b"SwaggerUIBundle" in js.content
+        assert httpx.get(f"{base}/openapi.json").json()["info"]["title"] == "tuner"
+    finally:
+        stop(proc)
+
+
+def test_allowed_hosts_names_the_hosts_a_public_bind_answers(sqlite_url, tuner_server) -> None:
+    populate(sqlite_url, "demo")
+    base = tuner_server(
+        sqlite_url,
+        "--host",
+        "0.0.0.0",
+        "--allowed-hosts",
+        "tuner.internal,*.corp.example,127.0.0.1",
+        env={"TUNER_API_TOKEN": "tok"},
+    )
+    answered = {
+        h: httpx.get(f"{base}/health", headers={"Host": h}).status_code
+        for h in ("tuner.internal", "gpu1.corp.example:8000", "127.0.0.1", "corp.example", "evil.example")
+    }
+    assert answered == {
+        "tuner.internal": 200,
+        "gpu1.corp.example:8000": 200,
+        "127.0.0.1": 200,
+        "corp.example": 400,
+        "evil.example": 400,
+    }
+
+
+def test_a_bad_allowed_hosts_list_is_one_line() -> None:
+    for value in ("http://a.example", "a.example,,b", "a b"):
+        out = _run("--allowed-hosts", value)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and "allowed" in out.stderr, (value, out.stderr)
+    out = _run(env={"TUNER_ALLOWED_HOSTS": "a/b"})
+    assert out.returncode == 2 and "TUNER_ALLOWED_HOSTS" in out.stderr and out.stderr.count("\n") == 1, out.stderr

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from tuner.cli.app import app
+from tuner.cli.app import app, err_console
 from tuner.errors import ConfigError
+from tuner.hosts import is_loopback, serve_default
 from tuner.settings import load_settings
-
-LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @app.command("serve")
@@ -35,14 +25,34 @@ def serve(
         str | None,
         typer.Option("--default-study", help="the study GET /best-config serves without study= (default: required)"),
     ] = None,
+    allowed_hosts: Annotated[
+        str | None,
+        typer.Option(
+            "--allowed-hosts",
+            help="comma-separated Host names answered (tuner.internal,*.corp.example,10.0.0.5; * any); default: the "
+            "loopback names on a loopback bind, any Host elsewhere ($TUNER_ALLOWED_HOSTS)",
+        ),
+    ] = None,
 ) -> None:
     """Serve GET /best-config, /studies ... over HTTP (reads the storage; writes need TUNER_API_TOKEN)."""
-    settings = load_settings(storage=storage, host=host, port=port, default_study=default_study)
+    settings = load_settings(
+        storage=storage, host=host, port=port, default_study=default_study, allowed_hosts=allowed_hosts
+    )
     if not is_loopback(settings.host) and not settings.api_token:
         raise ConfigError(
             f"refusing to serve on {settings.host} (not loopback) without a token: set TUNER_API_TOKEN, "
             "or bind --host 127.0.0.1"
         )
+    if settings.allowed_hosts is None:
+        default = serve_default(settings.host)
+        if default is None:
+            err_console.print(
+                escape(
+                    f"note: answering any Host header on {settings.host}; --allowed-hosts (or TUNER_ALLOWED_HOSTS) "
+                    "names the ones clients use and refuses the rest (DNS-rebinding pages)"
+                )
+            )
+        settings = settings.model_copy(update={"allowed_hosts": default})
     import uvicorn
 
     from api.app import create_app
