@@ -295,6 +295,7 @@ def read_data(o: SearchOptions, option: Callable[[str], str], cache_dir: Path | 
         o.padding,
         evaluated.lengths if evaluated is not None else None,
         evaluated.describe() if evaluated is not None else None,
+        origin=train.origin(),
     )
 
 
@@ -317,6 +318,7 @@ def explicit_settings(o: SearchOptions, baseline_world: int | None) -> set[str]:
         "global_batch": o.global_batch is not None or o.baseline is not None,
         "device_memory": o.device_memory is not None,
         "objective": o.lengths is not None or o.dataset is not None or o.sample_lengths is not None,
+        "data": o.dataset is not None or o.sample_lengths is not None,
         "job": o.baseline is not None or (o.job_flags is not None and o.job_flags != JobFlags()),
         "headroom": o.headroom != DEFAULT_HEADROOM or "headroom" in o.given,
         "baseline": o.baseline is not None,
