@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -38,6 +38,9 @@ from tuner.session.best import best_of, pick_study
 from tuner.settings import load_settings
 from tuner.storage import Store
 from tuner.units import format_size
+
+if TYPE_CHECKING:
+    from tuner.session.crash_line import StudyCrash
 
 console = SafeConsole(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
@@ -182,7 +185,13 @@ def trials(
         out.print(Text(f"study {name!r} has no trials to list yet" + ("" if everything else " (try --all)")))
     for run in runs:
         out.print(Text(run.line()))
-    if crash is not None:  # a line each, never folded (a terminal wraps it; a pipe keeps it whole)
+    _print_crash(out, crash, listed)
+
+
+def _print_crash(out: Console, crash: StudyCrash | None, listed: list[Listed]) -> None:
+    """With the study's data: where it came from, then each listed config's crash line (tuner.session.crash_line),
+    a line each, never folded (a terminal wraps it; a pipe keeps it whole)."""
+    if crash is not None:
         out.print(Text(f"your data: {crash.summary.origin.describe(crash.summary.samples)}"), soft_wrap=True)
     for r in listed:
         if r.crash:

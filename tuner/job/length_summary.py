@@ -63,7 +63,7 @@ class DataOrigin:
     def from_json(cls, stored: Mapping[str, Any]) -> DataOrigin:
         if not isinstance(stored, Mapping) or not isinstance(stored.get("source"), str):
             raise SummaryError("the study's data origin has no source; the stored definition is not tuner's")
-        known = {k: stored.get(k) for k in cls.__dataclass_fields__}
+        known: dict[str, Any] = {k: stored.get(k) for k in cls.__dataclass_fields__}
         for name in ("total", "max_samples"):
             value = known[name]
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -306,7 +306,9 @@ class LengthSummary:
         if not isinstance(stored, Mapping):
             raise SummaryError("the study's data is not an object; the stored definition is not tuner's")
         if stored.get("version") != VERSION:
-            raise SummaryError(f"the study's data summary is version {stored.get('version')!r}; this tuner reads {VERSION}")
+            raise SummaryError(
+                f"the study's data summary is version {stored.get('version')!r}; this tuner reads {VERSION}"
+            )
         padding = stored.get("padding", "longest")
         if padding not in PADDINGS:
             raise SummaryError(f"the study's data padding {padding!r} is not one of {', '.join(PADDINGS)}")
@@ -324,7 +326,9 @@ class LengthSummary:
                 raise SummaryError(f"the study's data summary row {str(row)[:40]} is not [input, target, count ...]")
             total += sum(row[2::2]) if seq2seq else row[1]
         if total > MAX_STORED_SAMPLES or len(rows) > 16 * MAX_CELLS:
-            raise SummaryError("the study's data summary is larger than tuner writes; the stored definition is not tuner's")
+            raise SummaryError(
+                "the study's data summary is larger than tuner writes; the stored definition is not tuner's"
+            )
         return cls(
             seq2seq,
             _frozen(rows),

@@ -248,7 +248,11 @@ def render_html(data: ReportData) -> str:
         _summary(data),
         "<h2>Chosen config</h2>",
         _best_section(data),
-        *(["<h2>On your data: when a config would crash</h2>", f"<pre>{_e(chr(10).join(data.crash))}</pre>"] if data.crash else []),
+        *(
+            ["<h2>On your data: when a config would crash</h2>", f"<pre>{_e(chr(10).join(data.crash))}</pre>"]
+            if data.crash
+            else []
+        ),
         "<h2>Throughput and memory</h2>",
         f'<div class="grid">{"".join(plots)}</div>',
         "<h2>Per-rank peak memory</h2>",

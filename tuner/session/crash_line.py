@@ -180,9 +180,6 @@ def keep_trace(store: Store, study: str, trace: Trace) -> None:
     store.record_in_definition(study, "trace", trace.model_copy(update={"points": points}).model_dump(mode="json"))
 
 
-
-
-
 def pick_lines(crash: StudyCrash | None, pick: Mapping[str, Any] | None, baseline: ProbeRow | None) -> list[str]:
     """What `tuner best --changes` and the report say of the data: where it came from, the baseline's crash line,
     then the pick's (that it fits the worst batch, with its need, or when it would crash)."""
@@ -195,4 +192,6 @@ def pick_lines(crash: StudyCrash | None, pick: Mapping[str, Any] | None, baselin
     if pick is not None:
         out.append(crash.line(pick, "the pick"))
     return out
+
+
 __all__ = ["StudyCrash", "calibrate", "crash_line", "crash_odds_of", "keep_trace", "pick_lines", "study_crash"]

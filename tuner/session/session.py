@@ -24,8 +24,8 @@ from tuner.files import private_dir
 from tuner.records import StudyDefinition
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
 from tuner.search.strategy import SearchSetup, Strategy
-from tuner.session.crash_line import keep_trace
 from tuner.session.checks import check_host, check_world_size
+from tuner.session.crash_line import keep_trace
 from tuner.session.driver import Listener, Search, SearchSummary
 from tuner.session.memory import MemoryModel, traced
 from tuner.session.options import PYTHON, Face, SearchOptions, prepare_request

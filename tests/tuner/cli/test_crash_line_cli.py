@@ -35,7 +35,9 @@ def _trace(lengths: list[int]) -> Trace:
 
 def _result(peak: int | None) -> ProbeResult:
     ok = peak is not None
-    ranks = [RankMemory(rank=r, peak_allocated=peak or 0, peak_reserved=peak or 0, capacity=CAPACITY) for r in range(WORLD)]
+    ranks = [
+        RankMemory(rank=r, peak_allocated=peak or 0, peak_reserved=peak or 0, capacity=CAPACITY) for r in range(WORLD)
+    ]
     steps = StepStats(micro_mean_s=0.1, micro_p50_s=0.1, micro_max_s=0.1, optimizer_step_s=0.1, cycle_s=0.2)
     return ProbeResult.model_validate(
         {
@@ -117,4 +119,6 @@ def test_trials_best_and_report_say_when_the_baseline_crashes_on_the_stored_data
     _tuner(monkeypatch, capsys, "report", "--study", "data", "--storage", study, "-o", str(tmp_path / "r.html"))
     page = (tmp_path / "r.html").read_text()
     assert "On your data: when a config would crash" in page
-    assert "your config (trial 0) on your data: 1 batch in " in page and "the pick on your data: every batch fits" in page
+    assert (
+        "your config (trial 0) on your data: 1 batch in " in page and "the pick on your data: every batch fits" in page
+    )

@@ -114,5 +114,8 @@ def test_a_stored_summary_that_is_not_one_is_one_line(stored: dict, match: str) 
 
 def test_where_the_lengths_came_from_is_said() -> None:
     sampled = DataOrigin("d", "train", total=100_000, max_samples=5_000, tokenizer="t5")
-    assert sampled.describe(5_000) == "a seeded random 5,000 of 100,000 samples (--max-samples) of d [train], tokenized with t5"
+    assert (
+        sampled.describe(5_000)
+        == "a seeded random 5,000 of 100,000 samples (--max-samples) of d [train], tokenized with t5"
+    )
     assert DataOrigin.from_json(sampled.to_json()) == sampled
