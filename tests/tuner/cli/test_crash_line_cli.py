@@ -122,3 +122,26 @@ def test_trials_best_and_report_say_when_the_baseline_crashes_on_the_stored_data
     assert (
         "your config (trial 0) on your data: 1 batch in " in page and "the pick on your data: every batch fits" in page
     )
+
+
+def test_the_trace_is_kept_with_a_study_that_has_data_once(tmp_path: Path) -> None:
+    """The first worker's trace is recorded in the definition (less its largest allocations), only with data."""
+    from tuner.memory.trace import TracedAllocation
+    from tuner.session.crash_line import keep_trace
+    from tuner.storage import Store
+
+    store = Store(f"sqlite:///{tmp_path}/k.db")
+    big = TracedAllocation(op="aten.bmm", shape=[2, 4, 40, 40], dtype="float32", nbytes=51200)
+    trace = _trace([40, 80])
+    trace.points[0].largest = {"train": [big]}
+    summary = LengthSummary.of(SampleLengths.of([5, 40]), DataOrigin("d"))
+    store.ensure_study("with", {"world_size": 1, "data": summary.to_json()})
+    store.ensure_study("without", {"world_size": 1})
+    keep_trace(store, "with", trace)
+    keep_trace(store, "without", trace)
+    kept = store.require_definition("with").trace
+    assert kept is not None and [p["max_length"] for p in kept["points"]] == [40, 80]
+    assert all(p["largest"] == {} for p in kept["points"])
+    assert store.require_definition("without").trace is None
+    keep_trace(store, "with", _trace([7]))  # a later worker's: the first one stays
+    assert [p["max_length"] for p in store.require_definition("with").trace["points"]] == [40, 80]
