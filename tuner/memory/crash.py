@@ -171,15 +171,17 @@ def crash_odds(
     """``counts``: as unfit_share's (a summary's cells; None: one sample per row)."""
     if world_size < 1:
         raise ConfigError(f"world size {world_size} is not a number of ranks; give 1 or more")
-    share = unfit_share(lengths, micro_batch, collation, need, limit, counts)
     worst = worst_batch(lengths, micro_batch, collation)
+    worst_need = float(need(worst))
+    # the worst batch fits: every batch does (need is monotone), and 1 - sum(...) would leave float dust (1e-16)
+    share = 0.0 if worst_need <= limit else unfit_share(lengths, micro_batch, collation, need, limit, counts)
     return CrashOdds(
         limit=limit,
         micro_batch=micro_batch,
         world_size=world_size,
         unfit_share=share,
         worst=worst,
-        worst_need=float(need(worst)),
+        worst_need=worst_need,
         median_samples=samples_until_crash(share, micro_batch, world_size, 0.5),
         p90_samples=samples_until_crash(share, micro_batch, world_size, 0.9),
     )

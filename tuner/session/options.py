@@ -152,7 +152,8 @@ class SearchOptions:
         api={"max_length": MAX_INLINE_SAMPLES},
         api_help="your data's per-sample token lengths, inline (the server reads no dataset path): [input, target] "
         f"pairs (seq2seq) or input lengths (causal LM), at most {MAX_INLINE_SAMPLES:,} (a larger dataset: a seeded "
-        "sample, `tuner lengths --dataset ... --max-samples N -o FILE`); the job's lengths are the longest sample's",
+        "sample, `tuner lengths --dataset ... --max-samples N -o FILE`); the job's lengths are the longest sample's; "
+        "stored with the study as the definition's `data` summary (exact up to 512 distinct pairs, else rounded up)",
     )
     job_flags: JobFlags | None = None
     #: settings the caller named even at their default value (the command line's, e.g. `--model builtin:tiny-t5`):
