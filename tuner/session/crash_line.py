@@ -112,7 +112,11 @@ class StudyCrash:
             return None
 
     def line(self, knobs: Mapping[str, Any], whose: str) -> str:
-        return crash_line(self.summary, self.job, _knobs(knobs), self.world_size, self.capacity, self.estimator, whose)
+        try:
+            config = _knobs(knobs)
+        except ValueError:  # a row stored by an older version, or by hand: no config the estimate reads
+            return f"{whose} on your data: no crash estimate (its stored knobs are not a config this tuner reads)"
+        return crash_line(self.summary, self.job, config, self.world_size, self.capacity, self.estimator, whose)
 
     def shown(self, knobs: Mapping[str, Any], whose: str, always: bool = False) -> str | None:
         """The line for a config that fits typical batches but not the worst (``always``: for any config)."""

@@ -145,3 +145,15 @@ def test_the_trace_is_kept_with_a_study_that_has_data_once(tmp_path: Path) -> No
     assert store.require_definition("without").trace is None
     keep_trace(store, "with", _trace([7]))  # a later worker's: the first one stays
     assert [p["max_length"] for p in store.require_definition("with").trace["points"]] == [40, 80]
+
+
+def test_a_row_whose_stored_knobs_are_no_config_gets_a_line_saying_so(study: str) -> None:
+    from tuner.session.crash_line import study_crash
+    from tuner.storage import Store
+
+    store = Store(study)
+    crash = study_crash(store.require_definition("data"), store.probes("data"))
+    assert crash is not None
+    line = crash.shown({"micro_batch_size": "many"}, "trial 9", always=True)
+    assert line == "trial 9 on your data: no crash estimate (its stored knobs are not a config this tuner reads)"
+    assert crash.shown({"micro_batch_size": "many"}, "trial 9") is None
