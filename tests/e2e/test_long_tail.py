@@ -5,7 +5,8 @@ A tiny T5 and its tokenizer (saved together, built offline), a JSON-lines set wh
 (exact live-tensor accounting): at the worst batch the data makes (two samples padded to the longest input and the
 longest target, as DataCollatorForSeq2Seq pads the batch that holds them) the probe runs out of a device memory in
 which the fixed-shape probe at the median length fits; the crash arithmetic then says how soon a shuffled run meets
-such a batch."""
+such a batch. The probe a search runs with the data (tuner.probing.batches) measures memory at that worst batch (the
+same peak) and times batches drawn from the data, seeded, faster than the worst shape."""
 
 from __future__ import annotations
 
