@@ -18,15 +18,7 @@ from trials.contract import BUCKET_KNOBS, DS_DEFAULT_BUCKET
 from tuner.interop.baseline import Baseline, parse_baseline
 from tuner.interop.doctor_cost import Basis, Cost, bucket_cost, eval_batch_cost
 from tuner.interop.doctor_env import env_traps, visible_gpus
-from tuner.interop.doctor_finding import (
-    DEEPSPEED_LOGGING,
-    LOGGING_EVERY_STEP,
-    NO_TRAINING_ARGS,
-    SKIPPED_NUMBERS,
-    Finding,
-    rank,
-    when,
-)
+from tuner.interop.doctor_finding import Finding, fixed, rank, when
 from tuner.interop.export.mapping import auto_paths, get_path
 from tuner.job.definition import HF_MAX_LENGTH_KEYS
 
@@ -157,7 +149,7 @@ def _hf_traps(hf: Mapping[str, Any], micro: int | None, basis: Basis | None) -> 
                 "train step at it and the length that fits",
             )
         )
-    return found + when(hf.get("logging_steps") == 1, LOGGING_EVERY_STEP)
+    return found + when(hf.get("logging_steps") == 1, fixed("logging-every-step"))
 
 
 #: training-args keys a transformers release dropped: the key -> the last release line that accepts it
@@ -226,12 +218,14 @@ def diagnose(
         baseline = parse_baseline(ds or None, hf_args, max_length=1)
     micro = baseline.knobs["micro_batch_size"] if baseline else hf.get("per_device_train_batch_size")
     findings += _zero_traps(ds, basis)
-    findings += when(ds.get("steps_per_print") == 1 or ds.get("wall_clock_breakdown") is True, DEEPSPEED_LOGGING)
+    findings += when(
+        ds.get("steps_per_print") == 1 or ds.get("wall_clock_breakdown") is True, fixed("deepspeed-logging")
+    )
     if hf_args is not None:
         findings += _unknown_keys(hf, accepted, transformers_version)
         findings += _hf_traps(hf, micro if isinstance(micro, int) else None, basis)
     else:
-        findings.append(NO_TRAINING_ARGS)
+        findings.append(fixed("no-training-args"))
     findings += env_traps(env, gpus)
-    findings += when(basis is None, SKIPPED_NUMBERS)
+    findings += when(basis is None, fixed("skipped-numbers"))
     return baseline, rank(findings)

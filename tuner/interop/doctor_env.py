@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from tuner.interop.doctor_finding import ALLOCATOR_FRAGMENTATION, SKIPPED_GPU_CHECKS, Finding, when
+from tuner.interop.doctor_finding import Finding, fixed, when
 
 LAUNCHER_ENV = ("WORLD_SIZE", "LOCAL_RANK", "RANK")
 
@@ -26,7 +26,7 @@ def visible_gpus(env: Mapping[str, str], root: Path = Path("/")) -> int | None:
 
 def env_traps(env: Mapping[str, str], gpus: int | None) -> list[Finding]:
     """The launcher and allocator checks, or the note that they were skipped (no GPUs visible)."""
-    found = when(not gpus, SKIPPED_GPU_CHECKS)
+    found = when(not gpus, fixed("skipped-gpu-checks"))
     if gpus and gpus > 1 and not any(env.get(k) for k in LAUNCHER_ENV):
         found.append(
             Finding(
@@ -42,4 +42,4 @@ def env_traps(env: Mapping[str, str], gpus: int | None) -> list[Finding]:
             )
         )
     alloc = env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF") or ""
-    return found + when(bool(gpus) and "expandable_segments:True" not in alloc, ALLOCATOR_FRAGMENTATION)
+    return found + when(bool(gpus) and "expandable_segments:True" not in alloc, fixed("allocator-fragmentation"))

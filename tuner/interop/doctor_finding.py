@@ -1,11 +1,15 @@
-"""One `tuner doctor` finding (a typed record), the order findings are told in, and the texts of the findings that
-need no values from the setup."""
+"""One `tuner doctor` finding (a typed record), the order findings are told in, and the findings whose texts take
+no values from the setup (doctor_findings.yaml)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any, Literal
+
+import yaml
 
 Severity = Literal["warn", "info"]
 
@@ -36,62 +40,15 @@ def when(condition: bool, finding: Finding) -> list[Finding]:
     return [finding] if condition else []
 
 
-NOT_MEMORY = "no number: a slowdown, not memory"
+FIXED_FILE = Path(__file__).with_name("doctor_findings.yaml")
 
-SKIPPED_GPU_CHECKS = Finding(
-    code="skipped-gpu-checks",
-    severity="info",
-    title="skipped: the launcher and allocator checks (no GPUs visible on this host)",
-    why="both read the GPUs the job would see; run tuner doctor where the job runs to have them",
-    fix="run tuner doctor on the training host, from the same job script",
-    search="",
-    number="no number: not checked",
-)
-SKIPPED_NUMBERS = Finding(
-    code="skipped-numbers",
-    severity="info",
-    title="skipped: the bytes behind each finding (no --model given)",
-    why="the numbers are the estimate's parts (`tuner estimate`), which need the model's parameters and a trace",
-    fix="run tuner doctor --model MODEL --world-size N with the same files (the trace tuner estimate runs: seconds "
-    "for a small model, minutes for a large one on CPU)",
-    search="",
-    number="no number: not estimated",
-)
-DEEPSPEED_LOGGING = Finding(
-    code="deepspeed-logging",
-    severity="warn",
-    title="DeepSpeed prints every step (steps_per_print=1 or wall_clock_breakdown)",
-    why="per-step timers synchronise the device and print from every rank",
-    fix="steps_per_print: 1000 and wall_clock_breakdown: false",
-    search="nothing to add: probes run without DeepSpeed's step logging",
-    number=NOT_MEMORY,
-)
-LOGGING_EVERY_STEP = Finding(
-    code="logging-every-step",
-    severity="warn",
-    title="logging_steps=1: the Trainer logs every step",
-    why="each log syncs the device (loss.item()) and, under DeepSpeed, writes through every rank: slower steps, and "
-    "a measured throughput that is not the one of a real run",
-    fix="logging_steps: 50 or more",
-    search="nothing to add: probes measure without per-step logging",
-    number=NOT_MEMORY,
-)
-NO_TRAINING_ARGS = Finding(
-    code="no-training-args",
-    severity="info",
-    title="no training args given: eval batch, generate, truncation and logging not checked",
-    why="those traps live in the TrainingArguments, not in the DeepSpeed JSON",
-    fix="pass --training-args with the JSON of your TrainingArguments (TrainingArguments.to_json_string())",
-    search="",
-    number="no number: not checked",
-)
-ALLOCATOR_FRAGMENTATION = Finding(
-    code="allocator-fragmentation",
-    severity="info",
-    title="the CUDA caching allocator runs without expandable_segments",
-    why="memory reserved but unused in fragmented blocks counts against the GPU; an OOM message whose 'reserved but "
-    "unallocated' is large is this (`tuner explain --oom-message` reads it)",
-    fix="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-    search="alloc_conf: [null, 'expandable_segments:True']",
-    number="no number: fragmentation is outside the estimate; the OOM message's reserved-but-unallocated is its size",
-)
+
+def fixed(code: str) -> Finding:
+    """The finding ``code`` whose texts take no values from the setup (:data:`FIXED_FILE`)."""
+    return _fixed()[code]
+
+
+@cache
+def _fixed() -> dict[str, Finding]:
+    entries = yaml.safe_load(FIXED_FILE.read_text(encoding="utf-8"))
+    return {code: Finding(code=code, **entry) for code, entry in entries.items()}

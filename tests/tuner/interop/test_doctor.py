@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from trials.contract import Knobs
 from tuner.errors import BaselineError
@@ -321,3 +322,14 @@ def test_training_args_this_transformers_does_not_accept_are_named_with_the_vers
     assert "transformers 4.x (removed in 5.0) accepts it" in warn.why
     _, clean = diagnose(DS, ARGS, env={}, gpus=None, accepted=accepted, transformers_version="5.24.0")
     assert "unknown-training-args" not in {f.code for f in clean}
+
+
+def test_the_fixed_text_findings_are_whole_records() -> None:
+    from tuner.interop.doctor_finding import FIXED_FILE, _fixed
+
+    catalog = _fixed()
+    assert set(catalog) == set(yaml.safe_load(FIXED_FILE.read_text()))
+    for code, f in catalog.items():
+        assert f.code == code and f.severity in ("warn", "info") and f.title and f.why and f.fix, code
+        assert f.nbytes is None and f.number.startswith("no number"), code
+        assert f.search or f.severity == "info", code
