@@ -33,16 +33,20 @@ def _training_args_fields() -> tuple[frozenset[str] | None, str | None]:
     return fields, transformers.__version__
 
 
-def _basis(model: str, baseline: Path, training_args: Path | None, world_size: int | None) -> Basis:
+def _basis(model: str, ds_config: Path | None, training_args: Path | None, world_size: int | None) -> Basis:
     """The setup estimated as `tuner estimate --model M --baseline F [--training-args A] --world-size N` estimates
-    it (the same job, knobs and trace): the findings' numbers are that command's parts."""
+    it (the same job, knobs and trace): the findings' numbers are that command's parts. The training args alone
+    (naming their DeepSpeed file, or none) are the baseline file, as `tuner estimate --baseline ARGS` reads them."""
     from tuner.cli.estimate import _traced
     from tuner.cli.estimate_job import estimate_job
     from tuner.interop.doctor import Basis
     from tuner.job.model_source import resolve_model
 
     spec = resolve_model(model)
-    settings = {"baseline": baseline, "training_args": training_args, "world_size": world_size}
+    if ds_config is not None:
+        settings = {"baseline": ds_config, "training_args": training_args, "world_size": world_size}
+    else:
+        settings = {"baseline": training_args, "training_args": None, "world_size": world_size}
     ej = estimate_job(spec, settings, {}, None)
     est, how = _traced(ej, [])
     return Basis(est, ej.knobs, f"{spec.source} on {ej.world_size} rank(s), {ej.job.describe()}; {how}")
@@ -90,9 +94,7 @@ def doctor(
     accepted, version = _training_args_fields() if hf is not None else (None, None)
     basis = None
     if model is not None:  # the same files, read as `tuner estimate --baseline` reads them
-        first = ds_config if ds_config is not None else training_args
-        assert first is not None  # one of them was given (checked above)
-        basis = _basis(model, first, training_args if ds_config is not None else None, world_size)
+        basis = _basis(model, ds_config, training_args, world_size)
     baseline, findings = diagnose(
         ds, hf, env=env, gpus=visible_gpus(env), accepted=accepted, transformers_version=version, basis=basis
     )

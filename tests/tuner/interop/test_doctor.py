@@ -278,24 +278,26 @@ def test_doctor_cli(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("files", "match"),
+    ("files", "extra", "match"),
     [
-        ({}, "give --ds-config FILE and/or --training-args FILE"),
-        ({"--ds-config": "{broken"}, "not valid JSON"),
-        ({"--ds-config": ARGS}, "looks like training args"),
-        ({"--ds-config": zero(stage=5)}, "stage must be 0, 1, 2 or 3"),
-        ({"--ds-config": {**DS, "train_batch_size": 7}}, "train_batch_size=7"),
-        ({"--ds-config": "missing"}, "cannot read"),
+        ({}, [], "give --ds-config FILE and/or --training-args FILE"),
+        ({"--ds-config": "{broken"}, [], "not valid JSON"),
+        ({"--ds-config": ARGS}, [], "looks like training args"),
+        ({"--ds-config": zero(stage=5)}, [], "stage must be 0, 1, 2 or 3"),
+        ({"--ds-config": {**DS, "train_batch_size": 7}}, [], "train_batch_size=7"),
+        ({"--ds-config": "missing"}, [], "cannot read"),
+        ({"--ds-config": DS}, ["--world-size", "4"], "--world-size goes with --model"),
+        ({"--ds-config": DS}, ["--model", "builtin:no-such-preset"], "no-such-preset"),
     ],
 )
-def test_doctor_cli_mistakes_are_one_line_exit_2(tmp_path: Path, files: dict, match: str) -> None:
+def test_doctor_cli_mistakes_are_one_line_exit_2(tmp_path: Path, files: dict, extra: list, match: str) -> None:
     argv: list[str] = []
     for option, content in files.items():
         path = tmp_path / "f.json"
         if content != "missing":
             write(path, content)
         argv += [option, str(path)]
-    proc = run("doctor", *argv)
+    proc = run("doctor", *argv, *extra)
     assert proc.returncode == 2
     assert match in proc.stderr and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 

@@ -79,3 +79,7 @@ def test_the_seed_findings_carry_the_estimates_numbers_ranked(monkeypatch, tmp_p
     assert f"ZeRO buffers {buckets / MiB:,.1f} MiB" in text and estimate["not_covered"] in text
     order = [text.index(f"({code})") for code in ("eval-batch-generate", "overlap-comm-buckets", "no-truncation")]
     assert order == sorted(order)
+
+    # the training args alone name their DeepSpeed file: the same estimate, the same number
+    alone = json.loads(_run(monkeypatch, tmp_path, "doctor", *FILES, *JOB, "--json"))
+    assert {f["code"]: f["nbytes"] for f in alone["findings"]}["overlap-comm-buckets"] == buckets
