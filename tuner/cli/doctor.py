@@ -69,6 +69,10 @@ def doctor(
     world_size: Annotated[
         int | None, typer.Option("--world-size", min=1, help="ranks the job runs on (with --model; default 1)")
     ] = None,
+    oom_message: Annotated[
+        str | None,
+        typer.Option("--oom-message", help="the PyTorch OOM text you saw (or @file): qualifies each finding by it"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the findings as JSON")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 when there is any warning (for CI)")] = False,
 ) -> None:
@@ -78,6 +82,7 @@ def doctor(
 
     from tuner.interop.baseline_files import file_kind, read_json
     from tuner.interop.doctor import diagnose, visible_gpus
+    from tuner.memory.oom_message import read as read_oom
 
     if ds_config is None and training_args is None:
         raise ConfigError("give --ds-config FILE and/or --training-args FILE")
@@ -90,13 +95,21 @@ def doctor(
     if hf is not None and training_args is not None and isinstance(hf.get("deepspeed"), str) and ds is None:
         ds_path = Path(hf["deepspeed"])
         ds = read_json(ds_path if ds_path.is_absolute() else training_args.parent / ds_path, "DeepSpeed config")
+    oom = read_oom(oom_message) if oom_message is not None else None
     env = dict(os.environ)
     accepted, version = _training_args_fields() if hf is not None else (None, None)
     basis = None
     if model is not None:  # the same files, read as `tuner estimate --baseline` reads them
         basis = _basis(model, ds_config, training_args, world_size)
     baseline, findings = diagnose(
-        ds, hf, env=env, gpus=visible_gpus(env), accepted=accepted, transformers_version=version, basis=basis
+        ds,
+        hf,
+        env=env,
+        gpus=visible_gpus(env),
+        accepted=accepted,
+        transformers_version=version,
+        basis=basis,
+        oom=oom,
     )
     warnings = sum(f.severity == "warn" for f in findings)
     if as_json:
@@ -146,6 +159,8 @@ def _print(baseline: Baseline | None, findings: list[Finding], basis: Basis | No
         out_console.print(f"  number: {f.number}", markup=False)
         if f.not_covered:
             out_console.print(f"  not covered: {f.not_covered}", markup=False)
+        if f.oom:
+            out_console.print(f"  your OOM: {f.oom}", markup=False)
         out_console.print(f"  why: {f.why}", markup=False)
         out_console.print(f"  try: {f.fix}", markup=False)
         if f.search:

@@ -19,8 +19,10 @@ from tuner.interop.baseline import Baseline, parse_baseline
 from tuner.interop.doctor_cost import Basis, Cost, bucket_cost, eval_batch_cost
 from tuner.interop.doctor_env import env_traps, visible_gpus
 from tuner.interop.doctor_finding import Finding, fixed, rank, when
+from tuner.interop.doctor_oom import qualify
 from tuner.interop.export.mapping import auto_paths, get_path
 from tuner.job.definition import HF_MAX_LENGTH_KEYS
+from tuner.memory.oom_message import OomMessage
 
 __all__ = ["Basis", "Finding", "diagnose", "eval_first_runs", "visible_gpus"]
 
@@ -188,12 +190,14 @@ def diagnose(
     accepted: frozenset[str] | None = None,
     transformers_version: str | None = None,
     basis: Basis | None = None,
+    oom: OomMessage | None = None,
 ) -> tuple[Baseline | None, list[Finding]]:
     """The parsed setup (None when "auto" values have no training args to resolve them) and its findings, ranked
     (:func:`~tuner.interop.doctor_finding.rank`: the largest number first). A broken config (contradictory batch
     fields, unknown ZeRO keys ...) raises BaselineError. ``accepted``: the field names this host's TrainingArguments
     takes (``transformers_version`` its release), to flag the others. ``basis``: the estimate of this setup (the
-    model traced), which gives the findings their bytes; without it they have none and a note says so."""
+    model traced), which gives the findings their bytes; without it they have none and a note says so. ``oom``: the
+    user's OOM message, which qualifies the findings (:func:`tuner.interop.doctor_oom.qualify`)."""
     env = dict(os.environ if env is None else env)
     ds = dict(ds_config or {})
     hf = dict(hf_args or {})
@@ -228,4 +232,6 @@ def diagnose(
         findings.append(fixed("no-training-args"))
     findings += env_traps(env, gpus)
     findings += when(basis is None, fixed("skipped-numbers"))
+    if oom is not None:
+        findings = qualify(findings, oom, eval_first_runs(hf))
     return baseline, rank(findings)

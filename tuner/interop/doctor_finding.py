@@ -25,6 +25,7 @@ class Finding:
     nbytes: int | None = None  # the bytes at stake on one rank, from the one estimate: what findings are ranked by
     number: str = ""  # that number in words (the estimate's part, its phase, what the fix leaves), or why none
     not_covered: str = ""  # what the number does not cover (besides the estimate's own NOT_COVERED)
+    oom: str = ""  # what the user's OOM message says about this finding (--oom-message; empty without one)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

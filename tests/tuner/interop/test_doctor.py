@@ -288,6 +288,7 @@ def test_doctor_cli(tmp_path: Path) -> None:
         ({"--ds-config": "missing"}, [], "cannot read"),
         ({"--ds-config": DS}, ["--world-size", "4"], "--world-size goes with --model"),
         ({"--ds-config": DS}, ["--model", "builtin:no-such-preset"], "no-such-preset"),
+        ({"--ds-config": DS}, ["--oom-message", "it crashed"], "no 'Tried to allocate <size>'"),
     ],
 )
 def test_doctor_cli_mistakes_are_one_line_exit_2(tmp_path: Path, files: dict, extra: list, match: str) -> None:
@@ -335,3 +336,32 @@ def test_the_fixed_text_findings_are_whole_records() -> None:
         assert f.code == code and f.severity in ("warn", "info") and f.title and f.why and f.fix, code
         assert f.nbytes is None and f.number.startswith("no number"), code
         assert f.search or f.severity == "info", code
+
+
+SEED_OOM = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.81 GiB. GPU has a total capacity of "
+    "79.15 GiB of which 2.86 GiB is free. ... 74.19 GiB is allocated by PyTorch, and 1.59 GiB is reserved by "
+    "PyTorch but unallocated."
+)
+
+
+def test_an_oom_message_qualifies_the_findings_it_speaks_to() -> None:
+    from tuner.memory.oom_message import parse
+
+    hf = {**ARGS, "per_device_eval_batch_size": 32, "predict_with_generate": True, "eval_strategy": "epoch"}
+    b = basis(DS, hf)
+    plain = {f.code: f for f in diagnose(DS, hf, env={}, gpus=2, basis=b)[1]}
+    qualified = {f.code: f for f in diagnose(DS, hf, env={}, gpus=2, basis=b, oom=parse(SEED_OOM))[1]}
+    assert not any(f.oom for f in plain.values()) and set(plain) == set(qualified)  # qualified, never dropped
+    # 1.59 GiB reserved-unallocated + 2.86 GiB free < 4.81 GiB: the message rules fragmentation out
+    for code in ("overlap-comm-buckets", "allocator-fragmentation"):
+        assert qualified[code].oom.startswith("fragmentation ruled out"), code
+    # the buckets' whole part is smaller than the failed allocation: not the one that failed
+    assert qualified["overlap-comm-buckets"].nbytes < 4.81 * (1 << 30)
+    assert "larger than this whole part" in qualified["overlap-comm-buckets"].oom
+    evals = qualified["eval-batch-generate"].oom
+    assert "at the end of the first epoch (eval_strategy: epoch): if your OOM came before then" in evals
+    assert not qualified["gpus-without-launcher"].oom
+    fits = parse(SEED_OOM.replace("2.86 GiB is free", "3.5 GiB is free"))  # 1.59 + 3.5 >= 4.81: possible
+    again = {f.code: f for f in diagnose(DS, hf, env={}, gpus=2, basis=b, oom=fits)[1]}
+    assert again["allocator-fragmentation"].oom.startswith("fragmentation possible")
