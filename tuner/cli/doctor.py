@@ -102,14 +102,7 @@ def doctor(
     if model is not None:  # the same files, read as `tuner estimate --baseline` reads them
         basis = _basis(model, ds_config, training_args, world_size)
     baseline, findings = diagnose(
-        ds,
-        hf,
-        env=env,
-        gpus=visible_gpus(env),
-        accepted=accepted,
-        transformers_version=version,
-        basis=basis,
-        oom=oom,
+        ds, hf, env=env, gpus=visible_gpus(env), accepted=accepted, transformers_version=version, basis=basis, oom=oom
     )
     warnings = sum(f.severity == "warn" for f in findings)
     if as_json:
