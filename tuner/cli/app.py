@@ -41,6 +41,7 @@ COMMAND_MODULES = [
     "tuner.cli.search",
     "tuner.cli.results",
     "tuner.cli.export",
+    "tuner.cli.doctor",
     "tuner.cli.lengths",
 ]
 

@@ -103,6 +103,12 @@ class RankEstimate:
                 return p
         raise KeyError(name)
 
+    def largest_part(self, name: str, phases: tuple[str, ...] = PHASES) -> PhaseEstimate | None:
+        """The phase (of ``phases``, those this rank has) where part ``name`` is largest, the first of equals: its
+        ``part(name)`` is the number `tuner estimate` prints in that phase's column. None: no such phase."""
+        held = [p for p in self.phases if p.phase in phases]
+        return max(held, key=lambda p: p.part(name)) if held else None
+
 
 @dataclass(frozen=True)
 class Breakdown:

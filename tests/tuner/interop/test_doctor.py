@@ -10,9 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from trials.contract import Knobs
 from tuner.errors import BaselineError
-from tuner.interop.doctor import diagnose, visible_gpus
+from tuner.interop.baseline import parse_baseline
+from tuner.interop.doctor import Basis, Finding, diagnose, visible_gpus
+from tuner.memory.breakdown import ACTIVATIONS, GENERATE, GENERATION_CACHE, OPTIMIZER_STEP, ZERO_BUFFERS
+from tuner.memory.estimator import Estimator, Trace, TracePoint
+
+MiB = 1 << 20
 
 DS = {
     "train_micro_batch_size_per_gpu": 4,
@@ -145,15 +152,68 @@ def test_every_finding_says_what_to_try_and_how_the_search_tests_it() -> None:
     _, findings = diagnose({**DS, "steps_per_print": 1, "bf16": {"enabled": True}}, hf, env={}, gpus=4)
     assert len(findings) >= 7  # no eval-accumulation: predict_with_generate keeps token ids
     for f in findings:
-        assert f.title and f.why and f.fix and f.search, f.code
+        assert f.title and f.why and f.fix and f.number, f.code
+        assert f.search or f.severity == "info", f.code
     overlap = next(f for f in findings if f.code == "overlap-comm-buckets")
-    assert "overlap_comm: [false, true]" in overlap.search and "1.7 GiB" in overlap.why  # 4.5 x 2e8 x 2 bytes
+    assert "overlap_comm: [false, true]" in overlap.search
+    # no model: no bytes (no rule of thumb in their place), and a note that says so
+    assert overlap.nbytes is None and "without --model" in overlap.number
+    assert "skipped-numbers" in {f.code for f in findings}
     assert [f.severity for f in findings] == sorted((f.severity for f in findings), key=lambda s: s != "warn")
 
 
-def test_fp32_doubles_the_overlap_buffers() -> None:
-    _, findings = diagnose(DS, ARGS, env=QUIET_ENV, gpus=0)
-    assert "3.4 GiB" in next(f for f in findings if f.code == "overlap-comm-buckets").why
+PARAMS, LARGEST = 800_000_000, 32_000_000
+
+
+def basis(ds: dict, hf: dict, *, train: int = 2 << 30, eval_per_sample: int = 64 << 20) -> Basis:
+    """The estimate of the setup over a trace of its own shape (one point, its eval phases at one sample a batch)."""
+    knobs = Knobs.model_validate(parse_baseline(ds, hf, max_length=512).knobs)
+    point = TracePoint(
+        micro_batch_size=knobs.micro_batch_size,
+        max_length=knobs.max_length,
+        precision=knobs.precision,
+        activation_bytes=train,
+        resident_activation_bytes=train,
+        eval_batch_size=1,
+        eval_bytes=eval_per_sample,
+        generate_bytes=eval_per_sample,
+        generate_cache_bytes=eval_per_sample // 4,
+    )
+    trace = Trace(param_count=PARAMS, param_bytes=4 * PARAMS, largest_param=LARGEST, points=[point])
+    return Basis(Estimator(trace=trace, world_size=4), knobs, "a test model on 4 ranks")
+
+
+def found(ds: dict, hf: dict, b: Basis) -> dict[str, Finding]:
+    return {f.code: f for f in diagnose(ds, hf, env=QUIET_ENV, gpus=0, basis=b)[1]}
+
+
+def test_the_bucket_number_is_the_estimates_zero_buffers_part_and_fp32_doubles_it() -> None:
+    nbytes = {}
+    for precision, ds, hf in (("bf16", {**DS, "bf16": {"enabled": True}}, {**ARGS, "bf16": True}), ("fp32", DS, ARGS)):
+        b = basis(ds, hf)
+        assert b.knobs.precision == precision
+        part = b.estimator.breakdown(b.knobs).worst.phase(OPTIMIZER_STEP).part(ZERO_BUFFERS)
+        f = found(ds, hf, b)["overlap-comm-buckets"]
+        assert f.nbytes == part and f"ZeRO buffers {part / MiB:,.1f} MiB" in f.number and "optimizer step" in f.number
+        assert "with 5e7 buckets" in f.number and "less" in f.number and f.not_covered
+        nbytes[precision] = part
+    assert nbytes["fp32"] == 2 * nbytes["bf16"]  # every bucket at the job's precision
+
+
+@pytest.mark.parametrize(
+    ("eval_per_sample", "first"), [(256 << 20, "eval-batch-generate"), (1 << 20, "overlap-comm-buckets")]
+)
+def test_findings_are_ranked_by_their_number(eval_per_sample: int, first: str) -> None:
+    hf = {**ARGS, "per_device_eval_batch_size": 32, "predict_with_generate": True, "logging_steps": 1}
+    b = basis(DS, hf, eval_per_sample=eval_per_sample)
+    ranked = diagnose(DS, hf, env=QUIET_ENV, gpus=0, basis=b)[1]
+    numbers = [f.nbytes for f in ranked if f.nbytes is not None]
+    assert ranked[0].code == first and len(numbers) == 2
+    assert numbers == sorted(numbers, reverse=True)
+    assert all(f.nbytes is not None for f in ranked[: len(numbers)])  # those without a number come after
+    assert "skipped-numbers" not in {f.code for f in ranked}
+    gen = b.estimator.breakdown(b.knobs).worst.phase(GENERATE)
+    assert found(DS, hf, b)["eval-batch-generate"].nbytes == gen.part(ACTIVATIONS) + gen.part(GENERATION_CACHE)
 
 
 def test_broken_config_is_an_error_not_a_finding() -> None:
@@ -218,24 +278,27 @@ def test_doctor_cli(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("files", "match"),
+    ("files", "extra", "match"),
     [
-        ({}, "give --ds-config FILE and/or --training-args FILE"),
-        ({"--ds-config": "{broken"}, "not valid JSON"),
-        ({"--ds-config": ARGS}, "looks like training args"),
-        ({"--ds-config": zero(stage=5)}, "stage must be 0, 1, 2 or 3"),
-        ({"--ds-config": {**DS, "train_batch_size": 7}}, "train_batch_size=7"),
-        ({"--ds-config": "missing"}, "cannot read"),
+        ({}, [], "give --ds-config FILE and/or --training-args FILE"),
+        ({"--ds-config": "{broken"}, [], "not valid JSON"),
+        ({"--ds-config": ARGS}, [], "looks like training args"),
+        ({"--ds-config": zero(stage=5)}, [], "stage must be 0, 1, 2 or 3"),
+        ({"--ds-config": {**DS, "train_batch_size": 7}}, [], "train_batch_size=7"),
+        ({"--ds-config": "missing"}, [], "cannot read"),
+        ({"--ds-config": DS}, ["--world-size", "4"], "--world-size goes with --model"),
+        ({"--ds-config": DS}, ["--model", "builtin:no-such-preset"], "no-such-preset"),
+        ({"--ds-config": DS}, ["--oom-message", "it crashed"], "no 'Tried to allocate <size>'"),
     ],
 )
-def test_doctor_cli_mistakes_are_one_line_exit_2(tmp_path: Path, files: dict, match: str) -> None:
+def test_doctor_cli_mistakes_are_one_line_exit_2(tmp_path: Path, files: dict, extra: list, match: str) -> None:
     argv: list[str] = []
     for option, content in files.items():
         path = tmp_path / "f.json"
         if content != "missing":
             write(path, content)
         argv += [option, str(path)]
-    proc = run("doctor", *argv)
+    proc = run("doctor", *argv, *extra)
     assert proc.returncode == 2
     assert match in proc.stderr and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
@@ -262,3 +325,43 @@ def test_training_args_this_transformers_does_not_accept_are_named_with_the_vers
     assert "transformers 4.x (removed in 5.0) accepts it" in warn.why
     _, clean = diagnose(DS, ARGS, env={}, gpus=None, accepted=accepted, transformers_version="5.24.0")
     assert "unknown-training-args" not in {f.code for f in clean}
+
+
+def test_the_fixed_text_findings_are_whole_records() -> None:
+    from tuner.interop.doctor_finding import FIXED_FILE, _fixed
+
+    catalog = _fixed()
+    assert set(catalog) == set(yaml.safe_load(FIXED_FILE.read_text()))
+    for code, f in catalog.items():
+        assert f.code == code and f.severity in ("warn", "info") and f.title and f.why and f.fix, code
+        assert f.nbytes is None and f.number.startswith("no number"), code
+        assert f.search or f.severity == "info", code
+
+
+SEED_OOM = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.81 GiB. GPU has a total capacity of "
+    "79.15 GiB of which 2.86 GiB is free. ... 74.19 GiB is allocated by PyTorch, and 1.59 GiB is reserved by "
+    "PyTorch but unallocated."
+)
+
+
+def test_an_oom_message_qualifies_the_findings_it_speaks_to() -> None:
+    from tuner.memory.oom_message import parse
+
+    hf = {**ARGS, "per_device_eval_batch_size": 32, "predict_with_generate": True, "eval_strategy": "epoch"}
+    b = basis(DS, hf)
+    plain = {f.code: f for f in diagnose(DS, hf, env={}, gpus=2, basis=b)[1]}
+    qualified = {f.code: f for f in diagnose(DS, hf, env={}, gpus=2, basis=b, oom=parse(SEED_OOM))[1]}
+    assert not any(f.oom for f in plain.values()) and set(plain) == set(qualified)  # qualified, never dropped
+    # 1.59 GiB reserved-unallocated + 2.86 GiB free < 4.81 GiB: the message rules fragmentation out
+    for code in ("overlap-comm-buckets", "allocator-fragmentation"):
+        assert qualified[code].oom.startswith("fragmentation ruled out"), code
+    # the buckets' whole part is smaller than the failed allocation: not the one that failed
+    assert qualified["overlap-comm-buckets"].nbytes < 4.81 * (1 << 30)
+    assert "larger than this whole part" in qualified["overlap-comm-buckets"].oom
+    evals = qualified["eval-batch-generate"].oom
+    assert "at the end of the first epoch (eval_strategy: epoch): if your OOM came before then" in evals
+    assert not qualified["gpus-without-launcher"].oom
+    fits = parse(SEED_OOM.replace("2.86 GiB is free", "3.5 GiB is free"))  # 1.59 + 3.5 >= 4.81: possible
+    again = {f.code: f for f in diagnose(DS, hf, env={}, gpus=2, basis=b, oom=fits)[1]}
+    assert again["allocator-fragmentation"].oom.startswith("fragmentation possible")
