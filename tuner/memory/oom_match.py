@@ -234,11 +234,11 @@ def attribute(failed: FailedAllocation, knobs: Knobs, trace: Trace, breakdown: B
         )
         traced = next((m for m in sized if m.length == knobs.max_length), None)
     if traced is not None:
-        how = "op and shape: the traced allocation" if traced.op == failed.op else "size: the traced allocation"
+        how = "its op and shape in the trace" if traced.op == failed.op else "its size: a traced allocation's"
         return Attribution(phase, ACTIVATIONS, how, traced, where)
     bucket = zero_bucket(knobs, failed.nbytes)
     if bucket is not None:
-        return Attribution(phase, ZERO_BUFFERS, f"size: {bucket}", None, where)
+        return Attribution(phase, ZERO_BUFFERS, f"its size: {bucket}", None, where)
     if where is not None:
         return Attribution(phase, where.part, "where in use + asked lands in the estimate's stack", None, where)
     return Attribution(phase, None, "the record does not say which phase of the estimate it was in", None, None)
