@@ -224,23 +224,11 @@ def estimate(
         >>> small.fits(160 * 2**20)  # bytes per rank
         True
     """
-    from pydantic import ValidationError
-
-    from tuner.job.batching import accumulation_steps
+    from tuner.job.batching import GLOBAL_BATCH_KEYWORDS, validated_knobs
     from tuner.job.lora import check_lora, lora_spec
     from tuner.memory.estimator import Estimator, trace
 
-    try:
-        k = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(dict(knobs))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ())) or "knobs"
-        raise ConfigError(f"{where}: {first['msg']}") from None
-    if global_batch is not None and accumulation_steps(global_batch, k.micro_batch_size, world_size) is None:
-        raise ConfigError(
-            f"global_batch {global_batch} is not a whole number of micro batches: give a multiple of "
-            f"micro_batch_size x world_size = {k.micro_batch_size * world_size}"
-        )
+    k = validated_knobs(knobs, global_batch, world_size, GLOBAL_BATCH_KEYWORDS)
     spec = resolve_model(model)
     lora = lora_spec(lora_r, lora_alpha, lora_dropout, lora_target_modules, lora_bias)
     if lora is not None:

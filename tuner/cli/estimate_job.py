@@ -9,11 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from trials.contract import BUILTIN_PREFIX, Knobs, ModelSpec
 from tuner.errors import BaselineError, ConfigError
-from tuner.job.batching import accumulation_steps
+from tuner.job.batching import validated_knobs
 from tuner.job.definition import BUILTIN_DEFAULTS, Job, JobFlags, resolve_job
 from tuner.memory.trace import Evaluation
 from tuner.session.options import cli_option
@@ -117,17 +115,7 @@ def estimate_job(
     values.update(
         precision=job.precision, max_length=job.max_length, eval_batch_size=job.eval_batch_size, generate=job.generate
     )
-    try:
-        config = Knobs.model_validate(values)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ())) or "knobs"
-        raise ConfigError(f"{where}: {first['msg']}") from None
-    if batch is not None and accumulation_steps(batch, config.micro_batch_size, world) is None:
-        raise ConfigError(
-            f"--global-batch {batch} is not a whole number of micro batches: give a multiple of "
-            f"--micro-batch-size x --world-size = {config.micro_batch_size * world}"
-        )
+    config = validated_knobs(values, batch, world)
     source = "your baseline" + (" with options" if any(v is not None for v in knobs.values()) else "")
     source = source if base is not None else "options"
     return EstimateJob(model, job, config, world, batch, source, data, sources)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+from trials.contract import Knobs
 from tuner.errors import ConfigError
+
+GLOBAL_BATCH_FLAGS = ("--global-batch", "--micro-batch-size", "--world-size")  # the CLI's spelling
+GLOBAL_BATCH_KEYWORDS = ("global_batch", "micro_batch_size", "world_size")  # tune()'s and estimate()'s
 
 
 def accumulation_steps(global_batch: int, micro_batch_size: int, world_size: int) -> int | None:
@@ -39,3 +44,26 @@ def default_global_batch(choices: Iterable[int], world_size: int) -> int:
 
     values = list(choices)
     return lcm(*values) * world_size if values else world_size
+
+
+def validated_knobs(
+    values: Any, global_batch: int | None, world_size: int, spelling: tuple[str, str, str] = GLOBAL_BATCH_FLAGS
+) -> Knobs:
+    """``values`` (Knobs or a mapping) as Knobs, whose micro batch reaches ``global_batch`` exactly: a value Knobs
+    refuses, or a global batch no whole accumulation reaches, is one ConfigError line. ``spelling`` names the global
+    batch, the micro batch and the world size as the caller's user typed them (CLI flags or tune()'s keywords)."""
+    from pydantic import ValidationError
+
+    try:
+        knobs = values if isinstance(values, Knobs) else Knobs.model_validate(dict(values))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "knobs"
+        raise ConfigError(f"{where}: {first['msg']}") from None
+    if global_batch is not None and accumulation_steps(global_batch, knobs.micro_batch_size, world_size) is None:
+        batch_name, micro_name, world_name = spelling
+        raise ConfigError(
+            f"{batch_name} {global_batch} is not a whole number of micro batches: give a multiple of "
+            f"{micro_name} x {world_name} = {knobs.micro_batch_size * world_size}"
+        )
+    return knobs

@@ -1,7 +1,15 @@
 import pytest
 
+from trials.contract import Knobs
 from tuner.errors import ConfigError
-from tuner.job.batching import accumulation_steps, default_global_batch, reachable_micro_batches, require_reachable
+from tuner.job.batching import (
+    GLOBAL_BATCH_KEYWORDS,
+    accumulation_steps,
+    default_global_batch,
+    reachable_micro_batches,
+    require_reachable,
+    validated_knobs,
+)
 
 
 def test_accumulation_reaches_the_global_batch_exactly():
@@ -34,3 +42,15 @@ def test_default_global_batch_is_reachable_by_every_choice():
     g = default_global_batch([1, 2, 4, 8, 16, 32], 2)
     assert g == 64
     assert reachable_micro_batches([1, 2, 4, 8, 16, 32], g, 2) == [1, 2, 4, 8, 16, 32]
+
+
+def test_validated_knobs_names_the_bad_value_and_the_unreachable_global_batch_in_the_callers_words() -> None:
+    knobs = validated_knobs({"micro_batch_size": 4, "max_length": 64}, 32, 2)
+    assert isinstance(knobs, Knobs) and knobs.micro_batch_size == 4
+    assert validated_knobs(knobs, None, 3) is knobs
+    with pytest.raises(ConfigError, match=r"^--global-batch 30 is not a whole number .* --micro-batch-size x "):
+        validated_knobs(knobs, 30, 2)
+    with pytest.raises(ConfigError, match=r"^global_batch 30 .* = 8$"):
+        validated_knobs(knobs, 30, 2, GLOBAL_BATCH_KEYWORDS)
+    with pytest.raises(ConfigError, match=r"^micro_batch_size: "):
+        validated_knobs({"micro_batch_size": 0, "max_length": 64}, None, 1)
