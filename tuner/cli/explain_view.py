@@ -10,6 +10,7 @@ from tuner.memory.explain import Change, Explanation, RecordedFailure, TrialFact
 from tuner.memory.oom_match import Landing
 
 GiB = 1 << 30
+SHOWN_FAILURES = 2  # ranks whose recorded failure the text prints (the text stays about 40 lines); --json has all
 _SHORT = {
     "parameters": "params",
     "gradients": "grads",
@@ -119,8 +120,11 @@ def _trial(t: TrialFacts) -> list[str]:
         out.append(f"  ran out: a rank needed at least {_size(t.oom_need)} (in use + refused); {calibrated}")
     else:
         out.append(f"  {calibrated}")
-    for f in t.failures:
+    for f in t.failures[:SHOWN_FAILURES]:
         out += _failure(f)
+    if len(t.failures) > SHOWN_FAILURES:
+        ranks = ", ".join(str(f.rank) for f in t.failures[SHOWN_FAILURES:])
+        out.append(f"  ranks {ranks} recorded theirs too (--json lists every rank's)")
     return out
 
 

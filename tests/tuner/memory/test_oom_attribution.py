@@ -90,7 +90,7 @@ def test_the_traced_op_and_shape_is_matched_and_lands_in_the_activations() -> No
             {},
             None,
             failed.live + failed.nbytes,
-            ((0, failed, None),),
+            ((0, failed, "/db.oom-snapshots/s.snapshot.pickle"), (1, failed, None), (2, failed, None)),
         ),
     )
     a = attribute(failed, k, i.estimator.trace, found.breakdown)
@@ -106,7 +106,10 @@ def test_the_traced_op_and_shape_is_matched_and_lands_in_the_activations() -> No
     )
     assert "matched: 0.03 GiB = the float32 attention matrix (softmax-sized, op _softmax.default)" in text
     assert "in use + asked = 314.59 MiB lands in the estimate's activations + temporaries" in text
+    assert "memory snapshot: /db.oom-snapshots/s.snapshot.pickle (drag it onto pytorch.org/memory_viz)" in text
+    assert text.count("recorded failure, rank") == 2 and "ranks 2 recorded theirs too" in text
     body = json.loads(as_json(found))
+    assert len(body["trial"]["failures"]) == 3
     f = body["trial"]["failures"][0]
     assert (f["phase"], f["part"], f["failed"]["op"]) == (FORWARD_BACKWARD, ACTIVATIONS, SOFTMAX.op)
     assert body["trial"]["oom_need"] == failed.live + failed.nbytes and body["verdict"]["phase"] == FORWARD_BACKWARD
