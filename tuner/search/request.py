@@ -161,7 +161,7 @@ def build_request(
         space=space,
         world_size=world,
         global_batch=batch,
-        objective=objective_for(space.max_length, lengths),
+        objective=objective_for(space.max_length, lengths, drawn=data is not None),
         budget_s=budget_s,
         device_memory=device_memory,
         headroom=headroom,
@@ -231,4 +231,6 @@ def request_from_definition(base: SearchRequest, stored: StudyDefinition | dict[
         seed=base.seed,
         job=Job.model_validate(d.job) if d.job else None,
         job_changes=d.job_changes,
+        data=base.data,  # the data this run read (--dataset): not stored, so a resumed search's probes draw from it
+        length_sources=base.length_sources,
     )
