@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from tuner.cli.estimate_view import phase_json
 from tuner.memory.breakdown import PARTS, PHASE_TITLES, PhaseEstimate
@@ -34,7 +35,10 @@ def _config(e: Explanation) -> str:
 
 
 def command(c: Change, search: str) -> str:
-    """The command that probes the change: the job's search with the change's flags or space file."""
+    """The command that probes the change: the job's search with the change's flags or space file (a change's
+    --max-length replaces the job's)."""
+    if "--max-length" in c.flags:
+        search = re.sub(r" --max-length \S+", "", search)
     if c.space is None:
         return f"{search} {c.flags}".strip()
     return f"printf '{c.space}\\n' > space.yaml && {search} {c.flags} --space space.yaml".replace("  ", " ")

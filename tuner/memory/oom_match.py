@@ -62,10 +62,15 @@ class Match:
     def describe(self) -> str:
         dims = " x ".join(f"{d:,}" for d in self.shape)
         return (
-            f"{self.failed / (1 << 30):.2f} GiB = the {self.dtype} {self.what} of the {PHASE_TITLES[self.phase]}, "
-            f"{dims}, at {self.length:,} tokens ({self.nbytes / (1 << 30):.2f} GiB, {self.error:.1%} off; traced at "
+            f"{_size(self.failed)} = the {self.dtype} {self.what} of the {PHASE_TITLES[self.phase]}, "
+            f"{dims}, at {self.length:,} tokens ({_size(self.nbytes)}, {self.error:.1%} off; traced at "
             f"{self.traced_length:,} tokens and scaled as length^{_power(self)})"
         )
+
+
+def _size(n: int) -> str:
+    """GiB with two decimals, MiB below one GiB (a tiny model's allocations are not "0.03 GiB")."""
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):,.2f} MiB"
 
 
 def _power(m: Match) -> int:

@@ -98,13 +98,14 @@ def test_the_traced_op_and_shape_is_matched_and_lands_in_the_activations() -> No
     assert a.traced is not None and a.traced.op == SOFTMAX.op and a.traced.length == 512
     assert a.landing is not None and a.landing.part == ACTIVATIONS
 
-    text = "\n".join(lines(found, "tuner search"))
+    text = "\n".join(lines(found, "tuner search --max-length 512"))
     assert "trial 0 of study s: oom" in text
+    assert "tuner search --max-length 307\n" in text + "\n"  # the change's length replaces the job's
     assert (
         "attributed to the activations + temporaries of the train forward + backward, by its op and shape in the "
         "trace" in text
     )
-    assert "matched: 0.03 GiB = the float32 attention matrix (softmax-sized, op _softmax.default)" in text
+    assert "matched: 32.00 MiB = the float32 attention matrix (softmax-sized, op _softmax.default)" in text
     assert "in use + asked = 314.59 MiB lands in the estimate's activations + temporaries" in text
     assert "memory snapshot: /db.oom-snapshots/s.snapshot.pickle (drag it onto pytorch.org/memory_viz)" in text
     assert text.count("recorded failure, rank") == 2 and "ranks 2 recorded theirs too" in text
