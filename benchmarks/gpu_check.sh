@@ -95,6 +95,7 @@ say "search took $(( $(date +%s) - start )) s"
 if ! "$PY" benchmarks/gpu/probe_table.py "$DB" gpu-check "$MAX_FIXED_S" 2>>"$LOG" | tee -a "$LOG"; then
   fail "the probes failed an assertion (above)"
 fi
+"$PY" benchmarks/gpu/oom_record.py "$DB" gpu-check 2>>"$LOG" | tee -a "$LOG" || fail "an OOM left no record (above)"
 
 # one rank, as `deepspeed`/torchrun would set it for the Trainer's DeepSpeed integration
 port=$("$PY" -c "from trials.contract import free_port; print(free_port())")

@@ -290,6 +290,27 @@ class ProbeConfig(_Strict):
 MEMORY_PHASES = ("train", "eval_forward", "generate")
 
 
+#: the stage of a train step an allocation was asked for in (trials.memory.LiveTensorTracker)
+Stage = Literal["forward", "backward", "optimizer step"]
+FAILED_OP_CHARS = 120  # a failed allocation's op name is kept to this many characters (the stored row stays small)
+FAILED_SHAPE_DIMS = 8
+
+
+class FailedAllocation(_Strict):
+    """The allocation an out-of-memory refused, as the rank saw it at that instant (bounded: a short op name and at
+    most ``FAILED_SHAPE_DIMS`` dimensions). The emulated device knows the op, shape and dtype that asked; on CUDA the
+    out-of-memory observer knows the size and what was allocated (the op is in the memory snapshot's stack frames)."""
+
+    nbytes: int = Field(ge=0)  # what was asked for
+    live: int = Field(0, ge=0)  # bytes in use on the device (this rank's allocations) when it was asked for
+    capacity: int | None = None  # the rank's device memory
+    op: str | None = Field(None, max_length=FAILED_OP_CHARS)
+    shape: list[int] = Field(default_factory=list, max_length=FAILED_SHAPE_DIMS)
+    dtype: str | None = Field(None, max_length=32)
+    phase: Phase | None = None  # where the rank was (setup, train, eval, generate)
+    stage: Stage | None = None  # within a train step: forward, backward or the optimizer step
+
+
 class RankMemory(_Strict):
     rank: int
     peak_allocated: int = 0  # bytes: CUDA max_memory_allocated, or the emulated device's peak live bytes on CPU
@@ -307,6 +328,10 @@ class RankMemory(_Strict):
     # the peak allocated bytes of each phase of the memory window (MEMORY_PHASES: the train step, then the eval
     # forward and generate when the job evaluates); peak_allocated is the most of them and the timed steps
     phases: dict[str, int] = Field(default_factory=dict)
+    # after an OOM: the allocation refused (FailedAllocation), and on CUDA the memory snapshot the out-of-memory
+    # observer wrote (a path; pytorch.org/memory_viz reads it), None where none was written
+    failed_allocation: FailedAllocation | None = None
+    snapshot: str | None = None
 
     @property
     def need(self) -> int:

@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from trials.contract import Status
+from trials.contract import FAILED_OP_CHARS, FAILED_SHAPE_DIMS, FailedAllocation, Stage, Status
 
 MiB = 1 << 20
 
@@ -58,6 +58,10 @@ class LiveTensorTracker(TorchDispatchMode):
         self.oom_need: int | None = None  # live bytes + the allocation refused at the capacity (a lower bound)
         self.keep_largest = 0  # how many of the largest new storages to name (0: none; see largest_since)
         self.largest: list[Allocation] = []  # the largest storages created since largest_since, largest first
+        self.refused: FailedAllocation | None = None  # the last allocation refused at the capacity (op, shape, live)
+        self._forward_depth = 0  # modules whose forward is running (global module hooks, while the mode is active)
+        self._stepping = 0  # torch optimizers whose step is running (global optimizer hooks)
+        self._hooks: list[Any] = []
 
     # -- accounting -------------------------------------------------------------------------------------------------
     def track(self, tensors: Iterable[Any]) -> None:
@@ -81,8 +85,9 @@ class LiveTensorTracker(TorchDispatchMode):
         self.largest.sort(key=lambda a: -a.nbytes)
         del self.largest[self.keep_largest :]
 
-    def _add(self, t: torch.Tensor, check: bool = True, inputs: frozenset[int] = frozenset()) -> int:
-        """Counts ``t``'s storage if new (or grown); returns the bytes it added."""
+    def _add(self, t: torch.Tensor, check: bool = True, inputs: frozenset[int] = frozenset(), func: Any = None) -> int:
+        """Counts ``t``'s storage if new (or grown); returns the bytes it added. One past the capacity is refused:
+        ``refused`` records it (the op ``func`` that asked, ``t``'s shape, the bytes live at that instant)."""
         if t.layout is not torch.strided or t.device.type not in ("cpu", "cuda"):
             return 0  # meta tensors (shapes only, e.g. DeepSpeed ZeRO-1/2's round_robin_bit16_meta) hold no memory
         try:
@@ -110,6 +115,7 @@ class LiveTensorTracker(TorchDispatchMode):
                 self.live -= delta
                 self._sizes[key] = nbytes - delta
                 self.oom_need = max(self.oom_need or 0, self.live + delta)
+                self.refused = refused(func, t, delta, self.live, self.capacity, self.stage())
             elif self.live > self.peak:
                 self.peak = self.live
         if over:
@@ -149,6 +155,48 @@ class LiveTensorTracker(TorchDispatchMode):
                 freed += size
         return freed
 
+    # -- where in a step an allocation is asked for ----------------------------------------------------------------
+    def stage(self) -> Stage | None:
+        """The stage of a train step running now: the backward (autograd is running a node: a checkpointed
+        forward's recomputation included), a torch optimizer's step, a module's forward; None: none of them (e.g.
+        ZeRO's own step work outside its inner optimizer, a collate)."""
+        if torch._C._current_autograd_node() is not None:
+            return "backward"
+        if self._stepping:
+            return "optimizer step"
+        return "forward" if self._forward_depth else None
+
+    def __enter__(self) -> LiveTensorTracker:
+        from torch.nn.modules import module
+        from torch.optim import optimizer
+
+        def enter_forward(*_: Any) -> None:
+            self._forward_depth += 1
+
+        def leave_forward(*_: Any) -> None:
+            self._forward_depth = max(0, self._forward_depth - 1)
+
+        def enter_step(*_: Any) -> None:
+            self._stepping += 1
+
+        def leave_step(*_: Any) -> None:
+            self._stepping = max(0, self._stepping - 1)
+
+        self._hooks = [
+            module.register_module_forward_pre_hook(enter_forward),
+            module.register_module_forward_hook(leave_forward, always_call=True),
+            optimizer.register_optimizer_step_pre_hook(enter_step),
+            optimizer.register_optimizer_step_post_hook(leave_step),
+        ]
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
     def reset_peak(self) -> None:
         self.peak = self.live
 
@@ -169,10 +217,30 @@ class LiveTensorTracker(TorchDispatchMode):
             inputs = frozenset() if fresh else frozenset(_storage_ids(tree_leaves((args, kwargs))))
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
-                    added = self._add(t, inputs=inputs)
+                    added = self._add(t, inputs=inputs, func=func)
                     if self.keep_largest:
                         self._name(func, t, added)
         return out
+
+
+def op_name(func: Any) -> str:
+    """An aten op's name as the trace names it (``mm.default``), at most FAILED_OP_CHARS characters."""
+    return str(getattr(func, "__name__", func))[:FAILED_OP_CHARS]
+
+
+def refused(
+    func: Any, t: torch.Tensor, nbytes: int, live: int, capacity: int | None, stage: Stage | None
+) -> FailedAllocation:
+    """The allocation the emulated device refused, bounded (a short op name, at most FAILED_SHAPE_DIMS dims)."""
+    return FailedAllocation(
+        nbytes=nbytes,
+        live=max(0, live),
+        capacity=capacity,
+        op=op_name(func) if func is not None else None,
+        shape=list(t.shape)[:FAILED_SHAPE_DIMS],
+        dtype=str(t.dtype).replace("torch.", ""),
+        stage=stage,
+    )
 
 
 _LIFT_FRESH = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}

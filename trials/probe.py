@@ -66,6 +66,7 @@ from trials.measure import (
     step_stats,
 )
 from trials.models import build_dtype, build_model, is_encoder_decoder, load_config, placement
+from trials.oom_snapshot import OomSnapshot, snapshot_path
 from trials.outcome import classify, launch_fault, one_line
 
 
@@ -98,6 +99,7 @@ class Probe:
         self.used_peak: int | None = None
         self.overhead = 0
         self.peaks = PhasePeaks.of(lambda: self.tracker, self.device)  # per phase of the memory window
+        self.snapshot: OomSnapshot | None = None  # CUDA: the memory snapshot an OOM in the window writes
         # with data batches: the shapes built, read back from the tensors (RankResult.memory_shape / timed_shapes)
         self.memory_shape: BatchDims | None = None
         self.timed_shapes: list[BatchDims] = []
@@ -166,7 +168,9 @@ class Probe:
         return model
 
     def _tracking(self) -> contextlib.AbstractContextManager[Any]:
-        return self.tracker if self.tracker is not None else contextlib.nullcontext()
+        if self.tracker is not None:
+            return self.tracker
+        return self.snapshot if self.snapshot is not None else contextlib.nullcontext()
 
     def _sampling(self) -> contextlib.AbstractContextManager[Any]:
         return DeviceSampler(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
@@ -387,6 +391,7 @@ class Probe:
                 overhead=self.overhead,
                 device_used_peak=self.used_peak,
                 device_used_start=self.used_start,
+                **self._failed(),
             )
         return RankMemory(
             rank=self.rank,
@@ -396,7 +401,21 @@ class Probe:
             capacity=self.capacity,
             peak_rss=rss,
             oom_need=self.tracker.oom_need if self.tracker is not None else None,
+            **self._failed(),
         )
+
+    def _failed(self) -> dict[str, Any]:
+        """After an OOM: the refused allocation (with the phase the rank was in) and, on CUDA, the snapshot's path."""
+        refused = self.tracker.refused if self.tracker is not None else None
+        snap = self.snapshot
+        if refused is None and snap is not None:
+            refused = snap.failed
+        out: dict[str, Any] = {}
+        if refused is not None:
+            out["failed_allocation"] = refused.model_copy(update={"phase": self.phase, "capacity": self.capacity})
+        if snap is not None and snap.written is not None:
+            out["snapshot"] = str(snap.written)
+        return out
 
     def _stats(self) -> StepStats:
         return step_stats(self.micro_times, self.boundary_times, self.config.gradient_accumulation_steps)
@@ -439,6 +458,8 @@ def run_probe_rank(config: ProbeConfig, out: Path, launch_t: float | None = None
     thread's failure) it leaves as a RankReason beside it (trials.last_words); the exit code carries the class too."""
     with LastWords.of_rank(config, out) as words:  # installed already by ``python -m trials``, before its imports
         probe = Probe(config, launch_t)
+        if probe.device.type == "cuda":
+            probe.snapshot = OomSnapshot(probe.device, snapshot_path(out), config.device_memory)
         words.attach(lambda: probe.phase, probe.outcome)
         try:
             result, code = probe.run(), EXIT_OK

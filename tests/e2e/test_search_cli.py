@@ -187,6 +187,23 @@ def test_baseline_is_probed_first_and_reported(tmp_path):
     exported = json.loads(best.stdout)
     assert exported["optimizer"]["type"] == "AdamW"  # kept from the user's config
     assert exported["train_micro_batch_size_per_gpu"] == 2 and exported["train_batch_size"] == 32
+    # why it crashed, from the probe's recorded failure (issue 22 §1): the 2e8-element reduce bucket in the backward
+    explained = tuner("explain", "--storage", url, "--study", "flan", "--trial", "0")
+    assert explained.returncode == 0, explained.stderr
+    said = explained.stdout
+    print(said)
+    assert "verdict: the train forward + backward at the worst batch (4 x 128 tokens) crosses" in said
+    assert "mostly ZeRO buffers" in said
+    assert (
+        "recorded failure, rank 0: tried to allocate 762.94 MiB (empty.memory_format float32 200,000,000) in the "
+        "train step's backward" in said
+    )
+    assert (
+        "attributed to the ZeRO buffers of the train forward + backward, by its size: one ZeRO reduce bucket: "
+        "reduce_bucket_size 200,000,000 x 4 bytes, overlap_comm keeps 2" in said
+    )
+    assert "lands in the estimate's ZeRO buffers of the train forward + backward" in said
+    # (--json prints the same record: tests/tuner/memory/test_oom_attribution.py; one trace here is enough)
 
 
 SEED = Path(__file__).resolve().parents[1] / "data" / "seed"  # the motivating team's files, verbatim

@@ -1,6 +1,10 @@
 """`tuner explain`: why the user's config runs out of memory, by phase, part and rank, matched to the OOM message
 they saw, with the smallest changes that fit. The job is read exactly as `tuner search` reads it (the declared
-settings, the session's request); the model is traced on CPU (short lengths, extrapolated); nothing is probed."""
+settings, the session's request); the model is traced on CPU (short lengths, extrapolated); nothing is probed.
+
+After a search, `tuner explain --study S --trial N` explains a probed trial instead (tuner.session.explain_trial):
+its knobs and job from the stored probe, the estimate calibrated on the study's other measured probes, the trial's
+measured per-phase peaks against it, and its recorded failure attributed to the estimate's parts; the same view."""
 
 from __future__ import annotations
 
@@ -15,11 +19,14 @@ from tuner.cli.app import app
 from tuner.cli.declared import settings_of, with_settings
 from tuner.cli.explain_view import as_json, lines
 from tuner.declared import SEARCH
+from tuner.errors import ConfigError
 from tuner.memory import oom_message
-from tuner.memory.explain import explain
+from tuner.memory.explain import Explanation, explain, explain_trial
 from tuner.session.explain_job import explain_inputs
+from tuner.session.explain_trial import trial_inputs
 from tuner.session.options import CLI, SearchOptions
 from tuner.session.session import SearchSession
+from tuner.settings import load_settings
 
 #: where `tuner explain` reads a search setting differently: nothing is searched, so no budget is needed
 EXPLAIN_OWN: dict[str, dict[str, Any]] = {"budget": {"default": "1h", "help": "not used: explain probes nothing"}}
@@ -33,21 +40,44 @@ def explain_command(
         str | None,
         typer.Option("--oom-message", help="the CUDA out-of-memory text you saw, or @file holding it"),
     ] = None,
+    trial: Annotated[
+        int | None,
+        typer.Option(
+            "--trial",
+            min=0,
+            help="after a search: explain this trial of --study (default with --study and no --baseline: the first "
+            "probed, the baseline when there is one) from what it measured",
+        ),
+    ] = None,
     as_json_out: Annotated[bool, typer.Option("--json", help="print JSON instead of text")] = False,
 ) -> None:
     """Explain why your config runs out of device memory on your data: each phase's peak at the worst batch, part
     by part, which phase crosses the memory and when a run would meet it, your OOM message matched to the traced
-    allocation of its size, and the smallest changes that fit, each with the search that probes it."""
-    oom = oom_message.read(oom_text) if oom_text is not None else None
-    request, _ = SearchSession(SearchOptions.of(settings), face=CLI).request()
-    inputs = explain_inputs(request)
-    found = explain(inputs, oom)
+    allocation of its size, and the smallest changes that fit, each with the search that probes it. With --study
+    (and --trial N) after a search: a probed trial, its measured peaks and recorded failure against the estimate."""
+    if trial is not None or (settings.get("study") is not None and settings.get("baseline") is None):
+        found, search = _of_trial(settings, trial, oom_text)
+    else:
+        oom = oom_message.read(oom_text) if oom_text is not None else None
+        request, _ = SearchSession(SearchOptions.of(settings), face=CLI).request()
+        found, search = explain(explain_inputs(request), oom), _search_command(settings)
     if as_json_out:
         typer.echo(as_json(found))
         return
     console = Console(highlight=False, soft_wrap=True, width=100)
-    for line in lines(found, _search_command(settings)):
+    for line in lines(found, search):
         console.print(Text(line))
+
+
+def _of_trial(settings: dict[str, Any], trial: int | None, oom_text: str | None) -> tuple[Explanation, str]:
+    """The explanation of a study's probed trial, and the search that probes a change of its job."""
+    if oom_text is not None:
+        raise ConfigError("--oom-message explains your config before a search; a trial's own failure is recorded")
+    from tuner.storage.store import Store
+
+    store = Store(load_settings(storage=settings.get("storage")).storage, read_only=True)
+    given = trial_inputs(store, settings.get("study"), trial)
+    return explain_trial(given.inputs, given.measured), given.search
 
 
 def _search_command(settings: dict[str, Any]) -> str:

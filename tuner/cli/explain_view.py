@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 from tuner.cli.estimate_view import phase_json
-from tuner.memory.breakdown import PARTS, PhaseEstimate
-from tuner.memory.explain import Change, Explanation
+from tuner.memory.breakdown import PARTS, PHASE_TITLES, PhaseEstimate
+from tuner.memory.explain import Change, Explanation, RecordedFailure, TrialFacts
+from tuner.memory.oom_match import Landing
 
 GiB = 1 << 30
+SHOWN_FAILURES = 2  # ranks whose recorded failure the text prints (the text stays about 40 lines); --json has all
 _SHORT = {
     "parameters": "params",
     "gradients": "grads",
@@ -32,7 +35,10 @@ def _config(e: Explanation) -> str:
 
 
 def command(c: Change, search: str) -> str:
-    """The command that probes the change: the job's search with the change's flags or space file."""
+    """The command that probes the change: the job's search with the change's flags or space file (a change's
+    --max-length replaces the job's)."""
+    if "--max-length" in c.flags:
+        search = re.sub(r" --max-length \S+", "", search)
     if c.space is None:
         return f"{search} {c.flags}".strip()
     return f"printf '{c.space}\\n' > space.yaml && {search} {c.flags} --space space.yaml".replace("  ", " ")
@@ -56,10 +62,86 @@ def _oom(e: Explanation) -> list[str]:
     return out
 
 
-def lines(e: Explanation, search: str) -> list[str]:
+def _size(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / (1 << 20):,.2f} MiB"
+
+
+def _where(f: RecordedFailure) -> str:
+    """The failure's phase and stage, as the rank recorded them."""
+    phase = {"train": "the train step", "eval": "the eval forward", "generate": "the generate", "setup": "setup"}
+    at = phase.get(f.failed.phase or "", "an unrecorded phase")
+    return f"{at}'s {f.failed.stage}" if f.failed.stage and f.failed.phase == "train" else at
+
+
+def _landing(w: Landing) -> str:
+    title = PHASE_TITLES.get(w.phase, w.phase)
+    if w.part is None:
+        return (
+            f"in use + asked = {_size(w.at)}, past the estimate's {title} ({_size(w.total)}): the estimate is low "
+            f"by at least {_size(w.at - w.total)}"
+        )
+    return (
+        f"in use + asked = {_size(w.at)} lands in the estimate's {w.part} of the {title} "
+        f"(stacked in the order printed: {_size(w.start)} to {_size(w.end)} of {_size(w.total)})"
+    )
+
+
+def _failure(f: RecordedFailure) -> list[str]:
+    a, failed = f.attribution, f.failed
+    dims = " x ".join(f"{d:,}" for d in failed.shape)
+    op = f" ({failed.op} {failed.dtype} {dims})" if failed.op else " (the op is in the memory snapshot's stacks)"
+    cap = f" of {_size(failed.capacity)}" if failed.capacity else ""
     out = [
+        f"recorded failure, rank {f.rank}: tried to allocate {_size(failed.nbytes)}{op} in {_where(f)}, "
+        f"{_size(failed.live)} in use{cap}"
+    ]
+    part = f"the {a.part}" if a.part else "no part"
+    phase = f" of the {PHASE_TITLES[a.phase]}" if a.phase else ""
+    out.append(f"  attributed to {part}{phase}, by {a.how}")
+    if a.traced is not None:
+        out.append(f"  matched: {a.traced.describe()}")
+    if a.landing is not None:
+        out.append(f"  {_landing(a.landing)}")
+    if f.snapshot:
+        out.append(f"  memory snapshot: {f.snapshot} (drag it onto pytorch.org/memory_viz)")
+    return out
+
+
+def _trial(t: TrialFacts) -> list[str]:
+    out = [f"measured (trial {t.trial} of study {t.study}) against the estimate (parts uncalibrated):"]
+    out += [f"  {c.describe()}" for c in t.checks]
+    if not t.checks:
+        out.append("  no phase completed its measurement (the probe ended before its memory window did)")
+    calibrated = (
+        f"the estimate's peak {_size(t.raw)}, calibrated on the study's {t.calibration_probes} other measured "
+        f"probe(s): {_size(t.calibrated)}"
+        if t.calibration_probes
+        else f"the estimate's peak {_size(t.raw)} (no other measured probe of the study to calibrate on)"
+    )
+    if t.need is not None:
+        out.append(f"  the most a rank needed: {_size(t.need)}; {calibrated}")
+    elif t.oom_need is not None:
+        out.append(f"  ran out: a rank needed at least {_size(t.oom_need)} (in use + refused); {calibrated}")
+    else:
+        out.append(f"  {calibrated}")
+    for f in t.failures[:SHOWN_FAILURES]:
+        out += _failure(f)
+    if len(t.failures) > SHOWN_FAILURES:
+        ranks = ", ".join(str(f.rank) for f in t.failures[SHOWN_FAILURES:])
+        out.append(f"  ranks {ranks} recorded theirs too (--json lists every rank's)")
+    return out
+
+
+def lines(e: Explanation, search: str) -> list[str]:
+    t = e.trial
+    head = [] if t is None else [f"trial {t.trial} of study {t.study}: {t.status}" + (f" ({t.cause})" * bool(t.cause))]
+    shape = (
+        "the probe's: every sample at max_length" if t else "your data's longest, padded to the longest in the batch"
+    )
+    out = [
+        *head,
         f"config: {_config(e)}; device memory {e.capacity / GiB:.2f} GiB a rank",
-        f"worst batch: {e.worst.describe()} (your data's longest, padded to the longest in the batch)",
+        f"worst batch: {e.worst.describe()} ({shape})",
         "  peak by phase and part, GiB" + "".join(f"{_SHORT[n]:>8}" for n in PARTS) + f"{'total':>9}",
         *(_row(p) for p in e.breakdown.worst.phases),
     ]
@@ -70,6 +152,8 @@ def lines(e: Explanation, search: str) -> list[str]:
     out.append(f"verdict: {e.verdict}")
     if e.eval_note:
         out.append(e.eval_note)
+    if t is not None:
+        out += _trial(t)
     if e.crash is not None:
         out.append(f"crash: your config on your data: {e.crash.describe()}")
     out += _oom(e)
@@ -116,5 +200,38 @@ def as_json(e: Explanation) -> str:
         "changes": [{**c.__dict__, "text": c.line()} for c in e.changes],
         "traced_lengths": list(e.traced_lengths),
         "not_covered": e.not_covered,
+        "trial": None if e.trial is None else _trial_json(e.trial),
     }
     return json.dumps(body, indent=2)
+
+
+def _trial_json(t: TrialFacts) -> dict[str, object]:
+    return {
+        "study": t.study,
+        "trial": t.trial,
+        "status": t.status,
+        "cause": t.cause,
+        "measured": [
+            {"phase": c.phase, "measured": c.measured, "estimate": phase_json(c.estimate), "error": c.error}
+            for c in t.checks
+        ],
+        "need": t.need,
+        "oom_need": t.oom_need,
+        "estimate_raw": t.raw,
+        "estimate_calibrated": t.calibrated,
+        "calibration_probes": t.calibration_probes,
+        "failures": [
+            {
+                "rank": f.rank,
+                "failed": f.failed.model_dump(mode="json"),
+                "phase": f.attribution.phase,
+                "part": f.attribution.part,
+                "how": f.attribution.how,
+                "matched": None if f.attribution.traced is None else f.attribution.traced.describe(),
+                "landing": None if f.attribution.landing is None else f.attribution.landing.__dict__,
+                "snapshot": f.snapshot,
+            }
+            for f in t.failures
+        ],
+        "snapshots": list(t.snapshots),
+    }

@@ -8,9 +8,10 @@ record; every number here comes from :class:`tuner.memory.estimator.Estimator`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
-from trials.contract import Knobs
+from trials.contract import FailedAllocation, Knobs
 from tuner.errors import TunerError
 from tuner.job.lengths import SampleLengths, cut
 from tuner.job.padding import BatchShape, Collation, worst_batch
@@ -20,12 +21,14 @@ from tuner.memory.breakdown import (
     GENERATE,
     NOT_COVERED,
     OPTIMIZER_STEP,
+    PHASE_TITLES,
     Breakdown,
     PhaseEstimate,
+    RankEstimate,
 )
 from tuner.memory.crash import CrashOdds, crash_odds
 from tuner.memory.estimator import Estimator
-from tuner.memory.oom_match import Match, match_failed
+from tuner.memory.oom_match import Attribution, Match, attribute, match_failed
 from tuner.memory.oom_message import OomMessage, fragmentation
 from tuner.memory.solve import largest
 
@@ -54,6 +57,82 @@ class Change:
         return f"{self.what}: peak {self.peak / GiB:.2f} GiB, throughput ~{self.speed:.2f}x ({self.basis})"
 
 
+#: a probe's measured phases (trials.contract.MEMORY_PHASES) -> the estimate's phases whose peak it measures
+MEASURED_AS = {
+    "train": (FORWARD_BACKWARD, OPTIMIZER_STEP),
+    "eval_forward": (EVAL_FORWARD,),
+    "generate": (GENERATE,),
+}
+MEASURED_TITLES = {"train": "train step", "eval_forward": PHASE_TITLES[EVAL_FORWARD], "generate": "generate"}
+
+
+@dataclass(frozen=True)
+class PhaseCheck:
+    """A measured phase's peak (the most over the ranks; allocated bytes) against the estimate's for it: the
+    largest of the estimate's phases it spans (the train step: forward + backward and the optimizer step),
+    uncalibrated, part by part (``estimate``)."""
+
+    phase: str  # trials.contract.MEMORY_PHASES
+    measured: int
+    estimate: PhaseEstimate
+
+    @property
+    def error(self) -> float:
+        return self.estimate.total / self.measured - 1 if self.measured else 0.0
+
+    def describe(self) -> str:
+        return (
+            f"{MEASURED_TITLES.get(self.phase, self.phase)}: measured {self.measured / GiB:.3f} GiB, estimated "
+            f"{self.estimate.total / GiB:.3f} GiB ({self.estimate.title}, {self.error:+.1%})"
+        )
+
+
+@dataclass(frozen=True)
+class RecordedFailure:
+    """A rank's recorded out-of-memory (trials.contract.FailedAllocation) attributed to the estimate's parts, and the
+    CUDA memory snapshot the rank wrote (a path; None on the emulated device or where none was kept)."""
+
+    rank: int
+    failed: FailedAllocation
+    attribution: Attribution
+    snapshot: str | None = None
+
+
+@dataclass(frozen=True)
+class TrialFacts:
+    """What a study's trial measured, against the estimate: its status and cause, the measured phases, the most a
+    rank needed (``need``; after an OOM the in-use + refused lower bound, ``oom_need``), the estimate's peak
+    calibrated on ``calibration_probes`` other measured probes of the study, and each rank's recorded failure."""
+
+    study: str
+    trial: int
+    status: str
+    cause: str | None
+    checks: tuple[PhaseCheck, ...]
+    need: int | None
+    oom_need: int | None
+    calibrated: int
+    raw: int
+    calibration_probes: int
+    failures: tuple[RecordedFailure, ...] = ()
+    snapshots: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MeasuredTrial:
+    """The stored facts of a trial that the explanation reads (tuner.records.measurement, typed by the caller)."""
+
+    study: str
+    trial: int
+    status: str
+    cause: str | None
+    phases: Mapping[str, int]
+    need: int | None
+    oom_need: int | None
+    failures: tuple[tuple[int, FailedAllocation, str | None], ...] = ()  # (rank, failed allocation, snapshot path)
+    snapshots: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Explanation:
     config: Knobs
@@ -71,6 +150,7 @@ class Explanation:
     changes: tuple[Change, ...]
     not_covered: str = NOT_COVERED
     traced_lengths: tuple[int, ...] = ()
+    trial: TrialFacts | None = None  # `tuner explain --study S --trial N`: what the trial measured
 
 
 @dataclass(frozen=True)
@@ -292,3 +372,42 @@ def _zero3(i: Inputs, worst: BatchShape) -> Change | None:
 def _space_arg(space: dict[str, list[object]]) -> str:
     """The space file's YAML text holding the change (--space reads a YAML/TOML file)."""
     return ", ".join(f"{k}: [{', '.join(str(v).lower() for v in vs)}]" for k, vs in space.items())
+
+
+def phase_checks(rank: RankEstimate, measured: Mapping[str, int]) -> tuple[PhaseCheck, ...]:
+    """Each measured phase against the estimate's phase it measures (the largest of those it spans)."""
+    out = []
+    phases = {p.phase: p for p in rank.phases}
+    for name, peak in measured.items():
+        spans = [phases[p] for p in MEASURED_AS.get(name, ()) if p in phases]
+        if spans and peak > 0:
+            out.append(PhaseCheck(name, peak, max(spans, key=lambda p: p.total)))
+    return tuple(out)
+
+
+def explain_trial(i: Inputs, m: MeasuredTrial) -> Explanation:
+    """The explanation of a probed trial: the job form's (:func:`explain`, the estimate at the trial's config as
+    probed: every batch at its max_length) with what the trial measured set against it, phase by phase, and each
+    rank's recorded failure attributed to the estimate's parts (tuner.memory.oom_match.attribute)."""
+    found = explain(i)
+    est = i.estimator
+    predicted = est.predict(i.config)
+    failures = tuple(
+        RecordedFailure(rank, failed, attribute(failed, i.config, est.trace, found.breakdown), snapshot)
+        for rank, failed, snapshot in m.failures
+    )
+    facts = TrialFacts(
+        study=m.study,
+        trial=m.trial,
+        status=m.status,
+        cause=m.cause,
+        checks=phase_checks(found.breakdown.worst, m.phases),
+        need=m.need,
+        oom_need=m.oom_need,
+        calibrated=predicted.calibrated,
+        raw=predicted.raw,
+        calibration_probes=len(est.observations),
+        failures=failures,
+        snapshots=m.snapshots,
+    )
+    return replace(found, trial=facts)

@@ -19,7 +19,7 @@ from pathlib import Path
 from trials.contract import ProbeConfig, ProbeResult, Status
 from tuner.errors import ConfigError
 from tuner.probing import forkserver as launch_forkserver
-from tuner.probing import gpus, ranks, verdict
+from tuner.probing import gpus, ranks, snapshots, verdict
 from tuner.probing.cgroup import oom_kills_between, read_oom_kills
 from tuner.probing.environment import probe_env, resolve_hub_model
 from tuner.probing.ops import ensure_ops
@@ -83,6 +83,7 @@ class ProbeRunner:
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 tried = self._attempt(config, work, how)
                 result = tried.result.model_copy(update={"attempts": attempt})
+                result = snapshots.keep(result, snapshots.snapshot_dir(self.settings.storage, self.settings.cache_dir))
                 if not tried.transient or attempt == MAX_ATTEMPTS:
                     return result
                 if how == "forkserver" and tried.rank_fault:

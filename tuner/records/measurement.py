@@ -14,7 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trials.contract import MEMORY_PHASES, memory_need
+from pydantic import ValidationError
+
+from trials.contract import MEMORY_PHASES, FailedAllocation, memory_need
 from tuner.records.ruled_out import RecordError
 
 
@@ -38,6 +40,10 @@ class RankPeaks:
     oom_need: int | None = None  # emulated device, after an OOM: live bytes + the refused allocation
     capacity: int | None = None
     phases: dict[str, int] = field(default_factory=dict)  # MEMORY_PHASES -> peak allocated bytes; {} stored before
+    # after an OOM: the allocation refused (op, shape, phase, bytes in use) and on CUDA the memory snapshot's path;
+    # None for rows stored before them, or where the rank recorded none
+    failed_allocation: FailedAllocation | None = None
+    snapshot: str | None = None
 
     @property
     def need(self) -> int:
@@ -58,7 +64,20 @@ class RankPeaks:
             oom_need=_maybe(stored.get("oom_need")) or None,
             capacity=_maybe(stored.get("capacity")),
             phases={p: _count(phases[p]) for p in MEMORY_PHASES if p in phases} if isinstance(phases, Mapping) else {},
+            failed_allocation=_failed(stored.get("failed_allocation")),
+            snapshot=str(stored["snapshot"]) if isinstance(stored.get("snapshot"), str) else None,
         )
+
+
+def _failed(stored: Any) -> FailedAllocation | None:
+    """The stored failed allocation (its known fields; a later version's extra keys ignored); None when absent or
+    not readable as one (never a value made up)."""
+    if not isinstance(stored, Mapping):
+        return None
+    try:
+        return FailedAllocation.model_validate({k: v for k, v in stored.items() if k in FailedAllocation.model_fields})
+    except ValidationError:
+        return None
 
 
 @dataclass(frozen=True)

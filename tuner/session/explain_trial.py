@@ -1,0 +1,155 @@
+"""What `tuner explain --study S --trial N` explains: a probed trial of a stored study. The trial's knobs, model,
+world size and job come from its stored probe (the ProbeConfig it ran), the device memory from its result (else the
+study's); the model is traced at the trial's shape (checkpointing off and on, for the changes) and at the shapes of
+the study's other measured probes, on which the estimate is calibrated; the trial's measured per-phase peaks and its
+ranks' recorded failures (tuner.records.measurement) are set against the estimate by tuner.memory.explain.
+
+Bad input is one line (a TunerError, exit 2): an unknown study, a trial number the study lacks, a trial that
+measured nothing (ruled out without running, or failed before its memory window)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from trials.contract import JobSettings, Knobs, ModelSpec
+from tuner.errors import ConfigError
+from tuner.memory.estimator import Estimator, Evaluation, trace
+from tuner.memory.explain import Inputs, MeasuredTrial
+from tuner.records.probe import ProbeRow
+from tuner.session.best import pick_study
+from tuner.session.explain_job import TRACE_TIMEOUT_S
+from tuner.storage.store import Store
+
+MAX_CALIBRATION_PROBES = 8  # the study's latest measured ok probes the estimate is calibrated on (each is traced)
+
+
+@dataclass(frozen=True)
+class TrialInputs:
+    """What the trial's explanation is computed from, and the `tuner search` that probes a change of it."""
+
+    inputs: Inputs
+    measured: MeasuredTrial
+    search: str
+    model: str
+
+
+def _trial_row(store: Store, study: str, trial: int) -> ProbeRow:
+    rows = [r for r in store.probes(study) if r.trial_number is not None]
+    found = [r for r in rows if r.trial_number == trial]
+    if not found:
+        have = sorted({r.trial_number for r in rows if r.trial_number is not None})
+        listed = f"its trials are {have[0]}-{have[-1]}" if have else "it has no trials yet"
+        raise ConfigError(f"--trial {trial}: study {study!r} has no trial {trial} ({listed}; see `tuner trials`)")
+    measured = [r for r in found if r.measured and r.measurement.ranks]
+    if not measured:
+        row = found[0]
+        raise ConfigError(
+            f"--trial {trial} of study {study!r} has no measurement to explain ({row.status}: "
+            f"{row.cause or 'nothing measured'}); pick a trial that ran (see `tuner trials`)"
+        )
+    return measured[0]
+
+
+def _calibration(rows: list[ProbeRow], trial: ProbeRow) -> list[tuple[Knobs, int]]:
+    """The study's other measured ok probes of the same model and world size, with what each needed (the latest
+    MAX_CALIBRATION_PROBES)."""
+    out = []
+    for r in rows:
+        if r is trial or r.id == trial.id or not r.measured or r.status != "ok" or not r.memory_need:
+            continue
+        if r.config.get("model") != trial.config.get("model") or r.config.get("world_size") != trial.config.get(
+            "world_size"
+        ):
+            continue
+        out.append((Knobs.model_validate(r.knobs), int(r.memory_need)))
+    return out[-MAX_CALIBRATION_PROBES:]
+
+
+def _evaluation(knobs: Knobs, job: JobSettings) -> Evaluation | None:
+    """The trial's evaluation as the probe ran it, traced at one sample a batch (the estimate scales per sample)."""
+    if knobs.eval_batch_size is None and not knobs.generate:
+        return None
+    return Evaluation(
+        eval_batch_size=1,
+        generate=knobs.generate,
+        generation_max_length=job.generation_length(knobs.max_length),
+        num_beams=job.num_beams,
+    )
+
+
+def trial_inputs(store: Store, study: str | None, trial: int | None) -> TrialInputs:
+    """The inputs of the trial's explanation (``trial`` None: the study's baseline trial, else its first)."""
+    name, definition = pick_study(store, study)
+    rows = store.probes(name)
+    if trial is None:
+        first = next((r for r in rows if r.measured and r.trial_number is not None), None)
+        if first is None:
+            raise ConfigError(f"study {name!r} has no probed trial to explain yet")
+        trial = int(first.trial_number or 0)
+    row = _trial_row(store, name, trial)
+    knobs = Knobs.model_validate(row.knobs)
+    model = ModelSpec.model_validate(row.config.get("model") or {})
+    job = JobSettings.model_validate(row.config.get("job") or {})
+    world = int(row.config.get("world_size") or definition.world_size or 1)
+    m = row.measurement
+    capacity = row.capacity or definition.device_memory or max((r.capacity or 0 for r in m.ranks), default=0)
+    if not capacity:
+        raise ConfigError(f"trial {trial} of study {name!r} stored no device memory to explain against")
+    calib = _calibration(rows, row)
+    shapes = {(knobs.micro_batch_size, knobs.max_length, ckpt, knobs.precision) for ckpt in (False, True)}
+    shapes |= {(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision) for k, _ in calib}
+    tr = trace(
+        model,
+        sorted(shapes),
+        timeout_s=TRACE_TIMEOUT_S,
+        label_length=job.max_target_length,
+        lora=job.lora,
+        evaluation=_evaluation(knobs, job),
+    )
+    estimator = Estimator(trace=tr, world_size=world, global_batch=definition.global_batch)
+    for k, need in calib:
+        estimator.observe(k, need)
+    failures = tuple((r.rank, r.failed_allocation, r.snapshot) for r in m.ranks if r.failed_allocation is not None)
+    measured = MeasuredTrial(
+        study=name,
+        trial=trial,
+        status=str(row.status),
+        cause=row.cause,
+        phases=m.phase_peaks,
+        need=m.memory_need if row.status == "ok" else None,
+        oom_need=m.oom_need or None,
+        failures=failures,
+        snapshots=tuple(r.snapshot for r in m.ranks if r.snapshot),
+    )
+    inputs = Inputs(
+        estimator=estimator,
+        config=knobs,
+        capacity=capacity,
+        world_size=world,
+        global_batch=definition.global_batch,
+        traced_lengths=(knobs.max_length,),
+    )
+    search = _search(model, knobs, job, world, capacity, definition.global_batch)
+    return TrialInputs(inputs, measured, search, model.source)
+
+
+def _search(model: ModelSpec, k: Knobs, job: JobSettings, world: int, capacity: int, global_batch: int | None) -> str:
+    """The `tuner search` of the trial's job (its model, world, batch, memory and lengths) that probes a change."""
+    out = [
+        "tuner",
+        "search",
+        "--model",
+        model.source,
+        "--device-memory",
+        str(capacity),
+        "--max-length",
+        str(k.max_length),
+    ]
+    if job.max_target_length:
+        out += ["--max-target-length", str(job.max_target_length)]
+    if world > 1:
+        out += ["--world-size", str(world)]
+    if global_batch:
+        out += ["--global-batch", str(global_batch)]
+    return shlex.join(out)
