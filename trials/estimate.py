@@ -203,8 +203,13 @@ def _eval_phases(
     tracker.reset_peak()
     with torch.no_grad(), ctx:
         result = model(**batch)
-    del result
+        del result
+        # what is still live inside the autocast region: its cache of the weights' low-precision copies (torch keeps
+        # a cast of each fp32 leaf that requires grad until the region ends): batch- and length-independent
+        cache = max(0, tracker.live - before)
     out["eval_bytes"] = max(0, tracker.peak - before)
+    if dtype is not None:
+        out["autocast_cache_bytes"] = cache
     out["largest"]["eval_forward"] = _named(tracker)
     if evaluation.get("generate"):
         from trials.decode import fixed_length_decode

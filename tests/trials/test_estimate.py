@@ -60,3 +60,17 @@ def test_seq2seq_labels_are_traced_at_the_jobs_label_length() -> None:
     full = trace_point(spec, 4, 64, False, "fp32")["point"]
     short = trace_point(spec, 4, 64, False, "fp32", label_length=8)["point"]
     assert short["activation_bytes"] < full["activation_bytes"]
+
+
+def test_a_mixed_precision_trace_measures_autocasts_weight_copies_apart_from_the_eval_batch() -> None:
+    """Under autocast the eval forward's peak holds the weights' bf16 copies (2 bytes a matmul weight) whatever the
+    batch; the trace records them as ``autocast_cache_bytes`` so the estimate scales only the rest."""
+    evaluation = {"eval_batch_size": 1, "generate": False}
+    one = trace_point(TINY, 2, 32, False, "bf16", label_length=8, evaluation=evaluation)
+    four = trace_point(TINY, 2, 32, False, "bf16", label_length=8, evaluation={**evaluation, "eval_batch_size": 4})
+    copies = one["point"]["autocast_cache_bytes"]
+    assert 0 < copies <= 2 * one["param_count"] and copies > one["param_count"]  # most weights, at 2 bytes
+    assert four["point"]["autocast_cache_bytes"] == pytest.approx(copies, rel=0.01)  # not the batch's
+    per_sample = one["point"]["eval_bytes"] - copies
+    assert four["point"]["eval_bytes"] - copies == pytest.approx(4 * per_sample, rel=0.05)
+    assert "autocast_cache_bytes" not in trace_point(TINY, 2, 32, False, "fp32", evaluation=evaluation)["point"]

@@ -106,10 +106,19 @@ class Estimator:
 
         def need(p: TracePoint) -> int:
             if resident and p.resident_activation_bytes is not None:
-                return p.resident_activation_bytes
-            return p.activation_bytes
+                return p.resident_activation_bytes - _copies(p)
+            return p.activation_bytes - _copies(p)
 
-        return traced(self.trace, knobs, need) or 0
+        return (traced(self.trace, knobs, need) or 0) + self.autocast_copies(knobs)
+
+    def autocast_copies(self, knobs: Knobs) -> int:
+        """The weights' low-precision copies torch.autocast keeps through a mixed-precision forward (the traced
+        ``autocast_cache_bytes``): held by the plain torch engine (fp32 weights under autocast, as the Trainer runs
+        without DeepSpeed); a DeepSpeed bf16/fp16 engine casts the module itself and holds none. Independent of batch
+        and length, so it is taken out of every phase's bytes before they are scaled and added back here."""
+        if knobs.engine != "torch" or knobs.precision not in ("bf16", "fp16"):
+            return 0
+        return max((_copies(p) for p in self.trace.points if p.precision == knobs.precision), default=0)
 
     def step_temporaries(self, knobs: Knobs) -> int:
         """The optimizer step's temporaries: the traced AdamW's for plain torch, ZeRO-0 and ZeRO-3; none beyond the
@@ -169,6 +178,11 @@ class Estimator:
         def at(value: Callable[[TracePoint], int | None]) -> int | None:
             return traced(tr, k, value, batch=lambda p: p.eval_batch_size or 1, wanted=size)
 
+        def less_copies(value: Callable[[TracePoint], int | None]) -> Callable[[TracePoint], int | None]:
+            return lambda p: None if (v := value(p)) is None else v - _copies(p)
+
+        copies = self.autocast_copies(k)
+
         persistent = st.buffers if k.engine == "torch" or k.zero_stage in (0, 3) else buffers.reduce
         host = "host memory (offload_optimizer)" if k.offload_optimizer and k.engine == "deepspeed" else ""
         states = (
@@ -178,14 +192,15 @@ class Estimator:
             Part(ZERO_BUFFERS, persistent),
         )
         phases = []
-        forward = at(lambda p: p.eval_bytes)
+        note = f"eval batch {size}" + (f", with autocast's weight copies ({copies / 2**20:,.1f} MiB)" if copies else "")
+        forward = at(less_copies(lambda p: p.eval_bytes))
         if forward is not None:
-            act = Part(ACTIVATIONS, forward, f"eval batch {size}", named(tr, k, EVAL_FORWARD, size))
+            act = Part(ACTIVATIONS, forward + copies, note, named(tr, k, EVAL_FORWARD, size))
             phases.append(PhaseEstimate(EVAL_FORWARD, (*states, act)))
-        decode, cache = at(lambda p: p.generate_bytes), at(lambda p: p.generate_cache_bytes)
+        decode, cache = at(less_copies(lambda p: p.generate_bytes)), at(lambda p: p.generate_cache_bytes)
         if k.generate and decode is not None:
             c = cache or 0
-            act = Part(ACTIVATIONS, max(0, decode - c), f"eval batch {size}", named(tr, k, GENERATE, size))
+            act = Part(ACTIVATIONS, max(0, decode - c) + copies, note, named(tr, k, GENERATE, size))
             phases.append(PhaseEstimate(GENERATE, (*states, act, Part(GENERATION_CACHE, c, "KV cache, full length"))))
         return phases
 
@@ -248,3 +263,8 @@ def _solve3(m: list[list[float]], v: list[float]) -> list[float]:
                 f = a[r][c] / a[c][c]
                 a[r] = [x - f * y for x, y in zip(a[r], a[c], strict=False)]
     return [a[i][3] / a[i][i] if a[i][i] else 0.0 for i in range(3)]
+
+
+def _copies(p: TracePoint) -> int:
+    """A traced point's autocast weight copies (0 for fp32 points and traces older than the field)."""
+    return p.autocast_cache_bytes or 0

@@ -53,6 +53,10 @@ class TracePoint(BaseModel):
     eval_bytes: int | None = None  # the eval forward (no grad; loss and logits)
     generate_bytes: int | None = None  # a decode of every row to the generation length (trials.decode)
     generate_cache_bytes: int | None = None  # of which the generation (KV) cache at its largest
+    # mixed precision: the low-precision copies of the weights torch.autocast keeps through a forward (and a train
+    # step's backward saves): one per matmul weight, independent of batch and length; in every phase's bytes above.
+    # A DeepSpeed bf16/fp16 engine runs a half-precision module without autocast and holds none. None: not traced.
+    autocast_cache_bytes: int | None = None
     generation_length: int | None = None
     num_beams: int | None = None
     largest: dict[str, list[TracedAllocation]] = Field(default_factory=dict)  # phase -> its largest allocations

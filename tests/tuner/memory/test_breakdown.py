@@ -115,3 +115,31 @@ def test_solve_finds_the_edge_of_the_verdict() -> None:
     m = solve.max_micro_batch(est, k, capacity, 0.0, 1 << 16)
     assert m is not None and not solve.fits(est, k.model_copy(update={"micro_batch_size": m + 1}), capacity, 0.0)
     assert solve.max_length(est, k, 1, 0.0, 1 << 20) is None  # nothing fits in one byte
+
+
+def test_autocasts_weight_copies_are_charged_once_and_only_to_the_torch_engine() -> None:
+    """A mixed-precision trace holds autocast's bf16 copies of the weights in every phase's bytes (a constant): scaled
+    per sample it grew with the eval batch (seed case: 17 GiB at eval batch 50 for a 1.5 GB copy); now it is taken
+    out before scaling, kept for the plain torch engine (autocast over fp32 weights) and dropped for DeepSpeed's
+    half-precision module."""
+    copies = 1_000_000
+    evaluated = point(
+        100,
+        precision="bf16",
+        eval_batch_size=1,
+        eval_bytes=copies + 30_000,
+        generate_bytes=copies + 50_000,
+        generate_cache_bytes=20_000,
+        autocast_cache_bytes=copies,
+        activation_bytes=copies + 70_000,
+        resident_activation_bytes=copies + 70_000,
+    )
+    est = estimator(evaluated)
+    ds = est.breakdown(kn(zero_stage=0, precision="bf16", eval_batch_size=50, generate=True)).worst
+    assert ds.phase(EVAL_FORWARD).part(ACTIVATIONS) == 50 * 30_000  # per sample, no weight copies
+    assert ds.phase(GENERATE).part(ACTIVATIONS) == 50 * (50_000 - 20_000)
+    assert ds.phase(FORWARD_BACKWARD).part(ACTIVATIONS) == 70_000
+    torch_engine = est.breakdown(kn(engine="torch", precision="bf16", eval_batch_size=50, generate=True)).worst
+    assert torch_engine.phase(EVAL_FORWARD).part(ACTIVATIONS) == 50 * 30_000 + copies  # once, whatever the batch
+    assert torch_engine.phase(FORWARD_BACKWARD).part(ACTIVATIONS) == 70_000 + copies
+    assert "autocast" in next(p.note for p in torch_engine.phase(EVAL_FORWARD).parts if p.name == ACTIVATIONS)
