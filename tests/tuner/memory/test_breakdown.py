@@ -77,18 +77,24 @@ def test_zero1_gathers_in_the_step_only_and_zero2_builds_its_grad_partition() ->
     assert est.predict(kn(zero_stage=1)).raw == max(fb.total, step.total)
 
 
-def test_zero2s_grad_partition_is_on_the_device_in_the_backward_only_when_an_earlier_micro_step_left_it() -> None:
+def test_zero2s_grad_partition_is_on_the_device_in_the_backward_only_when_made_before_its_peak() -> None:
     accumulating, one_step = estimator(point(100), batch=8), estimator(point(100), batch=4)
-    partition = 4 * P // 2
-    for est, off, live in ((accumulating, False, True), (one_step, False, False), (accumulating, True, False)):
-        rank = est.breakdown(kn(zero_stage=2, offload_optimizer=off)).worst
-        assert rank.phase(FORWARD_BACKWARD).part(GRADIENTS) == (partition if live else 0), (est.global_batch, off)
-        assert rank.phase(OPTIMIZER_STEP).part(GRADIENTS) == partition  # the step reads it (or its host copy's twin)
-    note = one_step.breakdown(kn(zero_stage=2)).worst.phase(FORWARD_BACKWARD).parts[1].note
+    partition, whole = 4 * P // 2, 2 * P  # a reduce bucket that takes every grad reduces only in the epilogue
+    for est, bucket, off, live in (
+        (accumulating, whole, False, True),  # the earlier micro-step's partition, held by param.grad views
+        (one_step, BUCKET, False, True),  # a mid-backward reduce builds it
+        (one_step, whole, False, False),
+        (accumulating, BUCKET, True, False),  # offload: the grads go to the host
+    ):
+        rank = est.breakdown(kn(zero_stage=2, offload_optimizer=off, reduce_bucket_size=bucket)).worst
+        assert rank.phase(FORWARD_BACKWARD).part(GRADIENTS) == (partition if live else 0), (bucket, off)
+        assert rank.phase(OPTIMIZER_STEP).part(GRADIENTS) == partition
+    note = one_step.breakdown(kn(zero_stage=2, reduce_bucket_size=whole)).worst.phase(FORWARD_BACKWARD).parts[1].note
     assert "first reduce" in note
     # ZeRO-1 (full grads) and ZeRO-3 (its persistent grad_partitions_flat_buffer) keep theirs in every phase
     for stage, grads in ((1, 4 * P), (3, 4 * P // 2)):
-        assert one_step.breakdown(kn(zero_stage=stage)).worst.phase(FORWARD_BACKWARD).part(GRADIENTS) == grads
+        k = kn(zero_stage=stage, reduce_bucket_size=whole)
+        assert one_step.breakdown(k).worst.phase(FORWARD_BACKWARD).part(GRADIENTS) == grads
 
 
 def test_eval_phases_from_an_evaluating_trace() -> None:
