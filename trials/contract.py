@@ -8,6 +8,7 @@ result, the fork server's ready line, the op libraries, and the DeepSpeed defaul
 
 from __future__ import annotations
 
+import math
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -219,6 +220,46 @@ class JobSettings(_Strict):
         return self.generation_max_length or self.label_length(max_length)
 
 
+class BatchDims(_Strict):
+    """One rank's micro batch as a probe builds it (``micro_batch_size`` rows): inputs padded to ``input_length``,
+    seq2seq labels to ``target_length`` (None: a causal LM, whose labels are its inputs), and the tokens its samples
+    really hold, inputs only, padding excluded (None where not counted: a worst batch)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_length: int = Field(ge=1)
+    target_length: int | None = Field(None, ge=1)
+    real_tokens: int | None = Field(None, ge=0)
+
+
+class DataBatches(_Strict):
+    """The batches a probe of a job with data runs (tuner.probing.batches draws them from the user's lengths under
+    their collator's padding): the memory window at ``worst`` on every rank (each rank's worst case is its own batch
+    of the longest samples), the eval forward / generate at ``eval_worst`` (the eval set's worst batch), and the timed
+    steps on ``timed[rank][step]``: each rank its own micro batch drawn from seeded shuffled epochs, as their
+    DistributedSampler draws (a probe with more timed steps than drawn cycles through them)."""
+
+    worst: BatchDims
+    eval_worst: BatchDims | None = None
+    timed: list[list[BatchDims]] = Field(min_length=1)
+    seed: int = 0
+    padding: str = "longest"
+
+    def timed_for(self, rank: int) -> list[BatchDims]:
+        return self.timed[rank % len(self.timed)]
+
+
+def probe_accum(gradient_accumulation_steps: int) -> int:
+    """The accumulation a probe runs (the runner composes the real cycle from its plain and boundary steps)."""
+    return min(gradient_accumulation_steps, 2)
+
+
+def timed_micro_steps(measure_steps: int, gradient_accumulation_steps: int) -> int:
+    """How many micro-steps a probe's timed window runs: whole accumulation cycles covering ``measure_steps``."""
+    accum = probe_accum(gradient_accumulation_steps)
+    return math.ceil(max(measure_steps, accum) / accum) * accum
+
+
 class ProbeConfig(_Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     knobs: Knobs
@@ -236,6 +277,9 @@ class ProbeConfig(_Strict):
     busy_bytes: int = Field(DEVICE_BUSY_BYTES, ge=0, description="device used at rank start above this: device-busy")
     seed: int = 0
     learning_rate: float = 1e-4
+    # the user's data (--dataset): memory at its worst batch, throughput on batches drawn from it; None: every step
+    # at the fixed shape (knobs.max_length, job.label_length)
+    batches: DataBatches | None = None
 
     @property
     def global_batch(self) -> int:
@@ -295,6 +339,10 @@ class RankResult(_Strict):
     # the rank could not use its device because of how it was launched (forked from a process that had initialised
     # CUDA): no verdict on the config; the runner runs it again in a fresh interpreter
     launch_fault: bool = False
+    # with DataBatches: the shapes this rank built, read back from its tensors (the memory window's, then each timed
+    # step's in order); empty at a fixed shape
+    memory_shape: BatchDims | None = None
+    timed_shapes: list[BatchDims] = Field(default_factory=list)
 
 
 class RankReason(_Strict):
@@ -315,7 +363,13 @@ class ProbeResult(_Strict):
     cause: str | None = None
     phase: Phase | None = None  # of the rank whose failure names the probe's (e.g. an OOM in the eval generate)
     samples_per_s: float | None = None  # at the global batch, over whole accumulation cycles
-    tokens_per_s: float | None = None  # samples_per_s * max_length (worst-case padded shapes)
+    # input tokens/s. batches "fixed": samples_per_s * max_length (every row padded to it, so padded = real);
+    # "drawn": the real input tokens of the drawn batches (padding excluded) per second, padded_tokens_per_s beside it
+    tokens_per_s: float | None = None
+    batches: Literal["fixed", "drawn"] = "fixed"  # what the timed steps ran on (ProbeConfig.batches)
+    padded_tokens_per_s: float | None = None  # "drawn": the input tokens the device computed on, padding included
+    memory_shape: BatchDims | None = None  # "drawn": what the memory window ran (rank 0's, read back)
+    timed_shapes: list[list[BatchDims]] = Field(default_factory=list)  # "drawn": per rank, each timed step's shape
     steps: StepStats | None = None  # of rank 0
     ranks: list[RankMemory] = Field(default_factory=list)
     capacity: int | None = None

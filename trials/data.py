@@ -1,8 +1,12 @@
-"""Worst-case batches: encoder inputs padded to max_length, labels to the label length (random ids, fixed seed)."""
+"""A probe's batches: every row at one input length (and label length), random ids, a fixed seed; at the job's
+max_length for a fixed-shape probe, at the shapes of ProbeConfig.batches with data. ``batch_dims`` reads a built
+batch's shape back (what the probe reports it ran)."""
 
 from __future__ import annotations
 
 import torch
+
+from trials.contract import BatchDims
 
 
 def worst_case_batch(
@@ -30,3 +34,10 @@ def worst_case_batch(
         labels = input_ids.clone()
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
     return {k: v.to(device) for k, v in batch.items()}
+
+
+def batch_dims(batch: dict[str, torch.Tensor], encoder_decoder: bool) -> BatchDims:
+    """The shape of a built batch, read from its tensors (labels only for a seq2seq model: a causal LM's are its
+    inputs)."""
+    target = int(batch["labels"].shape[1]) if encoder_decoder else None
+    return BatchDims(input_length=int(batch["input_ids"].shape[1]), target_length=target)

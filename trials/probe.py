@@ -1,5 +1,10 @@
 """One probe rank: build the model and engine, train on worst-case batches, measure, classify, write the RankResult.
 
+The batches: at a fixed shape (no data), every step pads to knobs.max_length (labels to the job's label length).
+With the user's data (ProbeConfig.batches), the memory window runs the worst batch the data makes (each rank its own
+worst case: all of them at it), the eval its eval set's worst batch, and the timed window this rank's micro batches
+drawn from the data under the collator's padding (one per micro-step, cycled), so the throughput is the data's.
+
 Phases (the same on CPU and CUDA):
 
 0. on CUDA, at rank start: the GPU must be free (``trials.contract.device_busy`` of the device-level use right after
@@ -11,9 +16,9 @@ Phases (the same on CPU and CUDA):
    window is extended until one real step follows the reset (``MemoryWindow``), else the probe fails. On CPU this
    window runs under the live-tensor tracker (the emulated device: exact peak, OOM at the budget); on CUDA a sampler
    thread reads the device-level use (``torch.cuda.mem_get_info``) and each step's end the use outside the allocator.
-2. timed window: whole accumulation cycles, untracked (no dispatch overhead in the figures): a timestamp (a CUDA event
-   on a GPU) after every micro-step and one synchronisation per cycle, so launches are not put in series with the
-   GPU's work (``split_steps``).
+2. timed window (at the fixed shape, or on this rank's drawn batches): whole accumulation cycles, untracked (no
+   dispatch overhead in the figures): a timestamp (a CUDA event on a GPU) after every micro-step and one
+   synchronisation per cycle, so launches are not put in series with the GPU's work (``split_steps``).
 
 The probe engine accumulates over ``min(real accum, 2)`` micro-steps, so it times both plain micro-steps and boundary
 (optimizer) steps; the runner composes the real cycle: ``(accum - 1) * micro + boundary``.
@@ -35,6 +40,7 @@ from transformers import PreTrainedModel
 from trials import memory
 from trials.contract import (
     EXIT_OK,
+    BatchDims,
     Phase,
     ProbeConfig,
     RankMemory,
@@ -42,9 +48,11 @@ from trials.contract import (
     Status,
     StepStats,
     free_port,
+    timed_micro_steps,
 )
+from trials.contract import probe_accum as contract_accum
 from trials.cuda_setup import eager_nccl_init, take_device
-from trials.data import worst_case_batch
+from trials.data import batch_dims, worst_case_batch
 from trials.engine import Engine, build_engine, hidden_size_of_config, probe_deepspeed_config
 from trials.fingerprint import fingerprint, versions
 from trials.last_words import LastWords
@@ -62,7 +70,7 @@ from trials.outcome import classify, launch_fault, one_line
 
 
 def probe_accum(config: ProbeConfig) -> int:
-    return min(config.gradient_accumulation_steps, 2)
+    return contract_accum(config.gradient_accumulation_steps)
 
 
 class Probe:
@@ -90,6 +98,9 @@ class Probe:
         self.used_peak: int | None = None
         self.overhead = 0
         self.peaks = PhasePeaks.of(lambda: self.tracker, self.device)  # per phase of the memory window
+        # with data batches: the shapes built, read back from the tensors (RankResult.memory_shape / timed_shapes)
+        self.memory_shape: BatchDims | None = None
+        self.timed_shapes: list[BatchDims] = []
 
     def _mark(self, phase: str) -> None:
         now = time.time()
@@ -181,14 +192,17 @@ class Probe:
             self._quiet_sample()
         return engine.skipped_steps() == skipped
 
-    def _timed(self, engine: Engine, batch: dict[str, torch.Tensor], cycles: int, accum: int) -> None:
-        """Whole accumulation cycles, a timestamp after each micro-step, one synchronisation per cycle."""
+    def _timed(self, engine: Engine, batches: list[dict[str, torch.Tensor]], cycles: int, accum: int) -> None:
+        """Whole accumulation cycles, a timestamp after each micro-step, one synchronisation per cycle; micro-step k
+        runs ``batches[k % len(batches)]``."""
         clock = StepClock(self.device)
+        k = 0
         for _ in range(cycles):
             clock.mark()
             boundaries = []
             for _ in range(accum):
-                boundaries.append(engine.micro_step(batch))
+                boundaries.append(engine.micro_step(batches[k % len(batches)]))
+                k += 1
                 clock.mark()
             micro, boundary = split_steps(clock.durations(), boundaries)
             self.micro_times += micro
@@ -223,14 +237,16 @@ class Probe:
             return
         size = knobs.eval_batch_size or knobs.micro_batch_size
         job = self.config.job
+        data = self.config.batches
+        at = data.eval_worst or data.worst if data is not None else None
         batch = worst_case_batch(
             size,
-            knobs.max_length,
+            at.input_length if at is not None else knobs.max_length,
             vocab,
             seed=self.config.seed + 1,
             encoder_decoder=encdec,
             device=self.device,
-            label_length=job.label_length(knobs.max_length),
+            label_length=self._label_length(at),
         )
         model = engine.module
         model.eval()
@@ -257,6 +273,46 @@ class Probe:
             model.train()
         self._quiet_sample()
 
+    def _label_length(self, at: BatchDims | None) -> int:
+        """The labels of a batch at ``at`` (None: the fixed shape's, the job's label length)."""
+        cfg = self.config
+        if at is None:
+            return cfg.job.label_length(cfg.knobs.max_length)
+        return at.target_length or at.input_length
+
+    def _batch(self, at: BatchDims | None, seed: int, vocab: int, encdec: bool) -> dict[str, torch.Tensor]:
+        """A micro batch of random ids at ``at`` (None: the fixed shape, knobs.max_length)."""
+        knobs = self.config.knobs
+        return worst_case_batch(
+            knobs.micro_batch_size,
+            at.input_length if at is not None else knobs.max_length,
+            vocab,
+            seed=seed,
+            encoder_decoder=encdec,
+            device=self.device,
+            label_length=self._label_length(at),
+        )
+
+    def _timed_batches(
+        self, fixed: dict[str, torch.Tensor], vocab: int, encdec: bool, steps: int
+    ) -> list[dict[str, torch.Tensor]]:
+        """The timed window's batches: the memory window's at a fixed shape, else this rank's drawn shapes (one
+        batch per distinct shape, built before the clock starts)."""
+        data = self.config.batches
+        if data is None:
+            return [fixed]
+        shapes = data.timed_for(self.rank)
+        built: dict[BatchDims, dict[str, torch.Tensor]] = {}
+        out = []
+        for k in range(steps):
+            at = shapes[k % len(shapes)]
+            key = at.model_copy(update={"real_tokens": None})
+            if key not in built:
+                built[key] = self._batch(at, self.config.seed + self.rank + 2 + len(built), vocab, encdec)
+            out.append(built[key])
+        self.timed_shapes = [batch_dims(b, encdec) for b in out]
+        return out
+
     # -- the run ----------------------------------------------------------------------------------------------------
     def run(self) -> RankResult:
         cfg = self.config
@@ -276,15 +332,10 @@ class Probe:
         if self.tracker is not None:
             self.tracker.track(memory.module_tensors(model))
         with self._tracking():
-            batch = worst_case_batch(
-                knobs.micro_batch_size,
-                knobs.max_length,
-                vocab,
-                seed=cfg.seed + self.rank,
-                encoder_decoder=encdec,
-                device=self.device,
-                label_length=cfg.job.label_length(knobs.max_length),
-            )
+            worst = cfg.batches.worst if cfg.batches is not None else None
+            batch = self._batch(worst, cfg.seed + self.rank, vocab, encdec)
+            if cfg.batches is not None:
+                self.memory_shape = batch_dims(batch, encdec)
             engine = build_engine(model, cfg, accum, self.device, self.world_size)
             self._host_offload(engine)
             self._mark("engine")
@@ -300,9 +351,10 @@ class Probe:
                 self._eval(engine, vocab, encdec)
             if sampler is not None:
                 self.used_peak = max(self.used_peak or 0, sampler.peak)
-        timed_cycles = math.ceil(max(cfg.measure_steps, accum) / accum)
+        steps = timed_micro_steps(cfg.measure_steps, cfg.gradient_accumulation_steps)
+        timed = self._timed_batches(batch, vocab, encdec, steps)
         self.phase = "train"
-        self._timed(engine, batch, timed_cycles, accum)
+        self._timed(engine, timed, steps // accum, accum)
         return RankResult(
             rank=self.rank,
             status=Status.OK,
@@ -312,6 +364,8 @@ class Probe:
             versions=versions(),
             fingerprint=fingerprint(self.device),
             setup_phases=self.phases,
+            memory_shape=self.memory_shape,
+            timed_shapes=self.timed_shapes,
         )
 
     def _setup_s(self) -> float | None:

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from tuner.job.inline_data import MAX_INLINE_SAMPLES, MAX_TOKENS
+from tuner.job.length_summary import LengthSummary
 from tuner.settings import Settings
 from tuner.storage import Store
 
@@ -36,6 +37,10 @@ def test_posted_lengths_set_the_jobs_lengths_to_the_longest_sample(quick) -> Non
     assert _post(client, {"name": "seq2seq", "sample_lengths": pairs})[0] == 201
     job = Store(url).require_study("seq2seq")["job"]
     assert (job["max_length"], job["max_target_length"]) == (411, 40)  # untruncated: inputs and targets separately
+    # the lengths land in the study's stored data summary, as a dataset's do (exact: four distinct pairs)
+    data = LengthSummary.from_json(Store(url).require_study("seq2seq")["data"])
+    assert data.rounding.exact and data.samples == 4 and data.rows == ((12, 3, 1), (25, 40, 1), (30, 7, 1), (411, 9, 1))
+    assert data.origin.source == "sample_lengths posted inline"
     status, _ = _post(client, {"name": "capped", "sample_lengths": pairs, "max_length": 64})
     assert status == 201 and Store(url).require_study("capped")["job"]["max_length"] == 64  # a flag truncates
 

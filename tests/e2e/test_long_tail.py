@@ -5,7 +5,8 @@ A tiny T5 and its tokenizer (saved together, built offline), a JSON-lines set wh
 (exact live-tensor accounting): at the worst batch the data makes (two samples padded to the longest input and the
 longest target, as DataCollatorForSeq2Seq pads the batch that holds them) the probe runs out of a device memory in
 which the fixed-shape probe at the median length fits; the crash arithmetic then says how soon a shuffled run meets
-such a batch."""
+such a batch. The probe a search runs with the data (tuner.probing.batches) measures memory at that worst batch (the
+same peak) and times batches drawn from the data, seeded, faster than the worst shape."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.seq2seq_data import long_tail_lengths, save_tiny_t5, write_jsonl
-from trials.contract import JobSettings, Knobs, ModelSpec
+from trials.contract import BatchDims, DataBatches, JobSettings, Knobs, ModelSpec, ProbeResult
+from tuner.job.data_job import DataJob
 from tuner.job.dataset import DataSource, read_lengths
-from tuner.job.lengths import Quantiles
+from tuner.job.lengths import Quantiles, SampleLengths
 from tuner.job.padding import BatchShape, Collation, worst_batch
 from tuner.memory.crash import crash_odds
+from tuner.probing.batches import data_batches
 from tuner.probing.config import probe_config
 from tuner.probing.runner import run_probe
 
@@ -26,13 +29,32 @@ pytestmark = pytest.mark.slow
 MICRO = 2
 
 
-def _probe(model: Path, shape: BatchShape, work: Path, device_memory: int | None = None):
+def _probe(
+    model: Path, shape: BatchShape, work: Path, device_memory: int | None = None, data: DataJob | None = None
+) -> ProbeResult:
     knobs = Knobs(micro_batch_size=shape.batch, max_length=shape.input_length, engine="torch")
     job = JobSettings(max_target_length=shape.target_length)
+    batches = None
+    if data is not None:  # what a search's probe of this job runs on the data (tuner.search.setup.SearchSetup)
+        batches = _probe_batches(data.lengths, shape)
     cfg = probe_config(
-        model=ModelSpec(source=str(model)), knobs=knobs, job=job, device_memory=device_memory, timeout_s=240
+        model=ModelSpec(source=str(model)),
+        knobs=knobs,
+        job=job,
+        device_memory=device_memory,
+        timeout_s=240,
+        measure_steps=8,
+        batches=batches,
     )
     return run_probe(cfg, work)
+
+
+def _probe_batches(lengths: SampleLengths, worst: BatchShape) -> DataBatches:
+    knobs = Knobs(micro_batch_size=worst.batch, max_length=worst.input_length, engine="torch")
+    job = JobSettings(max_target_length=worst.target_length)
+    return data_batches(
+        DataJob(lengths, "long tail"), knobs, job, world_size=1, measure_steps=8, gradient_accumulation_steps=1
+    )
 
 
 def test_the_worst_batch_ooms_where_the_median_probe_fits(tmp_path: Path) -> None:
@@ -49,7 +71,24 @@ def test_the_worst_batch_ooms_where_the_median_probe_fits(tmp_path: Path) -> Non
 
     unlimited = _probe(model, worst, tmp_path / "worst-free")
     assert unlimited.status == "ok", unlimited.cause
-    assert unlimited.peak_allocated is not None
+    assert unlimited.peak_allocated is not None and unlimited.batches == "fixed" and not unlimited.timed_shapes
+
+    # with the data: the memory window at the worst batch (the same peak, exact on the emulated device), the timed
+    # steps on batches drawn from the data (seeded: the same shapes again), so the throughput is the data's
+    drawn = _probe(model, worst, tmp_path / "drawn", data=DataJob(lengths, "long tail"))
+    assert drawn.status == "ok", drawn.cause
+    assert drawn.batches == "drawn" and drawn.peak_allocated == unlimited.peak_allocated
+    assert drawn.memory_shape == BatchDims(input_length=worst.input_length, target_length=worst.target_length)
+    ran = [(b.input_length, b.target_length) for b in drawn.timed_shapes[0]]
+    sent = _probe_batches(lengths, worst).timed[0]  # drawn again with the same seed: the same shapes
+    assert ran == [(b.input_length, b.target_length) for b in sent]  # what ran, read back from the tensors
+    assert len(ran) == 8 and all(i in set(lengths.input.tolist()) for i, _ in ran)  # lengths the data has
+    assert all(t in set(lengths.target.tolist()) for _, t in ran)
+    assert sum(i < worst.input_length for i, _ in ran) > len(ran) // 2  # most are typical batches, not the worst
+    assert drawn.samples_per_s is not None and unlimited.samples_per_s is not None
+    assert drawn.samples_per_s > unlimited.samples_per_s  # 8 x fewer tokens a step than the worst batch
+    assert drawn.tokens_per_s is not None and drawn.padded_tokens_per_s is not None
+    assert drawn.tokens_per_s < drawn.padded_tokens_per_s  # real input tokens: the padding is not counted
     device = int(unlimited.peak_allocated * 0.75)  # the worst batch's own peak does not fit in it
 
     typical = _probe(model, median, tmp_path / "median", device)

@@ -5,9 +5,10 @@ storage and prints."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.cli.progress import brief_cause, compact, fmt_num
 from tuner.memory.frontier import describe
@@ -15,6 +16,9 @@ from tuner.records import Fidelity, ProbeRow, ProbeStatus
 from tuner.reporting.production import ProductionRun
 from tuner.reporting.trials import TrialRecord
 from tuner.units import format_size
+
+if TYPE_CHECKING:
+    from tuner.session.crash_line import StudyCrash
 
 #: the CSV's columns (--csv); the JSON lines carry every field of ``Listed.to_json``
 CSV_FIELDS = ("trial", "state", "fidelity", "status", "objective", "peak", "stable", "seconds", "config", "cause")
@@ -36,6 +40,7 @@ class Listed:
     ranks: str  # per-rank peaks of a multi-rank probe, with the imbalance flag ("" when not one)
     production: ProductionRun | None = None  # a production run: what it recorded beside the probes
     phase_peaks: dict[str, int] = field(default_factory=dict)  # peak per phase, most over ranks (Measurement)
+    crash: str | None = None  # with the study's data: when this config would crash on it (tuner.session.crash_line)
 
     @property
     def status_text(self) -> str:
@@ -58,6 +63,7 @@ class Listed:
             "seconds": self.seconds,
             "ranks": self.ranks,
             "phase_peaks": self.phase_peaks,
+            "crash": self.crash,
         }
         if self.production is not None:
             rec = self.production.recorded
@@ -119,6 +125,24 @@ def listed_row(row: ProbeRow, ranks: str, production: ProductionRun | None = Non
         production=production,
         phase_peaks=_phases(row),
     )
+
+
+def with_crash(rows: Sequence[Listed], crash: StudyCrash | None) -> list[Listed]:
+    """Each row with its crash line on the study's data (tuner.session.crash_line): the baseline's always, any other
+    config's when it fits typical batches but not the worst (one line per config, on its first row)."""
+    if crash is None:
+        return list(rows)
+    out, seen = [], set()
+    for r in rows:
+        key = describe(r.knobs) if r.knobs else None
+        if key is None or key in seen or r.production is not None:
+            out.append(r)
+            continue
+        seen.add(key)
+        baseline = r.fidelity == Fidelity.BASELINE
+        whose = ("-" if r.trial is None else f"trial {r.trial}") + (" (your config)" if baseline else "")
+        out.append(dataclasses.replace(r, crash=crash.shown(r.knobs, whose, always=baseline)))
+    return out
 
 
 def select_rows(
@@ -203,4 +227,5 @@ __all__ = [
     "phases_shown",
     "production_entries",
     "select_rows",
+    "with_crash",
 ]

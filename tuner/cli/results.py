@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -23,6 +23,7 @@ from tuner.cli.listing import (
     phases_shown,
     production_entries,
     select_rows,
+    with_crash,
 )
 from tuner.cli.progress import fmt_num
 from tuner.cli.safe_console import SafeConsole
@@ -37,6 +38,9 @@ from tuner.session.best import best_of, pick_study
 from tuner.settings import load_settings
 from tuner.storage import Store
 from tuner.units import format_size
+
+if TYPE_CHECKING:
+    from tuner.session.crash_line import StudyCrash
 
 console = SafeConsole(highlight=False, soft_wrap=True)
 if not console.is_terminal:  # logs and pipes: wide rows instead of 80 columns folded
@@ -150,8 +154,12 @@ def trials(
     store = Store(load_settings(storage=storage).storage, read_only=True)
     name, definition = pick_study(store, study)
     objective = Objective.from_dict(definition.objective)
-    listed = select_rows(trial_rows(store, name), everything=everything, status=status, top=top)
-    runs = production_runs(store.probes(name))
+    from tuner.session.crash_line import study_crash
+
+    probes = store.probes(name)
+    crash = study_crash(definition, probes)
+    listed = with_crash(select_rows(trial_rows(store, name), everything=everything, status=status, top=top), crash)
+    runs = production_runs(probes)
     if as_json or as_csv:
         _print_data([*listed, *production_entries(runs, status)], as_csv)
         return
@@ -177,6 +185,17 @@ def trials(
         out.print(Text(f"study {name!r} has no trials to list yet" + ("" if everything else " (try --all)")))
     for run in runs:
         out.print(Text(run.line()))
+    _print_crash(out, crash, listed)
+
+
+def _print_crash(out: Console, crash: StudyCrash | None, listed: list[Listed]) -> None:
+    """With the study's data: where it came from, then each listed config's crash line (tuner.session.crash_line),
+    a line each, never folded (a terminal wraps it; a pipe keeps it whole)."""
+    if crash is not None:
+        out.print(Text(f"your data: {crash.summary.origin.describe(crash.summary.samples)}"), soft_wrap=True)
+    for r in listed:
+        if r.crash:
+            out.print(Text(r.crash), soft_wrap=True)
 
 
 def _with_phases(row: tuple[str, ...], listed: Listed, phases: list[str]) -> tuple[str, ...]:

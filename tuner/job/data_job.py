@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.job.definition import HF_MAX_LENGTH_KEYS, JobFlags
 from tuner.job.lengths import Quantiles, SampleLengths, Truncation
 from tuner.job.padding import Collation, Padding
+
+if TYPE_CHECKING:
+    from tuner.job.length_summary import DataOrigin, LengthSummary
 
 _TARGET_KEYS = ("max_target_length", "val_max_target_length")
 
@@ -29,6 +32,13 @@ class DataJob:
     padding: Padding = "longest"
     eval_lengths: SampleLengths | None = None
     eval_described: str | None = None
+    origin: DataOrigin | None = None  # where the lengths came from, as the study stores it (None: not said)
+
+    def summary(self) -> LengthSummary:
+        """The lengths as the study stores them (tuner.job.length_summary: bounded, rounded up when it must)."""
+        from tuner.job.length_summary import DataOrigin, LengthSummary
+
+        return LengthSummary.of(self.lengths, self.origin or DataOrigin(self.described), self.padding)
 
     def defaults(self) -> JobFlags:
         """The lengths the data gives a job that truncates nothing: its longest input and, for seq2seq, target."""

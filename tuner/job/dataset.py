@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from tuner.errors import ConfigError
 from tuner.job import dataset_io
 from tuner.job.data_source import DataSource
 from tuner.job.lengths import SampleLengths
+
+if TYPE_CHECKING:
+    from tuner.job.length_summary import DataOrigin
 
 #: splits larger than this are scanned only with --max-samples (a seeded random sample)
 MAX_SCAN = 2_000_000
@@ -55,6 +58,14 @@ class DataLengths:
     @property
     def sampled(self) -> bool:
         return len(self.lengths) < self.total
+
+    def origin(self) -> DataOrigin:
+        """Where these lengths came from, as a study stores it with their summary."""
+        from tuner.job.length_summary import DataOrigin
+
+        s = self.source
+        columns = (s.input_column, s.target_column, s.text_column)
+        return DataOrigin.of_dataset(s.path, s.split, columns, self.tokenizer, self.total, s.max_samples)
 
     def describe(self) -> str:
         n = len(self.lengths)

@@ -40,4 +40,7 @@ def inline_data(lengths: Sequence[Sequence[int]] | Sequence[int], padding: Paddi
     for side, values in (("input", sample.input), ("target", sample.target)):
         if values is not None and int(values.max()) < 1:
             raise ConfigError(f"sample_lengths: every {side} length is 0 tokens; give your samples' token lengths")
-    return DataJob(sample, f"{len(sample):,} samples' lengths posted inline", padding)
+    from tuner.job.length_summary import DataOrigin
+
+    origin = DataOrigin("sample_lengths posted inline", total=len(sample))
+    return DataJob(sample, f"{len(sample):,} samples' lengths posted inline", padding, origin=origin)

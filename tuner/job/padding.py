@@ -60,6 +60,7 @@ class BatchShape:
     batch: int
     input_length: int
     target_length: int | None = None
+    real_tokens: int | None = None  # drawn batches: the input tokens its samples hold after truncation (no padding)
 
     @property
     def tokens(self) -> int:
@@ -86,7 +87,8 @@ def worst_batch(lengths: SampleLengths, micro_batch: int, collation: Collation) 
 def draw_batches(
     lengths: SampleLengths, micro_batch: int, collation: Collation, count: int, seed: int = 0
 ) -> list[BatchShape]:
-    """``count`` micro batches as a shuffled epoch makes them (seeded), each padded as the collator pads it."""
+    """``count`` micro batches as a shuffled epoch makes them (seeded), each padded as the collator pads it, with the
+    real input tokens it holds."""
     if micro_batch < 1 or count < 0:
         raise ConfigError(f"cannot draw {count} batches of {micro_batch} samples")
     clipped = collation.clip(lengths)
@@ -103,7 +105,7 @@ def draw_batches(
         idx = order[k * micro_batch : (k + 1) * micro_batch]
         target = None if clipped.target is None else int(clipped.target[idx].max())
         inp, tgt = collation.pad(int(clipped.input[idx].max()), target)
-        out.append(BatchShape(micro_batch, inp, tgt))
+        out.append(BatchShape(micro_batch, inp, tgt, real_tokens=int(clipped.input[idx].sum())))
     return out
 
 

@@ -78,15 +78,18 @@ def staircase(inputs: IntArray, targets: IntArray, fits: Callable[[int, int], bo
     return out
 
 
-def _fit_counts(inp: IntArray, tgt: IntArray, distinct: IntArray, ceiling: IntArray) -> tuple[IntArray, IntArray]:
-    """Per distinct input a: samples with input <= a and target <= T(a), and with input < a and target <= T(a)."""
+def _fit_counts(
+    inp: IntArray, tgt: IntArray, weight: IntArray, distinct: IntArray, ceiling: IntArray
+) -> tuple[IntArray, IntArray]:
+    """Per distinct input a: samples with input <= a and target <= T(a), and with input < a and target <= T(a)
+    (each row counted ``weight`` times: a summary's cell stands for that many samples)."""
     t_values = np.unique(tgt)
     tree = [0] * (len(t_values) + 1)  # Fenwick tree over target ranks (a list: numpy scalar access is slower)
 
-    def add(rank: int) -> None:
+    def add(rank: int, w: int) -> None:
         rank += 1
         while rank < len(tree):
-            tree[rank] += 1
+            tree[rank] += w
             rank += rank & -rank
 
     def below(rank: int) -> int:  # samples added with target rank <= rank
@@ -99,26 +102,38 @@ def _fit_counts(inp: IntArray, tgt: IntArray, distinct: IntArray, ceiling: IntAr
     order = np.argsort(inp, kind="stable")
     ranks = np.searchsorted(t_values, tgt[order]).tolist()
     sorted_inp = inp[order].tolist()
+    weights = weight[order].tolist()
     le, lt = np.zeros(len(distinct), dtype=np.int64), np.zeros(len(distinct), dtype=np.int64)
     i = 0
     for k, a in enumerate(distinct.tolist()):
         cap = int(np.searchsorted(t_values, ceiling[k], side="right")) - 1  # rank of the largest target <= T(a)
         lt[k] = below(cap) if cap >= 0 else 0
         while i < len(sorted_inp) and sorted_inp[i] == a:
-            add(ranks[i])
+            add(ranks[i], weights[i])
             i += 1
         le[k] = below(cap) if cap >= 0 else 0
     return le, lt
 
 
-def unfit_share(lengths: SampleLengths, micro_batch: int, collation: Collation, need: Need, limit: float) -> float:
-    """The share of one rank's shuffled micro batches that need more than ``limit`` bytes."""
+def unfit_share(
+    lengths: SampleLengths,
+    micro_batch: int,
+    collation: Collation,
+    need: Need,
+    limit: float,
+    counts: IntArray | None = None,
+) -> float:
+    """The share of one rank's shuffled micro batches that need more than ``limit`` bytes. ``counts``: how many
+    samples each row of ``lengths`` stands for (a summary's cells, tuner.job.length_summary); None: one each."""
     clipped = collation.clip(lengths)
-    n = len(clipped)
+    weight = np.ones(len(clipped), dtype=np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
+    if len(weight) != len(clipped) or (len(weight) and int(weight.min()) < 1):
+        raise ConfigError(f"{len(weight)} counts for {len(clipped)} lengths; give one positive count per row")
+    n = int(weight.sum())
     if not n:
         raise ConfigError("no samples: the dataset is empty")
     inp = clipped.input
-    tgt = clipped.target if clipped.target is not None else np.zeros(n, dtype=np.int64)
+    tgt = clipped.target if clipped.target is not None else np.zeros(len(inp), dtype=np.int64)
     seq2seq = clipped.target is not None
 
     def fits(a: int, t: int) -> bool:
@@ -127,7 +142,7 @@ def unfit_share(lengths: SampleLengths, micro_batch: int, collation: Collation, 
 
     distinct = np.unique(inp)
     ceiling = staircase(distinct, np.unique(tgt), fits)
-    le, lt = _fit_counts(inp, tgt, distinct, ceiling)
+    le, lt = _fit_counts(inp, tgt, weight, distinct, ceiling)
     fit = float(np.sum((le / n) ** micro_batch - (lt / n) ** micro_batch))
     return min(1.0, max(0.0, 1.0 - fit))
 
@@ -145,19 +160,28 @@ def samples_until_crash(share: float, micro_batch: int, world_size: int, quantil
 
 
 def crash_odds(
-    lengths: SampleLengths, micro_batch: int, world_size: int, collation: Collation, need: Need, limit: int
+    lengths: SampleLengths,
+    micro_batch: int,
+    world_size: int,
+    collation: Collation,
+    need: Need,
+    limit: int,
+    counts: IntArray | None = None,
 ) -> CrashOdds:
+    """``counts``: as unfit_share's (a summary's cells; None: one sample per row)."""
     if world_size < 1:
         raise ConfigError(f"world size {world_size} is not a number of ranks; give 1 or more")
-    share = unfit_share(lengths, micro_batch, collation, need, limit)
     worst = worst_batch(lengths, micro_batch, collation)
+    worst_need = float(need(worst))
+    # the worst batch fits: every batch does (need is monotone), and 1 - sum(...) would leave float dust (1e-16)
+    share = 0.0 if worst_need <= limit else unfit_share(lengths, micro_batch, collation, need, limit, counts)
     return CrashOdds(
         limit=limit,
         micro_batch=micro_batch,
         world_size=world_size,
         unfit_share=share,
         worst=worst,
-        worst_need=float(need(worst)),
+        worst_need=worst_need,
         median_samples=samples_until_crash(share, micro_batch, world_size, 0.5),
         p90_samples=samples_until_crash(share, micro_batch, world_size, 0.9),
     )

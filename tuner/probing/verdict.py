@@ -25,8 +25,10 @@ from __future__ import annotations
 import signal
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from trials.contract import Phase, ProbeConfig, ProbeResult, Status
+from trials.contract import Phase, ProbeConfig, ProbeResult, RankResult, Status
+from tuner.probing.batches import drawn_tokens_per_sample
 from tuner.probing.ranks import Rank
 
 STDERR_TAIL_LINES = 8
@@ -147,7 +149,7 @@ def merge(
     timed = [res for res in results if res is not None and res.setup_s is not None]
     slowest = max(timed, key=lambda res: res.setup_s or 0.0, default=None)
     failures = [(r, s, c) for r, s, c in statuses if s not in (None, Status.OK)]
-    common = dict(
+    common: dict[str, Any] = dict(
         ranks=memories,
         capacity=next((m.capacity for m in memories if m.capacity), None),
         versions=first.versions if first else {},
@@ -165,12 +167,35 @@ def merge(
         return ProbeResult(status=status, cause=cause or f"rank {r.rank}: {status}", phase=_phase(r), **common)
     if any(s is None for _, s, _ in statuses) or results[0] is None or results[0].steps is None:
         return ProbeResult(status=Status.ERROR, cause="probe ended without results from every rank", **common)
+    if config.batches is not None:
+        return _drawn(config, [res for res in results if res is not None], common)
     steps = results[0].steps
     samples = config.global_batch / steps.cycle_s if steps.cycle_s > 0 else None
     return ProbeResult(
         status=Status.OK,
         samples_per_s=samples,
         tokens_per_s=samples * config.knobs.max_length if samples else None,
+        steps=steps,
+        **common,
+    )
+
+
+def _drawn(config: ProbeConfig, results: Sequence[RankResult], common: dict[str, Any]) -> ProbeResult:
+    """A probe timed on batches drawn from the data: each rank ran its own, so a step takes the slowest rank's time
+    (the gradient all-reduce waits for it); tokens/s counts the drawn samples' real input tokens, and the padded
+    ones beside them."""
+    assert config.batches is not None
+    steps = max((res.steps for res in results if res.steps is not None), key=lambda s: s.cycle_s)
+    samples = config.global_batch / steps.cycle_s if steps.cycle_s > 0 else None
+    real, padded = drawn_tokens_per_sample(config.batches, config.knobs.micro_batch_size)
+    return ProbeResult(
+        status=Status.OK,
+        samples_per_s=samples,
+        tokens_per_s=samples * real if samples else None,
+        batches="drawn",
+        padded_tokens_per_s=samples * padded if samples else None,
+        memory_shape=results[0].memory_shape,
+        timed_shapes=[res.timed_shapes for res in results],
         steps=steps,
         **common,
     )

@@ -18,7 +18,7 @@ from typing import Any
 from tuner.records.probe import DEFAULT_HEADROOM
 from tuner.records.ruled_out import RecordError
 
-_JSON_PARTS = ("model", "job", "space", "objective", "baseline", "baseline_files", "host")
+_JSON_PARTS = ("model", "job", "space", "objective", "baseline", "baseline_files", "host", "data", "trace")
 _SCALARS = ("job_changes", "world_size", "global_batch", "device_memory", "headroom", "budget_s", "finalists")
 _KNOWN = frozenset((*_JSON_PARTS, *_SCALARS, "baseline_source"))
 
@@ -60,6 +60,8 @@ class StudyDefinition:
     baseline_files: dict[str, Any] | None = None  # the user's files as given (tuner.interop.export.own.UserFiles)
     finalists: int | None = None
     host: dict[str, Any] | None = None  # tuner.session.host_record.HostRecord as JSON, once a worker recorded it
+    data: dict[str, Any] | None = None  # tuner.job.length_summary.LengthSummary as JSON (a study with the user's data)
+    trace: dict[str, Any] | None = None  # tuner.memory.trace.Trace as JSON, once a worker traced (a study with data)
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as stored
 
     @property
@@ -106,7 +108,7 @@ class StudyDefinition:
         return definition if isinstance(definition, StudyDefinition) else cls.from_json(definition)
 
     def to_json(self) -> dict[str, Any]:
-        """The stored JSON (what SearchRequest.definition writes; ``host`` only once recorded)."""
+        """The stored JSON (what SearchRequest.definition writes; ``host``, ``data`` and ``trace`` only when set)."""
         out: dict[str, Any] = {
             "model": self.model,
             "job": self.job,
@@ -123,8 +125,9 @@ class StudyDefinition:
             "baseline_files": self.baseline_files,
             "finalists": self.finalists,
         }
-        if self.host is not None:
-            out["host"] = self.host
+        for name in ("host", "data", "trace"):  # only once known: an older study's JSON stays as it was
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return {**out, **self.extra}
 
 

@@ -33,6 +33,7 @@ class ReportData:
     exports: dict[str, str] = field(default_factory=dict)  # format -> text (tuner.interop.export.render)
     changes: list[str] = field(default_factory=list)  # what the export changes in the user's files (`best --changes`)
     production: list[str] = field(default_factory=list)  # the user's real runs beside the probes (production rows)
+    crash: list[str] = field(default_factory=list)  # with the study's data: when the baseline / the pick would crash
 
     @property
     def headroom(self) -> float:
@@ -80,6 +81,10 @@ def load(url: str, study: str) -> ReportData:
         raise StudyNotFound(f"no study named {study!r} in this storage; `tuner studies` lists the known ones")
     rows = store.probes(study)
     best = best_of(rows)
+    from tuner.session.crash_line import pick_lines, study_crash
+
+    found = study_crash(stored, rows) if stored is not None else None
+    crash = pick_lines(found, best.knobs if best is not None else None, baseline_row(rows))
     definition = stored or StudyDefinition()
     exports = _exports(best, definition) if best is not None else {}
     changes: list[str] = []
@@ -90,7 +95,7 @@ def load(url: str, study: str) -> ReportData:
     from tuner.reporting.production import production_runs
 
     production = [run.line() for run in production_runs(rows)]
-    return ReportData(study, definition, rows, optuna_study, best, exports, changes, production)
+    return ReportData(study, definition, rows, optuna_study, best, exports, changes, production, crash)
 
 
 # -- HTML ----------------------------------------------------------------------------------------------------------
@@ -243,6 +248,11 @@ def render_html(data: ReportData) -> str:
         _summary(data),
         "<h2>Chosen config</h2>",
         _best_section(data),
+        *(
+            ["<h2>On your data: when a config would crash</h2>", f"<pre>{_e(chr(10).join(data.crash))}</pre>"]
+            if data.crash
+            else []
+        ),
         "<h2>Throughput and memory</h2>",
         f'<div class="grid">{"".join(plots)}</div>',
         "<h2>Per-rank peak memory</h2>",

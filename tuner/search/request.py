@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trials.contract import BUILTIN_PREFIX, Knobs, ModelSpec
-from tuner.errors import BaselineError, ConfigError
+from tuner.errors import BaselineError, ConfigError, TunerError
 from tuner.job.batching import default_global_batch, require_reachable
 from tuner.job.definition import BUILTIN_DEFAULTS, Job, JobFlags, fix_space, resolve_job
 from tuner.job.objective import Objective, objective_for
@@ -45,7 +45,7 @@ class SearchRequest:
     seed: int | None = None
     job: Job | None = None  # what stays fixed (tuner.job.definition); None: a study stored before the job existed
     job_changes: tuple[str, ...] = ()  # job knobs a space file searches on purpose
-    data: DataJob | None = None  # the user's data (--dataset): its lengths; not stored (re-read from the dataset)
+    data: DataJob | None = None  # the user's data (--dataset): its lengths; stored as their summary (definition)
     length_sources: dict[str, str] = field(default_factory=dict)  # where each job length came from
 
     def data_lines(self) -> list[str]:
@@ -55,6 +55,8 @@ class SearchRequest:
         return self.data.lines(self.job.max_length, self.job.max_target_length, self.length_sources)
 
     def definition(self) -> dict[str, Any]:
+        """The stored definition; with data, its lengths' summary (tuner.job.length_summary) under ``data``."""
+        data = {"data": self.data.summary().to_json()} if self.data is not None else {}
         return {
             "model": self.model.model_dump(mode="json"),
             "job": self.job.model_dump(mode="json") if self.job is not None else None,
@@ -70,6 +72,7 @@ class SearchRequest:
             "baseline_source": self.baseline_source,
             "baseline_files": self.baseline_files,
             "finalists": self.schedule.finalists,
+            **data,
         }
 
 
@@ -161,7 +164,7 @@ def build_request(
         space=space,
         world_size=world,
         global_batch=batch,
-        objective=objective_for(space.max_length, lengths),
+        objective=objective_for(space.max_length, lengths, drawn=data is not None),
         budget_s=budget_s,
         device_memory=device_memory,
         headroom=headroom,
@@ -190,11 +193,25 @@ def check_resume(name: str, stored: dict[str, Any], wanted: dict[str, Any], expl
     naming the field. Also for a worker that lost the race to create the study: it compares with the winner's."""
     for option in sorted(explicit):
         for key in FIELDS_OF.get(option, (option,)):
+            if key == "data" and stored.get(key) is None:  # a study from before the data was stored: nothing to hold
+                continue
             if key in wanted and stored.get(key) != wanted.get(key):
+                shown = _data_source(stored[key]) if key == "data" else _short(stored.get(key))
                 raise ConfigError(
-                    f"study {name!r} was created with a different {key} ({_short(stored.get(key))}); drop the "
+                    f"study {name!r} was created with a different {key} ({shown}); drop the "
                     f"option to resume it, or pick a new --study name"
                 )
+
+
+def _data_source(stored: Any) -> str:
+    """A stored data summary as a resume error names it: where its lengths came from, and how many."""
+    try:
+        from tuner.job.length_summary import LengthSummary
+
+        summary = LengthSummary.from_json(stored)
+        return _short(summary.origin.describe(summary.samples))
+    except (TunerError, TypeError, ValueError):
+        return _short(stored)
 
 
 def _short(value: Any) -> str:
@@ -231,4 +248,6 @@ def request_from_definition(base: SearchRequest, stored: StudyDefinition | dict[
         seed=base.seed,
         job=Job.model_validate(d.job) if d.job else None,
         job_changes=d.job_changes,
+        data=base.data,  # the data this run read (--dataset): not stored, so a resumed search's probes draw from it
+        length_sources=base.length_sources,
     )

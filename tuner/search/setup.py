@@ -14,12 +14,14 @@ from trials.contract import JobSettings, Knobs, ModelSpec, ProbeConfig, ProbeRes
 from tuner.job.batching import accumulation_steps
 from tuner.job.objective import Objective
 from tuner.job.space import Space
+from tuner.probing.batches import data_batches
 from tuner.probing.config import probe_config
 from tuner.records import DEFAULT_HEADROOM, Fidelity, ProbeRow
 from tuner.search.observation import probe_row
 from tuner.search.schedule import Schedule
 
 if TYPE_CHECKING:
+    from tuner.job.data_job import DataJob
     from tuner.search.request import SearchRequest
 
 
@@ -41,6 +43,7 @@ class SearchSetup:
     job: JobSettings = field(default_factory=JobSettings)  # label/generation lengths and beams of the user's job
     deepspeed_base: Mapping[str, Any] | None = None  # the user's DeepSpeed JSON, "auto" resolved: every probe's base
     training_args: Mapping[str, Any] | None = None  # the user's training args (the Trainer's optimizer values)
+    data: DataJob | None = None  # the user's data: every probe's memory at its worst batch, timed on drawn ones
 
     @classmethod
     def of(cls, request: SearchRequest) -> SearchSetup:
@@ -59,6 +62,7 @@ class SearchSetup:
             job=request.job.settings() if request.job is not None else JobSettings(),
             deepspeed_base=request.baseline_source,
             training_args=(request.baseline_files or {}).get("training_args"),
+            data=request.data,
         )
 
     def probe_config(self, knobs: Knobs, fidelity: Fidelity, timeout_s: float) -> ProbeConfig:
@@ -67,6 +71,17 @@ class SearchSetup:
         if accum is None:  # the space is restricted to reachable micro batches; a baseline may not be
             raise ValueError(f"micro batch {knobs.micro_batch_size} cannot reach global batch {self.global_batch}")
         warmup, measure = self.schedule.confirm if fidelity == Fidelity.CONFIRM else self.schedule.short
+        batches = None
+        if self.data is not None:
+            batches = data_batches(
+                self.data,
+                knobs,
+                self.job,
+                world_size=self.world_size,
+                measure_steps=measure,
+                gradient_accumulation_steps=accum,
+                seed=self.seed or 0,
+            )
         return probe_config(
             knobs=knobs,
             baseline=self.deepspeed_base,
@@ -80,6 +95,7 @@ class SearchSetup:
             timeout_s=timeout_s,
             seed=self.seed or 0,
             job=self.job,
+            batches=batches,
         )
 
     def row_for(self, proposal: Proposal, result: ProbeResult) -> ProbeRow:

@@ -53,11 +53,19 @@ class ServedBest:
         return None if self.best.confirmed else not_confirmed(self.study, self.best)
 
     @cached_property
+    def crash_lines(self) -> list[str]:
+        """With the study's data: when the baseline would crash on it, and that the pick fits its worst batch (or
+        when it would crash) (tuner.session.crash_line)."""
+        from tuner.session.crash_line import pick_lines, study_crash
+
+        return pick_lines(study_crash(self.definition, self.rows), self.best.knobs, self.baseline)
+
+    @cached_property
     def change_lines(self) -> list[str]:
         """The changes as `tuner best --changes` prints them, the pick's caveat first, and the configs no longer
         served."""
         failed = failed_in_production(self.rows)
-        lines = ([self.caveat] if self.caveat else []) + self.changes.lines()
+        lines = ([self.caveat] if self.caveat else []) + self.changes.lines() + self.crash_lines
         if failed:
             lines.append(
                 f"no longer served: {len(failed)} config{'s' if len(failed) > 1 else ''} whose real training run "

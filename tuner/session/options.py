@@ -152,7 +152,8 @@ class SearchOptions:
         api={"max_length": MAX_INLINE_SAMPLES},
         api_help="your data's per-sample token lengths, inline (the server reads no dataset path): [input, target] "
         f"pairs (seq2seq) or input lengths (causal LM), at most {MAX_INLINE_SAMPLES:,} (a larger dataset: a seeded "
-        "sample, `tuner lengths --dataset ... --max-samples N -o FILE`); the job's lengths are the longest sample's",
+        "sample, `tuner lengths --dataset ... --max-samples N -o FILE`); the job's lengths are the longest sample's; "
+        "stored with the study as the definition's `data` summary (exact up to 512 distinct pairs, else rounded up)",
     )
     job_flags: JobFlags | None = None
     #: settings the caller named even at their default value (the command line's, e.g. `--model builtin:tiny-t5`):
@@ -295,6 +296,7 @@ def read_data(o: SearchOptions, option: Callable[[str], str], cache_dir: Path | 
         o.padding,
         evaluated.lengths if evaluated is not None else None,
         evaluated.describe() if evaluated is not None else None,
+        origin=train.origin(),
     )
 
 
@@ -317,6 +319,7 @@ def explicit_settings(o: SearchOptions, baseline_world: int | None) -> set[str]:
         "global_batch": o.global_batch is not None or o.baseline is not None,
         "device_memory": o.device_memory is not None,
         "objective": o.lengths is not None or o.dataset is not None or o.sample_lengths is not None,
+        "data": o.dataset is not None or o.sample_lengths is not None,
         "job": o.baseline is not None or (o.job_flags is not None and o.job_flags != JobFlags()),
         "headroom": o.headroom != DEFAULT_HEADROOM or "headroom" in o.given,
         "baseline": o.baseline is not None,

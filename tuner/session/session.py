@@ -25,6 +25,7 @@ from tuner.records import StudyDefinition
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
 from tuner.search.strategy import SearchSetup, Strategy
 from tuner.session.checks import check_host, check_world_size
+from tuner.session.crash_line import keep_trace
 from tuner.session.driver import Listener, Search, SearchSummary
 from tuner.session.memory import MemoryModel, traced
 from tuner.session.options import PYTHON, Face, SearchOptions, prepare_request
@@ -212,6 +213,8 @@ class SearchSession:
         self.events.opened(request, resumed)
         with self.events.step(TRACING):
             memory = traced(request, self.options.estimate)
+        if memory.estimator is not None:  # with data: kept with the study, for the crash line of `tuner trials`
+            keep_trace(store, request.study_name, memory.estimator.trace)
         self.events.estimated(memory.note)
         search = joined.search(request, probe, deadline, memory)
         with self.events.running(request, deadline) as listener:

@@ -181,3 +181,31 @@ def test_best_changes_says_which_transformers_the_training_args_were_written_for
         .lines()[-1]
         .startswith("training args written for transformers 5.24.0 (checkpointing as activation_checkpointing)")
     )
+
+
+def test_a_truncation_the_search_chose_is_named_as_a_change_to_their_job_in_words() -> None:
+    from dataclasses import dataclass, field
+
+    from tuner.interop.export.changes import best_changes
+    from tuner.job.definition import Job
+    from tuner.job.objective import objective_for
+
+    @dataclass
+    class Best:
+        knobs: dict[str, Any]
+        config: dict[str, Any]
+        fingerprints: list[dict[str, Any]] = field(default_factory=list)
+
+    knobs = Knobs(micro_batch_size=2, max_length=64, engine="torch")
+    best = Best(knobs.model_dump(), {"world_size": 1, "gradient_accumulation_steps": 1})
+    objective = objective_for([64, 512], lengths=[10] * 98 + [300, 500], drawn=True)
+    definition = {
+        "job": Job(max_length=512, precision="fp32").model_dump(mode="json"),
+        "job_changes": ["max_length"],
+        "objective": objective.to_dict(),
+    }
+    held = [line for line in best_changes(best, definition, None).lines() if line.startswith("held fixed")]
+    assert held and held[0].endswith(
+        "(searched on purpose, as the space file lists: max_length); the pick's max_length 64 is a change to your "
+        "job: on your data it truncates 2.0% of samples, 37.8% of tokens (inputs at 64)"
+    )

@@ -53,3 +53,14 @@ def test_load_lengths(tmp_path):
         load_lengths(p)
     with pytest.raises(ConfigError):
         load_lengths(tmp_path / "missing")
+
+
+def test_with_data_the_objective_says_it_is_on_drawn_batches_and_a_fixed_one_is_stored_as_before():
+    fixed = objective_for([128])
+    assert fixed.to_dict() == {"kind": "samples_per_s", "lengths": []} and fixed.unit == "samples/s"
+    drawn = objective_for([128], drawn=True)
+    assert drawn.unit == "samples/s on drawn batches"
+    assert Objective.from_dict(drawn.to_dict()) == drawn
+    tokens = objective_for([64, 128], lengths=[10, 200], drawn=True)
+    assert tokens.unit == "retained tokens/s on drawn batches"
+    assert tokens.value(2.0, 64) == 2.0 * (10 + 64) / 2  # samples/s on drawn batches x the tokens a sample keeps

@@ -77,3 +77,15 @@ def test_the_crash_line_for_a_long_tail():
     assert roomy.fits_worst and roomy.describe().startswith("every batch fits in 100.00 GiB (the worst, 2 x 6,000")
     none = crash_odds(lengths, 2, 4, Collation(), quadratic_need, 10)
     assert none.describe().endswith("crashes at its first step")
+
+
+def test_a_config_that_fits_the_worst_batch_has_no_unfit_share_not_float_dust() -> None:
+    """Found on a real study: 1 - sum(p^b - q^b) left 1e-16, '1 batch in 9,007,199,254,740,992'."""
+    from tuner.job.lengths import SampleLengths
+    from tuner.job.padding import Collation
+    from tuner.memory.crash import crash_odds
+
+    lengths = SampleLengths.of([27, 5, 13, 398, 33, 7, 19, 26] * 50, [3, 9, 13, 2, 8, 5, 11, 4] * 50)
+    odds = crash_odds(lengths, 1, 1, Collation(), lambda b: 1e3 * b.batch * b.input_length, 40 << 20)
+    assert odds.fits_worst and odds.unfit_share == 0 and odds.median_samples is None
+    assert odds.describe().startswith("every batch fits in 40.0 MiB (the worst, 1 x 398 tokens")

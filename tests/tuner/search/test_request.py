@@ -148,3 +148,18 @@ def test_the_cli_spells_its_options_in_errors() -> None:
 
     assert cli_option("global_batch") == "--global-batch"
     assert cli_option("headroom") == "--headroom"
+
+
+def test_a_resumed_study_holds_its_stored_data() -> None:
+    """The data summary is compared like any definition field the user set; a study stored before it: not held."""
+    from tuner.job.length_summary import DataOrigin, LengthSummary
+    from tuner.job.lengths import SampleLengths
+    from tuner.search.request import check_resume
+
+    def data(source: str, inputs: list[int]) -> dict:
+        return {"data": LengthSummary.of(SampleLengths.of(inputs), DataOrigin(source)).to_json()}
+
+    check_resume("s", data("a.jsonl", [5, 9]), data("a.jsonl", [5, 9]), {"data"})  # the same data: resumes
+    check_resume("s", {}, data("a.jsonl", [5, 9]), {"data"})  # stored before the summary: nothing to hold it to
+    with pytest.raises(ConfigError, match=r"created with a different data \(2 samples of a.jsonl\); drop the option"):
+        check_resume("s", data("a.jsonl", [5, 9]), data("b.jsonl", [5, 9, 700]), {"data"})

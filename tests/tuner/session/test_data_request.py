@@ -162,3 +162,25 @@ def test_a_causal_lm_preset_reads_its_text_column_with_the_given_tokenizer(files
     lines = r.data_lines()
     assert lines[1] == "  inputs: p50 6, p90 41, p99 41, p99.9 41, max 41 tokens (3 samples)"
     assert lines[2] == "lengths: inputs 41 (data's longest sample)" and not any("targets" in line for line in lines)
+
+
+def test_a_search_with_data_probes_memory_at_its_worst_batch_and_times_batches_drawn_from_it(files):
+    from tuner.records import Fidelity
+    from tuner.search.setup import SearchSetup
+
+    r = request(files, seed=3)
+    assert r.data is not None and r.job is not None
+    assert r.objective.unit == "samples/s on drawn batches"
+    setup = SearchSetup.of(r)
+    knobs = Knobs(micro_batch_size=2, max_length=r.job.max_length, engine="torch")
+    short = setup.probe_config(knobs, Fidelity.SHORT, 60.0)
+    assert short.batches is not None and short.seed == 3
+    assert short.batches.worst.input_length == int(r.data.lengths.input.max())  # the tail's sample, every rank
+    drawn = short.batches.timed[0]
+    inputs = set(r.data.lengths.input.tolist())
+    assert len(drawn) == r.schedule.short[1] and all(b.input_length in inputs for b in drawn)
+    assert setup.probe_config(knobs, Fidelity.SHORT, 60.0).batches == short.batches  # the same seed, the same shapes
+    confirm = setup.probe_config(knobs, Fidelity.CONFIRM, 60.0).batches
+    assert confirm is not None and len(confirm.timed[0]) == r.schedule.confirm[1]
+    plain = dataclasses.replace(setup, data=None).probe_config(knobs, Fidelity.SHORT, 60.0)
+    assert plain.batches is None  # without data: every step at the fixed shape, as before

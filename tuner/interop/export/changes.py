@@ -15,6 +15,7 @@ from typing import Any
 from trials.contract import DS_HOST_KEYS
 from tuner.interop.export import BestLike, best_export_args, deepspeed_export, hf_export, measured_knobs
 from tuner.interop.export.own import UserFiles, checkpointing_key
+from tuner.job.objective import Objective
 from tuner.records.study import StudyDefinition
 from tuner.units import format_size
 
@@ -179,6 +180,10 @@ def best_changes(
         searched = list(d.job_changes)
         if searched:
             fixed += f" (searched on purpose, as the space file lists: {', '.join(searched)})"
+        objective = Objective.from_dict(d.objective)
+        cut = objective.truncation(int(knobs["max_length"])) if "max_length" in searched else None
+        if cut is not None:  # a truncation the search chose is a change to their job: say what it cuts of their data
+            fixed += f"; the pick's max_length {knobs['max_length']} is a change to your job: on your data it {cut}"
     space: Mapping[str, Any] = d.space or {}
     tuned = [  # without a baseline to compare with: the knobs the search chose (those the space gave a choice)
         Change("knobs", name, None, value, added=True)
