@@ -42,10 +42,10 @@ def save_tiny_t5(directory: Path) -> Path:
         num_layers=2,
         num_decoder_layers=2,
         num_heads=4,
-        decoder_start_token_id=0,
         pad_token_id=0,
         eos_token_id=1,
     )
+    config.decoder_start_token_id = 0  # not in T5Config's typed signature under transformers 5: set after
     T5ForConditionalGeneration(config).save_pretrained(directory)
     return save_tokenizer(directory)
 
