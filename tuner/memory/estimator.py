@@ -94,10 +94,22 @@ class Estimator:
         return (accumulation_steps(self.global_batch, knobs.micro_batch_size, self.world_size) or 2) > 1
 
     def _resident(self, knobs: Knobs) -> bool:
-        """Whether the grads of earlier micro-steps are resident at the backward's peak: when the step accumulates,
-        except under ZeRO-2, which reduces each grad into its partition as the backward makes it."""
-        zero2 = knobs.engine == "deepspeed" and knobs.zero_stage == 2
-        return self.accumulates(knobs) and not zero2
+        """Whether the backward's activation term is the trace's peak with the grads resident rather than the fresh
+        step's, where the grads not yet built offset the activations' peak (both above the full grads).
+
+        Plain torch, ZeRO-0/1: when the step accumulates (the earlier micro-steps' grads are there while the later
+        ones peak). ZeRO-2/3 always: they hold no full grads (each grad is reduced into fixed partition / bucket
+        buffers as the backward makes it: stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads``,
+        stage3.py ``__add_grad_to_ipg_bucket``), so nothing offsets the activations' peak; above the full grads,
+        the grads-resident peak is exactly that peak with the grads in flight."""
+        if knobs.engine == "deepspeed" and knobs.zero_stage in (2, 3):
+            return True
+        return self.accumulates(knobs)
+
+    def _backward_note(self, knobs: Knobs) -> str:
+        if knobs.engine == "deepspeed" and knobs.zero_stage in (2, 3):
+            return " (the activations' peak with the grads in flight: ZeRO-2/3 hold no full grads)"
+        return " (earlier micro-steps' grads resident)" if self._resident(knobs) else ""
 
     def backward_activations(self, knobs: Knobs) -> int:
         """Activations + temporaries of the forward+backward (with the earlier micro-steps' grads resident when
@@ -143,23 +155,42 @@ class Estimator:
 
     def _zero(self, k: Knobs) -> PhaseBuffers:
         tr = self.trace
-        return zero_buffers(k, tr.param_count, self.world_size, tr.largest_param, tr.trainable_count)
+        return zero_buffers(
+            k, tr.param_count, self.world_size, tr.largest_param, tr.trainable_count, accumulates=self.accumulates(k)
+        )
 
     def _train_phases(self, k: Knobs) -> list[PhaseEstimate]:
         st = self.states(k)
         buffers = self._zero(k)
         host = "host memory (offload_optimizer)" if k.offload_optimizer and k.engine == "deepspeed" else ""
-        resident = " (earlier micro-steps' grads resident)" if self._resident(k) else ""
+        resident = self._backward_note(k)
+        grads = Part(GRADIENTS, st.grads)
+        backward_grads = grads
+        if not buffers.partition_grads_in_backward:
+            where = "host (offload_optimizer)" if k.offload_optimizer else "built at the backward's first reduce"
+            backward_grads = Part(GRADIENTS, 0, f"ZeRO-2's grad partition: {where}")
         phases = []
-        for phase, zero, act, note in (
-            (FORWARD_BACKWARD, buffers.forward_backward, self.backward_activations(k), "fake-tensor trace" + resident),
-            (OPTIMIZER_STEP, buffers.optimizer_step, self.step_temporaries(k), "the optimizer step's temporaries"),
+        for phase, zero, act, note, grad_part in (
+            (
+                FORWARD_BACKWARD,
+                buffers.forward_backward,
+                self.backward_activations(k),
+                "fake-tensor trace" + resident,
+                backward_grads,
+            ),
+            (
+                OPTIMIZER_STEP,
+                buffers.optimizer_step,
+                self.step_temporaries(k),
+                "the optimizer step's temporaries",
+                grads,
+            ),
         ):
             if k.engine == "torch" or k.zero_stage in (0, 3):
                 zero = st.buffers
             parts = (
                 Part(PARAMETERS, st.params),
-                Part(GRADIENTS, st.grads),
+                grad_part,
                 Part(OPTIMIZER, st.optimizer, host),
                 Part(ZERO_BUFFERS, zero),
                 Part(ACTIVATIONS, act, note, named(self.trace, k, phase) if act else ()),

@@ -177,7 +177,17 @@ class PhaseBuffers:
       grads as it fills it (no extra), in bf16/fp16 it is the fp32 cast of the bf16 partition (not measured here:
       the recorded tables are fp32);
     - ``offload_staging``: with CPU offload, ZeRO-1/2 keep ``temp_grad_buffer_for_gpu_offload`` on the device, one
-      largest parameter at the job's precision.
+      largest parameter at the job's precision;
+    - ``partition_grads_in_backward``: whether the model-state grads column (``StateBytes.grads``) is on the device at
+      the backward's peak. ZeRO-2 (``partition_gradients``, contiguous_gradients) allocates its contiguous grad
+      partition ``grads_in_partition`` at the backward's first bucket reduce (``copy_grads_in_partition``) and drops
+      the reference at the backward's end (``_release_ipg_buffers``); the partition's ``param.grad`` views keep it
+      until the step. So the partition is live at the backward's peak when a micro-step of the same step ran before
+      it (accumulation), or when the reduce bucket holds fewer elements than the trainable params (a reduce, and
+      with it a new partition, comes before the backward's end; counted, the larger need); one micro-step whose
+      bucket takes every grad reduces only in the epilogue, after the peak: not live. With CPU offload the grads go
+      to the host's fp32 buffer (``async_accumulate_grad_in_cpu_via_gpu``) and never form a device partition.
+      ZeRO-1 keeps full grads and ZeRO-3 its persistent ``grad_partitions_flat_buffer``: always live.
     """
 
     reduce: int = 0
@@ -185,6 +195,7 @@ class PhaseBuffers:
     allgather_in_backward: bool = False
     grad_partition: int = 0
     offload_staging: int = 0
+    partition_grads_in_backward: bool = True
 
     @property
     def forward_backward(self) -> int:
@@ -201,8 +212,10 @@ def zero_buffers(
     world_size: int = 1,
     largest_param: int | None = None,
     trainable: int | None = None,
+    accumulates: bool = True,
 ) -> PhaseBuffers:
-    """The ZeRO buffers of one rank by phase (see :class:`PhaseBuffers`); none for plain torch or ZeRO-0."""
+    """The ZeRO buffers of one rank by phase (see :class:`PhaseBuffers`); none for plain torch or ZeRO-0.
+    ``accumulates``: whether a step runs several micro-steps (unknown: True, the larger need)."""
     p, n = param_count, world_size
     t = p if trainable is None else min(trainable, p)
     stage = knobs.zero_stage
@@ -227,5 +240,9 @@ def zero_buffers(
     grad_partition = 0 if knobs.offload_optimizer or (stage == 1 and not mixed) else partition
     staging = w * min(largest_param or 0, t) if knobs.offload_optimizer else 0
     return PhaseBuffers(
-        reduce=bucket, allgather=w * min(allgather, t), grad_partition=grad_partition, offload_staging=staging
+        reduce=bucket,
+        allgather=w * min(allgather, t),
+        grad_partition=grad_partition,
+        offload_staging=staging,
+        partition_grads_in_backward=stage == 1 or (not knobs.offload_optimizer and (accumulates or reduce < t)),
     )

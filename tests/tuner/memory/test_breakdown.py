@@ -60,12 +60,41 @@ def test_zero1_gathers_in_the_step_only_and_zero2_builds_its_grad_partition() ->
     assert step.part(ZERO_BUFFERS) == 4 * BUCKET + 4 * BUCKET  # + the all-gather chunk of the updated partitions
     z2 = est.breakdown(kn(zero_stage=2)).worst
     assert z2.phase(OPTIMIZER_STEP).part(ZERO_BUFFERS) == 4 * BUCKET + 4 * BUCKET + 4 * P // 2  # + fp32 partition
-    # ZeRO-2 reduces grads into its partition as the backward goes: no full grads of earlier micro-steps resident
-    assert z2.phase(FORWARD_BACKWARD).part(ACTIVATIONS) == point(100).activation_bytes
+    # ZeRO-2 reduces grads into fixed buffers as the backward goes: no full grads offset the activations' peak, so
+    # its backward takes the trace's grads-resident peak (the grads in flight), accumulating or not; ZeRO-1 keeps
+    # full grads and takes it only when accumulating
+    assert z2.phase(FORWARD_BACKWARD).part(ACTIVATIONS) == point(100).resident_activation_bytes
     assert z1.phase(FORWARD_BACKWARD).part(ACTIVATIONS) == point(100).resident_activation_bytes
+    one_step = estimator(point(100), batch=4)  # micro 2 x 2 ranks: no accumulation
+    assert one_step.breakdown(kn(zero_stage=2)).worst.phase(FORWARD_BACKWARD).part(ACTIVATIONS) == (
+        point(100).resident_activation_bytes
+    )
+    assert one_step.breakdown(kn(zero_stage=1)).worst.phase(FORWARD_BACKWARD).part(ACTIVATIONS) == (
+        point(100).activation_bytes
+    )
     off = est.breakdown(kn(zero_stage=1, offload_optimizer=True)).worst
     assert off.phase(FORWARD_BACKWARD).part(ZERO_BUFFERS) == 4 * BUCKET + 4 * 10_000  # + the grad staging buffer
     assert est.predict(kn(zero_stage=1)).raw == max(fb.total, step.total)
+
+
+def test_zero2s_grad_partition_is_on_the_device_in_the_backward_only_when_made_before_its_peak() -> None:
+    accumulating, one_step = estimator(point(100), batch=8), estimator(point(100), batch=4)
+    partition, whole = 4 * P // 2, 2 * P  # a reduce bucket that takes every grad reduces only in the epilogue
+    for est, bucket, off, live in (
+        (accumulating, whole, False, True),  # the earlier micro-step's partition, held by param.grad views
+        (one_step, BUCKET, False, True),  # a mid-backward reduce builds it
+        (one_step, whole, False, False),
+        (accumulating, BUCKET, True, False),  # offload: the grads go to the host
+    ):
+        rank = est.breakdown(kn(zero_stage=2, offload_optimizer=off, reduce_bucket_size=bucket)).worst
+        assert rank.phase(FORWARD_BACKWARD).part(GRADIENTS) == (partition if live else 0), (bucket, off)
+        assert rank.phase(OPTIMIZER_STEP).part(GRADIENTS) == partition
+    note = one_step.breakdown(kn(zero_stage=2, reduce_bucket_size=whole)).worst.phase(FORWARD_BACKWARD).parts[1].note
+    assert "first reduce" in note
+    # ZeRO-1 (full grads) and ZeRO-3 (its persistent grad_partitions_flat_buffer) keep theirs in every phase
+    for stage, grads in ((1, 4 * P), (3, 4 * P // 2)):
+        k = kn(zero_stage=stage, reduce_bucket_size=whole)
+        assert one_step.breakdown(k).worst.phase(FORWARD_BACKWARD).part(GRADIENTS) == grads
 
 
 def test_eval_phases_from_an_evaluating_trace() -> None:
@@ -95,8 +124,8 @@ def test_eval_phases_from_an_evaluating_trace() -> None:
 
 def test_longer_configs_extrapolate_and_name_scaled_allocations() -> None:
     softmax = TracedAllocation(op="_safe_softmax.default", shape=[2, 16, 320, 320], dtype="float32", nbytes=1)
-    est = estimator(point(320, largest={FORWARD_BACKWARD: [softmax]}), point(640))
-    long = est.breakdown(kn(zero_stage=2, max_length=6352)).worst.phase(FORWARD_BACKWARD)
+    est = estimator(point(320, largest={FORWARD_BACKWARD: [softmax]}), point(640), batch=4)  # one micro-step
+    long = est.breakdown(kn(zero_stage=1, max_length=6352)).worst.phase(FORWARD_BACKWARD)
     assert long.part(ACTIVATIONS) == 2 * (1000 * 6352 + 10 * 6352 * 6352)  # a*len + b*len^2 fitted exactly
     named = long.parts[-1].largest[0]
     assert named.shape == (2, 16, 6352, 6352) and named.nbytes == 2 * 16 * 6352 * 6352 * 4  # the seed's 4.81 GiB
