@@ -6,9 +6,10 @@ import json
 import re
 
 from tuner.cli.estimate_view import phase_json
-from tuner.memory.breakdown import PARTS, PHASE_TITLES, PhaseEstimate
+from tuner.memory.breakdown import PARTS, PHASE_TITLES, PhaseEstimate, RankEstimate
 from tuner.memory.explain import Change, Explanation, RecordedFailure, TrialFacts
 from tuner.memory.oom_match import Landing
+from tuner.memory.snapshot_parts import SnapshotParts, SnapshotRead
 
 GiB = 1 << 30
 SHOWN_FAILURES = 2  # ranks whose recorded failure the text prints (the text stays about 40 lines); --json has all
@@ -86,7 +87,38 @@ def _landing(w: Landing) -> str:
     )
 
 
-def _failure(f: RecordedFailure) -> list[str]:
+def _snapshot(read: SnapshotRead, estimate: PhaseEstimate) -> list[str]:
+    """The snapshot's live bytes per part beside the estimate's phase, the rest, and the largest unattributed sites."""
+    s = read.parts
+    if s is None:
+        return [f"  memory snapshot not read: {read.error}"]
+    out = [
+        f"  the snapshot's live memory by the frames that allocated it, against the estimate's {estimate.title} "
+        "(uncalibrated), GiB:",
+        f"    {'':<56}{'snapshot':>10}{'estimate':>10}",
+    ]
+    out += [f"    {name:<56}{s.part(name) / GiB:>10.2f}{estimate.part(name) / GiB:>10.2f}" for name in PARTS]
+    rest = (
+        ("before recording (no stack: setup, the model as built)", s.before_recording),
+        ("unattributed (no rule matches its frames)", s.unattributed),
+    )
+    out += [f"    {name:<56}{n / GiB:>10.2f}{'-':>10}" for name, n in rest]
+    cut = f"; cut at {s.blocks:,} blocks, the rest not summed" if s.cut else ""
+    out.append(
+        f"    live {s.live / GiB:.2f} GiB of {s.reserved / GiB:.2f} GiB reserved "
+        f"(the estimate's phase {estimate.total / GiB:.2f} GiB){cut}"
+    )
+    out += [f"    unattributed: {c.frame}, {_size(c.nbytes)} in {c.blocks} block(s)" for c in s.unattributed_sites[:3]]
+    return out
+
+
+def _phase_of(f: RecordedFailure, rank: RankEstimate) -> PhaseEstimate:
+    """The estimate's phase the failure is attributed to, else the peak phase."""
+    names = {p.phase for p in rank.phases}
+    return rank.phase(f.attribution.phase) if f.attribution.phase in names else rank.peak
+
+
+def _failure(f: RecordedFailure, rank: RankEstimate) -> list[str]:
     a, failed = f.attribution, f.failed
     dims = " x ".join(f"{d:,}" for d in failed.shape)
     op = f" ({failed.op} {failed.dtype} {dims})" if failed.op else " (the op is in the memory snapshot's stacks)"
@@ -104,10 +136,12 @@ def _failure(f: RecordedFailure) -> list[str]:
         out.append(f"  {_landing(a.landing)}")
     if f.snapshot:
         out.append(f"  memory snapshot: {f.snapshot} (drag it onto pytorch.org/memory_viz)")
+    if f.snapshot_read is not None:
+        out += _snapshot(f.snapshot_read, _phase_of(f, rank))
     return out
 
 
-def _trial(t: TrialFacts) -> list[str]:
+def _trial(t: TrialFacts, rank: RankEstimate) -> list[str]:
     out = [f"measured (trial {t.trial} of study {t.study}) against the estimate (parts uncalibrated):"]
     out += [f"  {c.describe()}" for c in t.checks]
     if not t.checks:
@@ -125,7 +159,7 @@ def _trial(t: TrialFacts) -> list[str]:
     else:
         out.append(f"  {calibrated}")
     for f in t.failures[:SHOWN_FAILURES]:
-        out += _failure(f)
+        out += _failure(f, rank)
     if len(t.failures) > SHOWN_FAILURES:
         ranks = ", ".join(str(f.rank) for f in t.failures[SHOWN_FAILURES:])
         out.append(f"  ranks {ranks} recorded theirs too (--json lists every rank's)")
@@ -153,7 +187,7 @@ def lines(e: Explanation, search: str) -> list[str]:
     if e.eval_note:
         out.append(e.eval_note)
     if t is not None:
-        out += _trial(t)
+        out += _trial(t, e.breakdown.worst)
     if e.crash is not None:
         out.append(f"crash: your config on your data: {e.crash.describe()}")
     out += _oom(e)
@@ -200,12 +234,38 @@ def as_json(e: Explanation) -> str:
         "changes": [{**c.__dict__, "text": c.line()} for c in e.changes],
         "traced_lengths": list(e.traced_lengths),
         "not_covered": e.not_covered,
-        "trial": None if e.trial is None else _trial_json(e.trial),
+        "trial": None if e.trial is None else _trial_json(e.trial, e.breakdown.worst),
     }
     return json.dumps(body, indent=2)
 
 
-def _trial_json(t: TrialFacts) -> dict[str, object]:
+def _snapshot_json(s: SnapshotParts) -> dict[str, object]:
+    return {
+        "parts": dict(s.parts),
+        "before_recording": s.before_recording,
+        "unattributed": s.unattributed,
+        "unattributed_sites": [c.__dict__ for c in s.unattributed_sites],
+        "live": s.live,
+        "reserved": s.reserved,
+        "blocks": s.blocks,
+        "cut": s.cut,
+    }
+
+
+def _snapshot_read_json(f: RecordedFailure, rank: RankEstimate) -> dict[str, object] | None:
+    read = f.snapshot_read
+    if read is None:
+        return None
+    phase = _phase_of(f, rank)
+    return {
+        "path": read.path,
+        "error": read.error,
+        "attributed": None if read.parts is None else _snapshot_json(read.parts),
+        "estimate": {"phase": phase.phase, "parts": {p: phase.part(p) for p in PARTS}, "total": phase.total},
+    }
+
+
+def _trial_json(t: TrialFacts, rank: RankEstimate) -> dict[str, object]:
     return {
         "study": t.study,
         "trial": t.trial,
@@ -230,6 +290,7 @@ def _trial_json(t: TrialFacts) -> dict[str, object]:
                 "matched": None if f.attribution.traced is None else f.attribution.traced.describe(),
                 "landing": None if f.attribution.landing is None else f.attribution.landing.__dict__,
                 "snapshot": f.snapshot,
+                "snapshot_parts": _snapshot_read_json(f, rank),
             }
             for f in t.failures
         ],

@@ -30,6 +30,7 @@ from tuner.memory.crash import CrashOdds, crash_odds
 from tuner.memory.estimator import Estimator
 from tuner.memory.oom_match import Attribution, Match, attribute, match_failed
 from tuner.memory.oom_message import OomMessage, fragmentation
+from tuner.memory.snapshot_parts import SnapshotRead
 from tuner.memory.solve import largest
 
 GiB = 1 << 30
@@ -90,12 +91,14 @@ class PhaseCheck:
 @dataclass(frozen=True)
 class RecordedFailure:
     """A rank's recorded out-of-memory (trials.contract.FailedAllocation) attributed to the estimate's parts, and the
-    CUDA memory snapshot the rank wrote (a path; None on the emulated device or where none was kept)."""
+    CUDA memory snapshot the rank wrote (a path; None on the emulated device or where none was kept) and what
+    reading it gave (its live bytes per estimate part, tuner.memory.snapshot_parts; else why it was not read)."""
 
     rank: int
     failed: FailedAllocation
     attribution: Attribution
     snapshot: str | None = None
+    snapshot_read: SnapshotRead | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,7 @@ class MeasuredTrial:
     oom_need: int | None
     failures: tuple[tuple[int, FailedAllocation, str | None], ...] = ()  # (rank, failed allocation, snapshot path)
     snapshots: tuple[str, ...] = ()
+    snapshot_reads: tuple[SnapshotRead, ...] = ()  # the failures' snapshot files read (the caller reads them)
 
 
 @dataclass(frozen=True)
@@ -392,8 +396,11 @@ def explain_trial(i: Inputs, m: MeasuredTrial) -> Explanation:
     found = explain(i)
     est = i.estimator
     predicted = est.predict(i.config)
+    reads = {r.path: r for r in m.snapshot_reads}
     failures = tuple(
-        RecordedFailure(rank, failed, attribute(failed, i.config, est.trace, found.breakdown), snapshot)
+        RecordedFailure(
+            rank, failed, attribute(failed, i.config, est.trace, found.breakdown), snapshot, reads.get(snapshot or "")
+        )
         for rank, failed, snapshot in m.failures
     )
     facts = TrialFacts(

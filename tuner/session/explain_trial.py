@@ -2,7 +2,9 @@
 world size and job come from its stored probe (the ProbeConfig it ran), the device memory from its result (else the
 study's); the model is traced at the trial's shape (checkpointing off and on, for the changes) and at the shapes of
 the study's other measured probes, on which the estimate is calibrated; the trial's measured per-phase peaks and its
-ranks' recorded failures (tuner.records.measurement) are set against the estimate by tuner.memory.explain.
+ranks' recorded failures (tuner.records.measurement) are set against the estimate by tuner.memory.explain, with
+each failure's CUDA memory snapshot read and attributed to the estimate's parts (tuner.memory.snapshot_parts; a file
+that is gone or unreadable is one line in the explanation, never an error).
 
 Bad input is one line (a TunerError, exit 2): an unknown study, a trial number the study lacks, a trial that
 measured nothing (ruled out without running, or failed before its memory window)."""
@@ -16,6 +18,7 @@ from trials.contract import JobSettings, Knobs, ModelSpec
 from tuner.errors import ConfigError
 from tuner.memory.estimator import Estimator, Evaluation, trace
 from tuner.memory.explain import Inputs, MeasuredTrial
+from tuner.memory.snapshot_parts import read as read_snapshot
 from tuner.records.probe import ProbeRow
 from tuner.session.best import pick_study
 from tuner.session.explain_job import TRACE_TIMEOUT_S
@@ -121,6 +124,7 @@ def trial_inputs(store: Store, study: str | None, trial: int | None) -> TrialInp
         oom_need=m.oom_need or None,
         failures=failures,
         snapshots=tuple(r.snapshot for r in m.ranks if r.snapshot),
+        snapshot_reads=tuple(read_snapshot(s) for s in dict.fromkeys(s for _, _, s in failures if s)),
     )
     inputs = Inputs(
         estimator=estimator,

@@ -4,8 +4,11 @@ explanation (tuner.memory.explain.explain_trial) in the view's text and JSON, on
 from __future__ import annotations
 
 import json
+import pickle
+from pathlib import Path
 
 from tests.tuner.memory.test_oom_message import GiB
+from tests.tuner.memory.test_snapshot_parts import block, frame, snapshot
 from trials.contract import FailedAllocation, Knobs
 from tuner.cli.explain_view import as_json, lines
 from tuner.memory.breakdown import (
@@ -13,6 +16,7 @@ from tuner.memory.breakdown import (
     FORWARD_BACKWARD,
     OPTIMIZER_STEP,
     PARAMETERS,
+    PARTS,
     ZERO_BUFFERS,
     Part,
     PhaseEstimate,
@@ -20,6 +24,7 @@ from tuner.memory.breakdown import (
 from tuner.memory.estimator import Estimator
 from tuner.memory.explain import Inputs, MeasuredTrial, explain_trial
 from tuner.memory.oom_match import attribute, estimate_phase, landing, zero_bucket
+from tuner.memory.snapshot_parts import read
 from tuner.memory.trace import Trace, TracedAllocation, TracePoint
 
 MiB = 1 << 20
@@ -129,3 +134,42 @@ def test_an_ok_trial_sets_its_measured_phases_against_the_estimate() -> None:
     text = "\n".join(lines(found, "tuner search"))
     assert "train step: measured 0.371 GiB, estimated" in text and "calibrated on the study's 1 other" in text
     assert json.loads(as_json(found))["trial"]["measured"][0]["phase"] == "train"
+
+
+def test_a_failures_snapshot_read_is_in_the_json_beside_the_estimates_phase(tmp_path: Path) -> None:
+    adam = [frame("/site-packages/torch/optim/adamw.py", "_init_group")]
+    path = tmp_path / "r0.snapshot.pickle"
+    path.write_bytes(pickle.dumps(snapshot(block(2 * GiB, adam), block(GiB, []))))
+    k = Knobs(micro_batch_size=4, max_length=512, engine="torch")
+    failed = FailedAllocation(nbytes=SOFTMAX.nbytes, live=250 * MiB, capacity=300 * MiB, phase="train", stage="forward")
+    gone = str(tmp_path / "gone.pickle")
+    measured = MeasuredTrial(
+        "s",
+        0,
+        "oom",
+        "OutOfMemoryError",
+        {},
+        None,
+        failed.live + failed.nbytes,
+        ((0, failed, str(path)), (1, failed, gone), (2, failed, None)),
+        snapshot_reads=(read(str(path)), read(gone)),
+    )
+    found = explain_trial(_inputs(k, 300 * MiB), measured)
+    failures = json.loads(as_json(found))["trial"]["failures"]
+    first = failures[0]["snapshot_parts"]
+    assert first["path"] == str(path) and first["error"] is None
+    assert (
+        first["attributed"]["parts"]["optimizer states"] == 2 * GiB and first["attributed"]["before_recording"] == GiB
+    )
+    estimate = found.breakdown.worst.phase(FORWARD_BACKWARD)
+    assert first["estimate"] == {
+        "phase": FORWARD_BACKWARD,
+        "parts": {p: estimate.part(p) for p in PARTS},
+        "total": estimate.total,
+    }
+    assert failures[1]["snapshot_parts"]["attributed"] is None
+    assert failures[1]["snapshot_parts"]["error"].startswith("the file is gone")
+    assert failures[2]["snapshot_parts"] is None  # no snapshot kept (the emulated device)
+    text = "\n".join(lines(found, "tuner search"))
+    assert "  memory snapshot not read: the file is gone" in text
+    assert "    optimizer states" in text and "estimate" in text

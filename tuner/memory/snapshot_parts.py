@@ -1,0 +1,262 @@
+"""A CUDA memory snapshot read back as the estimate's parts (pure, but for ``read``): the live blocks of the snapshot
+an OOM probe dumped (trials.oom_snapshot; ``torch.cuda.memory._dump_snapshot``'s pickle, the dict torch documents in
+``torch.cuda.memory._snapshot``: ``segments`` -> ``blocks`` with ``size``, ``state`` and the ``frames`` of the stack
+that allocated it, innermost first) summed per part of tuner.memory.breakdown by the frames that allocated them.
+
+Each block goes to the first rule (``RULES``, an ordered table) that matches its innermost frame, else its next frame
+outwards, and so on: the most specific call site decides (an AdamW state created by torch.optim under DeepSpeed's
+step is an optimizer state; a forward recomputed in the backward, an activation). A block with no frames was
+allocated before the probe started recording (its memory window opens after the model is built: the parameters as
+loaded, and what else setup left); a block no rule matches is unattributed, and its innermost frames are listed.
+
+Reading is bounded and safe: a file over ``MAX_FILE_BYTES`` is not read, at most ``MAX_BLOCKS`` blocks are summed
+(the record says when it stopped), and the pickle is read by an unpickler that builds only builtin containers and
+scalars (the snapshot is plain dicts, lists, strings and ints): anything else is refused in one line.
+
+torch.profiler's frames (torch.cuda._memory_viz._profile_to_snapshot builds the same dict from a profile, on CPU too)
+carry the place in the frame's name, ``torch/optim/adam.py(139): _init_group``; they are read the same way."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import TunerError
+from tuner.memory.breakdown import (
+    ACTIVATIONS,
+    GENERATION_CACHE,
+    GRADIENTS,
+    OPTIMIZER,
+    PARAMETERS,
+    PARTS,
+    ZERO_BUFFERS,
+)
+
+MAX_FILE_BYTES = 256 << 20  # trials.oom_snapshot keeps none larger
+MAX_BLOCKS = 500_000  # blocks summed; a snapshot with more is cut (and says so)
+SHOWN_FRAMES = 5  # the largest unattributed call sites kept
+LIVE = "active_allocated"  # a block a tensor holds (torch's Block.state)
+
+
+class SnapshotError(TunerError):
+    """The snapshot file cannot be read as one (missing, too large, not a torch memory snapshot)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A frame that allocates a part: ``pattern`` is searched in ``path/to/file.py:function`` (slashes forward)."""
+
+    part: str
+    pattern: str
+    what: str
+
+    def matches(self, frame: str) -> bool:
+        return re.search(self.pattern, frame) is not None
+
+
+#: first match wins, frame by frame from the innermost outwards
+RULES: tuple[Rule, ...] = (
+    Rule(GENERATION_CACHE, r"transformers/cache_utils\.py:", "transformers' KV cache (DynamicCache and kin)"),
+    Rule(
+        ZERO_BUFFERS,
+        r"deepspeed/runtime/zero/[^:]*:\w*(ipg|bucket|reduce|all_?gather|allgather|flatten_dense)",
+        "DeepSpeed ZeRO's gradient buckets and reduce / all-gather buffers",
+    ),
+    Rule(ZERO_BUFFERS, r"torch/distributed/", "a collective's buffers (torch.distributed)"),
+    Rule(OPTIMIZER, r"torch/optim/", "a torch optimizer's state and step"),
+    Rule(OPTIMIZER, r"deepspeed/ops/(adam|lamb|adagrad|lion)/", "DeepSpeed's fused / CPU optimizers"),
+    Rule(
+        OPTIMIZER,
+        r"deepspeed/runtime/zero/[^:]*:\w*(fp32|single_partition|optimizer_state|\bstep\b|_optimizer_step)",
+        "DeepSpeed ZeRO's fp32 partitions and optimizer step",
+    ),
+    Rule(
+        PARAMETERS,
+        r"(transformers/modeling_utils\.py:|torch/nn/modules/module\.py:(_apply|to|cuda|convert)$"
+        r"|torch/nn/modules/[^:]*:(__init__|reset_parameters)$|deepspeed/runtime/engine\.py:(__init__|_configure))",
+        "model construction, loading, .to(device) and the engine's setup",
+    ),
+    Rule(
+        ACTIVATIONS,
+        r"(torch/nn/modules/|torch/nn/functional\.py:|transformers/models/|torch/utils/checkpoint\.py:)",
+        "the model's forward (a recomputed forward in the backward too)",
+    ),
+    Rule(
+        GRADIENTS,
+        r"(torch/autograd/|torch/_tensor\.py:backward$|deepspeed/runtime/engine\.py:backward)",
+        "the backward (parameter gradients, and the backward's own temporaries)",
+    ),
+    Rule(GENERATION_CACHE, r"trials/decode\.py:", "the decode loop's own tensors (token ids, masks, the cache kept)"),
+)
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """Live bytes allocated under one innermost frame (``file.py:line:function``), in ``blocks`` blocks."""
+
+    frame: str
+    nbytes: int
+    blocks: int
+
+
+@dataclass(frozen=True)
+class SnapshotParts:
+    """A snapshot's live bytes per estimate part (``parts``, in breakdown.PARTS order), those allocated before the
+    recording started (no frames), the unattributed rest and its largest call sites; ``reserved`` is the segments'
+    total (live + cached). ``blocks`` were summed; ``cut`` when the snapshot had more (MAX_BLOCKS)."""
+
+    path: str
+    parts: tuple[tuple[str, int], ...]
+    before_recording: int
+    unattributed: int
+    unattributed_sites: tuple[CallSite, ...]
+    live: int
+    reserved: int
+    blocks: int
+    cut: bool = False
+
+    def part(self, name: str) -> int:
+        return dict(self.parts).get(name, 0)
+
+
+@dataclass(frozen=True)
+class SnapshotRead:
+    """A snapshot file and what reading it gave: its parts, else why it could not be read (one line)."""
+
+    path: str
+    parts: SnapshotParts | None = None
+    error: str | None = None
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds builtin containers and scalars only: a pickle that names any class or function is refused."""
+
+    def find_class(self, module: str, name: str) -> type:
+        raise SnapshotError(f"refused: it names {module}.{name}, and a torch memory snapshot holds only plain data")
+
+
+def loads(data: bytes) -> object:
+    """The plain data pickled in ``data`` (no class or function is ever resolved)."""
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except SnapshotError:
+        raise
+    except Exception as exc:  # a truncated or corrupt pickle: any of pickle's many error types
+        raise SnapshotError(f"not a pickle ({type(exc).__name__}: {str(exc)[:80]})") from None
+
+
+#: torch.profiler's frames (the snapshot torch.cuda._memory_viz._profile_to_snapshot builds from a CPU or CUDA
+#: profile) have filename "none" and the place in the name: ``torch/optim/adam.py(139): _init_group``
+_PROFILER_NAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<name>.+)$")
+
+
+def _where(frame: Mapping[str, object]) -> tuple[str, object, str]:
+    """A frame's (file, line, function), slashes forward, read from the profiler's name where it carries them."""
+    filename, line, name = str(frame.get("filename", "")), frame.get("line", "?"), str(frame.get("name", ""))
+    found = _PROFILER_NAME.match(name) if filename in ("none", "") else None
+    if found is not None:
+        filename, line, name = found["file"], found["line"], found["name"]
+    return filename.replace("\\", "/"), line, name
+
+
+def frame_key(frame: Mapping[str, object]) -> str:
+    """``path/to/file.py:function``: what the rules search."""
+    filename, _, name = _where(frame)
+    return f"{filename}:{name}"
+
+
+def frame_text(frame: Mapping[str, object]) -> str:
+    """``dir/file.py:line:function`` (the file's last two path parts), as pytorch.org/memory_viz shows a frame."""
+    filename, line, name = _where(frame)
+    return f"{'/'.join(filename.split('/')[-2:])}:{line}:{name}"
+
+
+def rule_of(frames: Sequence[Mapping[str, object]], rules: Sequence[Rule] = RULES) -> Rule | None:
+    """The first rule that matches, frame by frame from the innermost; None when none matches."""
+    for frame in frames:
+        key = frame_key(frame)
+        for rule in rules:
+            if rule.matches(key):
+                return rule
+    return None
+
+
+def part_of(frames: Sequence[Mapping[str, object]], rules: Sequence[Rule] = RULES) -> str | None:
+    """The part the frames' rule gives (:func:`rule_of`); None when no rule matches."""
+    rule = rule_of(frames, rules)
+    return None if rule is None else rule.part
+
+
+def _blocks(snapshot: object) -> Iterable[Mapping[str, object]]:
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments"), list):
+        raise SnapshotError("not a torch memory snapshot (no 'segments' list)")
+    for seg in snapshot["segments"]:
+        if isinstance(seg, dict) and isinstance(seg.get("blocks"), list):
+            yield from (b for b in seg["blocks"] if isinstance(b, dict))
+
+
+def attribute(snapshot: object, path: str = "", max_blocks: int = MAX_BLOCKS) -> SnapshotParts:
+    """The snapshot's live bytes per estimate part (see the module's rules)."""
+    by_part = dict.fromkeys(PARTS, 0)
+    before = unattributed = live = 0
+    sites: dict[str, list[int]] = {}
+    seen = 0
+    cut = False
+    for block in _blocks(snapshot):
+        if seen >= max_blocks:
+            cut = True
+            break
+        seen += 1
+        size = block.get("size")
+        if block.get("state") != LIVE or not isinstance(size, int):
+            continue
+        live += size
+        held = block.get("frames")
+        frames = [f for f in held if isinstance(f, dict)] if isinstance(held, list) else []
+        if not frames:
+            before += size
+            continue
+        part = part_of(frames)
+        if part is None:
+            unattributed += size
+            site = sites.setdefault(frame_text(frames[0]), [0, 0])
+            site[0] += size
+            site[1] += 1
+        else:
+            by_part[part] += size
+    segments = snapshot["segments"] if isinstance(snapshot, dict) else []
+    reserved = sum(
+        s.get("total_size", 0) for s in segments if isinstance(s, dict) and isinstance(s.get("total_size"), int)
+    )
+    largest = sorted(sites.items(), key=lambda kv: -kv[1][0])[:SHOWN_FRAMES]
+    return SnapshotParts(
+        path=path,
+        parts=tuple(by_part.items()),
+        before_recording=before,
+        unattributed=unattributed,
+        unattributed_sites=tuple(CallSite(f, n, c) for f, (n, c) in largest),
+        live=live,
+        reserved=reserved,
+        blocks=seen,
+        cut=cut,
+    )
+
+
+def read(path: str, max_bytes: int = MAX_FILE_BYTES) -> SnapshotRead:
+    """The snapshot at ``path`` read and attributed, else why not, in one line (the explanation goes on without)."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise SnapshotError(f"{size / (1 << 20):,.0f} MiB, over the {max_bytes >> 20} MiB read at most")
+        return SnapshotRead(path, parts=attribute(loads(p.read_bytes()), path))
+    except FileNotFoundError:
+        return SnapshotRead(path, error="the file is gone (the latest 20 are kept beside the study's database)")
+    except OSError as exc:
+        return SnapshotRead(path, error=f"cannot be read ({exc.strerror or type(exc).__name__})")
+    except SnapshotError as exc:
+        return SnapshotRead(path, error=str(exc))
