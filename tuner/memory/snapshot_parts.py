@@ -263,7 +263,11 @@ def read(path: str, max_bytes: int = MAX_FILE_BYTES) -> SnapshotRead:
         size = p.stat().st_size
         if size > max_bytes:
             raise SnapshotError(f"{size / (1 << 20):,.0f} MiB, over the {max_bytes >> 20} MiB read at most")
-        return SnapshotRead(path, parts=attribute(loads(p.read_bytes()), path))
+        data = loads(p.read_bytes())
+        try:
+            return SnapshotRead(path, parts=attribute(data, path))
+        except (TypeError, ValueError, AttributeError) as exc:  # plain data, but not shaped as torch writes it
+            raise SnapshotError(f"not a torch memory snapshot ({type(exc).__name__}: {str(exc)[:80]})") from None
     except FileNotFoundError:
         return SnapshotRead(path, error="the file is gone (the latest 20 are kept beside the study's database)")
     except OSError as exc:
