@@ -93,9 +93,8 @@ def _snapshot(read: SnapshotRead, estimate: PhaseEstimate) -> list[str]:
     if s is None:
         return [f"  memory snapshot not read: {read.error}"]
     out = [
-        f"  the snapshot's live memory by the frames that allocated it, against the estimate's {estimate.title} "
-        "(uncalibrated), GiB:",
-        f"    {'':<56}{'snapshot':>10}{'estimate':>10}",
+        f"  snapshot: live memory by the frames that allocated it vs the estimate's {estimate.title}, GiB:",
+        f"    {'(the estimate uncalibrated, as the table above)':<56}{'snapshot':>10}{'estimate':>10}",
     ]
     out += [f"    {name:<56}{s.part(name) / GiB:>10.2f}{estimate.part(name) / GiB:>10.2f}" for name in PARTS]
     rest = (

@@ -93,8 +93,8 @@ def test_a_trials_snapshot_is_read_by_parts_and_a_missing_one_is_one_line(
     out = capsys.readouterr().out
     assert f"  memory snapshot: {snap} (drag it onto pytorch.org/memory_viz)" in out
     assert (
-        "  the snapshot's live memory by the frames that allocated it, against the estimate's train forward + "
-        "backward (uncalibrated), GiB:" in out
+        "  snapshot: live memory by the frames that allocated it vs the estimate's train forward + backward, GiB:"
+        in out
     )
     rows = {line[4:60].strip(): line[60:].split() for line in out.splitlines() if line.startswith("    ")}
     assert rows["optimizer states"][0] == "2.00" and rows["activations + temporaries"][0] == "1.00"
