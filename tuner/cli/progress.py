@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -15,7 +15,7 @@ from rich.text import Text
 
 from tuner.job.objective import Objective
 from tuner.memory.frontier import describe
-from tuner.records import Candidate, ProbeOutcome, ProbeRow, ProbeStatus, ProposedProbe
+from tuner.records import Candidate, Fidelity, ProbeOutcome, ProbeRow, ProbeStatus, ProposedProbe
 from tuner.session.driver import SearchSummary
 from tuner.units import Deadline, format_duration, format_size
 
@@ -82,9 +82,11 @@ class LiveProgress:
         objective: Objective,
         study: str,
         job: Mapping[str, Any] | None = None,
+        crash: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> None:
         self.console = console
         self.job = job  # the job's values (held fixed, printed once above the stream) are left out of each label
+        self.crash = crash  # the baseline's crash line on the study's data (tuner.session.crash_line), None: none
         self.trials: dict[str, tuple[int, ProbeStatus]] = {}  # a probed config's label -> its trial and status
         self.cited: set[str] = set()  # the reasons already printed: later configs they rule out are only counted
         self.held: tuple[ProposedProbe, ProbeRow] | None = None  # the last probe, printed with what it rules out
@@ -159,6 +161,9 @@ class LiveProgress:
             if own:
                 self.cited.add(_reason(own[0], self.job, self.trials))
             self.console.print(line + (f"  [dim](rules out {len(own)})[/]" if own else ""))
+            crash = self.crash(row.knobs) if self.crash is not None and proposal.fidelity == Fidelity.BASELINE else None
+            if crash:
+                self.console.print(Text(f"  {crash}"))  # quotes stored text: never markup
         fresh = [r for r in rows if _reason(r, self.job, self.trials) not in self.cited]
         self.quiet += len(rows) - len(fresh)
         for line in ruled_out_lines(fresh, self.job, self.trials):

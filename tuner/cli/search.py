@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Annotated, Any
 
@@ -56,9 +56,30 @@ class Rendered(Events):
 
     @contextmanager
     def running(self, request: SearchRequest, deadline: Deadline) -> Iterator[Listener | None]:
-        progress = LiveProgress(console, deadline, request.objective, request.study_name, _job(request))
+        progress = LiveProgress(
+            console, deadline, request.objective, request.study_name, _job(request), crash=baseline_crash(request)
+        )
         with progress:
             yield progress
+
+
+def baseline_crash(request: SearchRequest) -> Callable[[Mapping[str, Any]], str | None] | None:
+    """The crash line the stream prints under the baseline's row when the study has data and a trace: the one
+    `tuner trials` prints (tuner.session.crash_line.study_crash: the stored summary, the estimate from the stored trace
+    calibrated on the study's measured probes, the baseline's own row among them). None without data."""
+    if request.data is None:
+        return None
+
+    def line(knobs: Mapping[str, Any]) -> str | None:
+        from tuner.session.crash_line import study_crash
+        from tuner.storage import Store
+
+        store = Store(request.storage, read_only=True)
+        definition = store.definition(request.study_name)
+        crash = study_crash(definition, store.probes(request.study_name)) if definition is not None else None
+        return crash.line(knobs, "your config") if crash is not None else None
+
+    return line
 
 
 def _job(request: SearchRequest) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ class DataJob:
     eval_lengths: SampleLengths | None = None
     eval_described: str | None = None
     origin: DataOrigin | None = None  # where the lengths came from, as the study stores it (None: not said)
+    rounded: bool = False  # the lengths are a stored summary's, rounded up: the truncation line is an upper bound
 
     def summary(self) -> LengthSummary:
         """The lengths as the study stores them (tuner.job.length_summary: bounded, rounded up when it must)."""
@@ -60,7 +61,8 @@ class DataJob:
             labels = f", labels {max_target_length or max_length:,} ({sources.get('max_target_length', 'data')})"
         out.append(f"lengths: inputs {max_length:,} ({sources.get('max_length', 'data')}){labels}")
         cut = Truncation.of(self.lengths, max_length, max_target_length or max_length)
-        out.append(f"truncation: {cut.describe()}; padding: {self.padding} (as your collator pads)")
+        bound = " (at most: the stored lengths are rounded up)" if self.rounded else ""
+        out.append(f"truncation: {cut.describe()}{bound}; padding: {self.padding} (as your collator pads)")
         return out
 
 

@@ -248,6 +248,24 @@ def request_from_definition(base: SearchRequest, stored: StudyDefinition | dict[
         seed=base.seed,
         job=Job.model_validate(d.job) if d.job else None,
         job_changes=d.job_changes,
-        data=base.data,  # the data this run read (--dataset): not stored, so a resumed search's probes draw from it
-        length_sources=base.length_sources,
+        data=base.data if base.data is not None else stored_data(d),
+        length_sources=base.length_sources if base.data is not None else _STORED_SOURCES,
     )
+
+
+_STORED_SOURCES = {"max_length": "the study's job", "max_target_length": "the study's job"}
+
+
+def stored_data(definition: StudyDefinition) -> DataJob | None:
+    """The data a resumed search probes on when this run reads none: the study's stored summary expanded
+    (tuner.job.length_summary; rounded up, so the worst batch is conservative). The data a run reads (``--dataset``)
+    wins: it is compared with the stored summary (check_resume) and its lengths are exact. None: no summary stored;
+    RecordError (one line) for a stored one tuner cannot read."""
+    if definition.data is None:
+        return None
+    from tuner.job.length_summary import LengthSummary, SummaryError
+
+    try:
+        return LengthSummary.from_json(definition.data).data_job()
+    except SummaryError as err:
+        raise RecordError(f"{err}; give --dataset to probe on your data, or pick a new --study name") from err

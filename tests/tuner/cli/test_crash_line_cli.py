@@ -157,3 +157,43 @@ def test_a_row_whose_stored_knobs_are_no_config_gets_a_line_saying_so(study: str
     line = crash.shown({"micro_batch_size": "many"}, "trial 9", always=True)
     assert line == "trial 9 on your data: no crash estimate (its stored knobs are not a config this tuner reads)"
     assert crash.shown({"micro_batch_size": "many"}, "trial 9") is None
+
+
+def test_a_live_search_prints_the_crash_line_under_the_baselines_row(study: str) -> None:
+    """`tuner search`'s stream: under the baseline's row, the line `tuner trials` prints (one function); not under
+    another probe's, and none for a study without data."""
+    import io
+    import types
+
+    from rich.console import Console
+
+    from tuner.cli.progress import LiveProgress
+    from tuner.cli.search import baseline_crash
+    from tuner.job.objective import Objective
+    from tuner.search.strategy import Outcome, Proposal
+    from tuner.session.crash_line import study_crash
+    from tuner.storage import Store
+    from tuner.units import Deadline
+
+    store = Store(study)
+    rows = {r.fidelity.value: r for r in store.probes("data")}
+    request = types.SimpleNamespace(data=object(), storage=study, study_name="data")
+    out = io.StringIO()
+    console = Console(file=out, width=1000, color_system=None)
+    progress = LiveProgress(console, Deadline(60), Objective(), "data", crash=baseline_crash(request))  # type: ignore[arg-type]
+    for fidelity in ("baseline", "short"):
+        row = rows[fidelity]
+        config = ProbeConfig.model_validate(row.config)
+        proposal = Proposal(config=config, fidelity=row.fidelity, config_key=row.config_key, trial=None, expected_s=6)
+        progress.started(proposal)
+        progress.finished(proposal, Outcome(row=row, state=None, objective=row.objective, stable=row.stable))
+    progress._flush()
+    lines = out.getvalue().splitlines()
+    crash = study_crash(store.require_definition("data"), store.probes("data"))
+    assert crash is not None
+    expected = crash.line(rows["baseline"].knobs, "your config")
+    assert expected.startswith("your config on your data: 1 batch in ")
+    at = next(i for i, line in enumerate(lines) if "(baseline)" in line)
+    assert lines[at + 1] == f"  {expected}"
+    assert sum("on your data" in line for line in lines) == 1  # the short probe's row: no line
+    assert baseline_crash(types.SimpleNamespace(data=None)) is None  # type: ignore[arg-type]

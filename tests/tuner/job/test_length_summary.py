@@ -10,7 +10,7 @@ import pytest
 
 from tuner.job.length_summary import MAX_CELLS, DataOrigin, LengthSummary, SummaryError, round_up
 from tuner.job.lengths import SampleLengths
-from tuner.job.padding import BatchShape, Collation
+from tuner.job.padding import BatchShape, Collation, draw_batches, worst_batch
 from tuner.memory.crash import crash_odds
 
 ORIGIN = DataOrigin("data.jsonl", "train", "source", "target", None, "tok", 100_000, None)
@@ -119,3 +119,44 @@ def test_where_the_lengths_came_from_is_said() -> None:
         == "a seeded random 5,000 of 100,000 samples (--max-samples) of d [train], tokenized with t5"
     )
     assert DataOrigin.from_json(sampled.to_json()) == sampled
+
+
+@pytest.mark.parametrize(("micro", "limits"), [(1, (None, None)), (4, (None, None)), (8, (512, 32)), (2, (9000, None))])
+def test_the_summary_gives_the_worst_batch_of_the_full_lengths_up_to_its_rounding(
+    micro: int, limits: tuple[int | None, int | None]
+) -> None:
+    """What a search without --dataset probes memory at: the stored summary's worst batch is the data's, or longer by
+    at most the rounding the summary states (never shorter: conservative)."""
+    lengths = seed_shaped(50_000, seed=5)
+    s = LengthSummary.of(lengths, ORIGIN)
+    assert not s.rounding.exact
+    collation = Collation("longest", *limits)
+    full = worst_batch(lengths, micro, collation)
+    data = s.data_job()
+    stored = worst_batch(data.lengths, micro, data.collation(*limits))
+    assert stored.batch == full.batch == micro
+    assert full.input_length <= stored.input_length <= full.input_length + s.rounding.input_tokens
+    assert full.target_length is not None and stored.target_length is not None
+    assert full.target_length <= stored.target_length <= full.target_length + s.rounding.target_tokens
+    drawn = draw_batches(data.lengths, micro, data.collation(*limits), 20, seed=1)
+    cells = set(s.cells()[0].input.tolist())
+    assert all(b.input_length in cells or b.input_length == limits[0] for b in drawn)  # the stored lengths' shapes
+
+
+def test_the_summary_as_a_searchs_data_says_it_is_stored_and_rounded_up() -> None:
+    origin = DataOrigin("data.jsonl", "train", "source", "target", None, "tok", 20_000, None)
+    s = LengthSummary.of(seed_shaped(20_000), origin)
+    data = s.data_job()
+    assert data.origin == origin and data.padding == s.padding and len(data.lengths) == s.samples
+    head = "20,000 samples of data.jsonl [train], tokenized with tok; from the study's stored summary (no --dataset): "
+    assert data.described.startswith(head + "lengths rounded up (")
+    assert f"inputs by at most {s.rounding.input_tokens:,} tokens" in data.described
+    assert "the probes' worst batch is the data's or longer (conservative)" in data.described
+    lines = data.lines(s.longest_input, 61, {"max_length": "the study's job"})
+    assert lines[-1].startswith("truncation: truncates nothing (at most: the stored lengths are rounded up); ")
+    # a job length at the data's longest (9,000 here) may cut a rounded-up stored length: an upper bound, said so
+    assert data.lines(9000, 61, {})[-1].endswith(
+        "(inputs at 9000) (at most: the stored lengths are rounded up); padding: longest (as your collator pads)"
+    )
+    exact = LengthSummary.of(SampleLengths.of([5, 9], [2, 3]), ORIGIN).data_job()
+    assert exact.described.endswith("(no --dataset): lengths stored exactly") and not exact.rounded

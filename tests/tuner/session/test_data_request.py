@@ -184,3 +184,59 @@ def test_a_search_with_data_probes_memory_at_its_worst_batch_and_times_batches_d
     assert confirm is not None and len(confirm.timed[0]) == r.schedule.confirm[1]
     plain = dataclasses.replace(setup, data=None).probe_config(knobs, Fidelity.SHORT, 60.0)
     assert plain.batches is None  # without data: every step at the fixed shape, as before
+
+
+def test_a_study_resumed_without_its_dataset_probes_on_the_stored_summary(files):
+    """A worker without --dataset (or a study POSTed with sample_lengths) probes memory at the stored summary's worst
+    batch (the data's or longer by its rounding) and times batches drawn from it; a --dataset given wins."""
+    from tuner.job.length_summary import LengthSummary
+    from tuner.records import Fidelity, RecordError
+    from tuner.search.request import request_from_definition
+    from tuner.search.setup import SearchSetup
+    from tuner.session.session import resolve
+    from tuner.storage import Store
+
+    r = request(files, seed=3)
+    assert r.data is not None and r.job is not None
+    store = Store(r.storage)
+    resolve(r, set(), store)  # creates the study, its definition holding the data's summary
+    bare = dataclasses.replace(r, data=None, length_sources={})  # the same study, this run read no dataset
+    resumed, was_resumed = resolve(bare, set(), store)
+    assert was_resumed and resumed.data is not None and resumed.data.rounded is False  # 400 samples: stored exactly
+    summary = LengthSummary.from_json(r.definition()["data"])
+    assert resumed.data.described.startswith(summary.origin.describe(400) + "; from the study's stored summary")
+    assert resumed.data_lines()[0] == f"data: {resumed.data.described}"
+    assert "lengths: inputs" in resumed.data_lines()[3] and "(the study's job)" in resumed.data_lines()[3]
+    knobs = Knobs(micro_batch_size=2, max_length=r.job.max_length, engine="torch")
+    stored = SearchSetup.of(resumed).probe_config(knobs, Fidelity.SHORT, 60.0).batches
+    read = SearchSetup.of(r).probe_config(knobs, Fidelity.SHORT, 60.0).batches
+    assert stored is not None and read is not None
+    assert stored.worst == read.worst and stored.worst.input_length == int(r.data.lengths.input.max())
+    assert len(stored.timed[0]) == r.schedule.short[1]
+    assert {b.input_length for b in stored.timed[0]} <= set(r.data.lengths.input.tolist())
+    again, _ = resolve(r, {"data"}, store)  # a --dataset given on resume: compared with the summary, then it wins
+    assert again.data is r.data
+    broken = {**r.definition(), "data": {"version": 9}}
+    with pytest.raises(RecordError, match="version 9; this tuner reads 1; give --dataset to probe on your data"):
+        request_from_definition(bare, broken)
+
+
+def test_a_rounded_summary_makes_the_resumed_worst_batch_conservative(files):
+    """With more distinct lengths than the summary's cells, the stored worst batch is as long or longer."""
+    from tuner.job.length_summary import DataOrigin, LengthSummary
+    from tuner.records import Fidelity
+    from tuner.search.request import request_from_definition
+    from tuner.search.setup import SearchSetup
+
+    r = request(files, seed=3)
+    assert r.data is not None and r.job is not None
+    summary = LengthSummary.of(r.data.lengths, DataOrigin("d"), max_cells=16)
+    assert not summary.rounding.exact
+    definition = {**r.definition(), "data": summary.to_json()}
+    resumed = request_from_definition(dataclasses.replace(r, data=None), definition)
+    assert resumed.data is not None and "conservative" in resumed.data_lines()[0]
+    knobs = Knobs(micro_batch_size=2, max_length=r.job.max_length, engine="torch")
+    worst = SearchSetup.of(resumed).probe_config(knobs, Fidelity.SHORT, 60.0).batches
+    assert worst is not None
+    exact = int(r.data.lengths.input.max())
+    assert exact <= worst.worst.input_length <= min(exact + summary.rounding.input_tokens, r.job.max_length)
