@@ -427,7 +427,7 @@ def test_the_built_in_causal_preset_runs_probe_estimate_export_and_a_trainer(tmp
         "--space",
         str(space),
         "--budget",
-        "3m",
+        "10m",  # --n-trials bounds the run; the budget only sets the trace's limit (20%: 2 min under a loaded CI)
         "--n-trials",
         "3",
         "--finalists",
