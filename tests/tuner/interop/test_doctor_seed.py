@@ -77,8 +77,11 @@ def test_the_seed_findings_carry_the_estimates_numbers_ranked(monkeypatch, tmp_p
 
     text = _run(monkeypatch, tmp_path, "doctor", "--ds-config", str(SEED / "ds_config.json"), *FILES, *JOB)
     assert f"ZeRO buffers {buckets / MiB:,.1f} MiB" in text and estimate["not_covered"] in text
-    order = [text.index(f"({code})") for code in ("eval-batch-generate", "overlap-comm-buckets", "no-truncation")]
+    # the buckets (1.18 GiB) before the eval batch: generate at eval batch 50 is 50 x its per-sample bytes, autocast's
+    # weight copies not among them (a DeepSpeed bf16 module has none; counted per sample they made it 17.4 GiB)
+    order = [text.index(f"({code})") for code in ("overlap-comm-buckets", "eval-batch-generate", "no-truncation")]
     assert order == sorted(order)
+    assert by_code["eval-batch-generate"]["nbytes"] < by_code["overlap-comm-buckets"]["nbytes"]
 
     # the training args alone name their DeepSpeed file: the same estimate, the same number
     alone = json.loads(_run(monkeypatch, tmp_path, "doctor", *FILES, *JOB, "--json"))
