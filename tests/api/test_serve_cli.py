@@ -135,6 +135,7 @@ def test_allowed_hosts_names_the_hosts_a_public_bind_answers(sqlite_url, tuner_s
 def test_a_bad_allowed_hosts_list_is_one_line() -> None:
     """Each bad entry's wording is tests/tuner/test_hosts.py's; here the option and the variable reach it."""
     out = _run("--allowed-hosts", "a.example,http://b.example")
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "a.example,http://b.example" in out.stderr, out.stderr
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "a.example,http://b.example" in out.stderr, out.stderr
     out = _run(env={"TUNER_ALLOWED_HOSTS": "a/b"})
     assert out.returncode == 2 and "TUNER_ALLOWED_HOSTS" in out.stderr and out.stderr.count("\n") == 1, out.stderr
