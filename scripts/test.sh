@@ -20,4 +20,7 @@ fi
 # entry script's shebang names the real path while .venv/bin/python would name the link, and torch's JIT writes the
 # path it was started from into each op's build.ninja, so probes started both ways rebuilt cpu_adam and shm comm
 # in turns (minutes each, inside budgeted searches). A plain .venv directory resolves to itself.
-"$(cd .venv && pwd -P)/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "$@"
+# Two workers (TUNER_TEST_WORKERS; 0 runs in one process): most of the suite's time is e2e tests waiting on probe
+# ranks, servers, heartbeats and timeouts, which overlap well even on 2 cores.
+"$(cd .venv && pwd -P)/bin/python" -m pytest -q -p no:cacheprovider --durations=25 \
+  --numprocesses "${TUNER_TEST_WORKERS:-2}" --dist worksteal "$@"
