@@ -109,3 +109,54 @@ def test_the_worst_batch_ooms_where_the_median_probe_fits(tmp_path: Path) -> Non
     tail = float((lengths.input > 4 * median.input_length).mean())
     assert odds.unfit_share == pytest.approx(1 - (1 - tail) ** MICRO)
     assert "needs more than" in odds.describe() and "with shuffling your run crashes after about" in odds.describe()
+
+    # why it crashed, read back from the probe's own recorded failure (issue 22 §5): the crashed probe and the typical
+    # one stored as a search stores them, then `tuner explain --study tail --trial 0` attributes the refused
+    # allocation to the estimate's parts at the trial's shape, calibrated on the typical probe
+    _explain_the_crash(tmp_path, model, crashed, typical, worst, median, device)
+
+
+def _explain_the_crash(
+    tmp_path: Path,
+    model: Path,
+    crashed: ProbeResult,
+    typical: ProbeResult,
+    worst: BatchShape,
+    median: BatchShape,
+    device: int,
+) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.sample_storage import SampleStudy
+
+    url = f"sqlite:///{tmp_path}/tail.db"
+    sample = SampleStudy(url, "tail", {"model": {"source": str(model)}, "world_size": 1, "device_memory": device})
+    for number, (shape, result) in enumerate(((worst, crashed), (median, typical))):
+        knobs = Knobs(micro_batch_size=shape.batch, max_length=shape.input_length, engine="torch")
+        config = probe_config(
+            model=ModelSpec(source=str(model)),
+            knobs=knobs,
+            job=JobSettings(max_target_length=shape.target_length),
+            device_memory=device,
+            timeout_s=240,
+            measure_steps=8,
+        )
+        sample.probe(config, result, trial_number=number, config_key=f"k{number}", fidelity="baseline")
+    failed = crashed.ranks[0].failed_allocation
+    assert failed is not None and failed.phase == "train"  # the emulated device kept what it refused, and where
+    env = {**os.environ, "TUNER_CACHE_DIR": str(tmp_path / "cache")}
+    argv = [sys.executable, "-c", "from tuner.cli import main; main()", "explain", "--storage", url]
+    done = subprocess.run(
+        [*argv, "--study", "tail", "--trial", "0", "--json"], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    body = json.loads(done.stdout)
+    assert body["verdict"]["phase"] == "forward_backward"  # the train step at the long batch, not eval
+    trial = body["trial"]
+    assert trial["status"] == "oom" and trial["calibration_probes"] == 1  # the typical probe calibrates
+    (failure,) = trial["failures"]
+    assert failure["phase"] == "forward_backward" and failure["part"] == "activations + temporaries", failure
+    assert failure["failed"]["nbytes"] == failed.nbytes

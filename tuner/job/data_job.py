@@ -99,3 +99,21 @@ def length_sources(flags: JobFlags, hf_args: Mapping[str, Any] | None, data: boo
         "max_length": source(flags.max_length, HF_MAX_LENGTH_KEYS, "preset default" if builtin else "unknown"),
         "max_target_length": source(flags.max_target_length, _TARGET_KEYS, "the input length"),
     }
+
+
+def stored_data_job(summary: LengthSummary) -> DataJob:
+    """A stored summary as the data a search probes on when the run reads no dataset (a resumed study, one created
+    by ``POST /studies``): each cell's lengths repeated by its count, so the worst batch is the data's or longer
+    (rounded up, never down: conservative), and the batches drawn from it are of samples as long or a little longer
+    (seed-shaped data at 6 bits: +0.2% to +7% padded tokens per batch, so throughput is read a little low)."""
+    if summary.rounding.exact:
+        stored = "lengths stored exactly"
+    else:
+        stored = (
+            f"lengths rounded up ({summary.rounding.raised()}): the probes' worst batch is the data's or longer "
+            "(conservative), the drawn batches' samples as long or a little longer"
+        )
+    described = f"{summary.origin.describe(summary.samples)}; from the study's stored summary (no --dataset): {stored}"
+    return DataJob(
+        summary.expand(), described, summary.padding, origin=summary.origin, rounded=not summary.rounding.exact
+    )

@@ -25,16 +25,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
 from tuner.errors import ConfigError
 from tuner.job.lengths import IntArray, SampleLengths
 from tuner.job.padding import PADDINGS, Padding
-
-if TYPE_CHECKING:
-    from tuner.job.data_job import DataJob
 
 VERSION = 1
 MAX_CELLS = 512  # ~5 KiB of JSON
@@ -295,23 +292,6 @@ class LengthSummary:
 
     def describe(self) -> str:
         return f"{self.origin.describe(self.samples)}; {self.rounding.describe()}"
-
-    def data_job(self) -> DataJob:
-        """The summary as the data a search probes on when the run reads no dataset (a resumed study, one created
-        by ``POST /studies``): each cell's lengths repeated by its count, so the worst batch is the data's or longer
-        (rounded up, never down: conservative), and the batches drawn from it are of samples as long or a little longer
-        (seed-shaped data at 6 bits: +0.2% to +7% padded tokens per batch, so throughput is read a little low)."""
-        from tuner.job.data_job import DataJob
-
-        if self.rounding.exact:
-            stored = "lengths stored exactly"
-        else:
-            stored = (
-                f"lengths rounded up ({self.rounding.raised()}): the probes' worst batch is the data's or longer "
-                "(conservative), the drawn batches' samples as long or a little longer"
-            )
-        described = f"{self.origin.describe(self.samples)}; from the study's stored summary (no --dataset): {stored}"
-        return DataJob(self.expand(), described, self.padding, origin=self.origin, rounded=not self.rounding.exact)
 
     # -- stored ------------------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

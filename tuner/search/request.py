@@ -263,9 +263,10 @@ def stored_data(definition: StudyDefinition) -> DataJob | None:
     RecordError (one line) for a stored one tuner cannot read."""
     if definition.data is None:
         return None
+    from tuner.job.data_job import stored_data_job
     from tuner.job.length_summary import LengthSummary, SummaryError
 
     try:
-        return LengthSummary.from_json(definition.data).data_job()
+        return stored_data_job(LengthSummary.from_json(definition.data))
     except SummaryError as err:
         raise RecordError(f"{err}; give --dataset to probe on your data, or pick a new --study name") from err

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from tuner.job.data_job import stored_data_job
 from tuner.job.length_summary import MAX_CELLS, DataOrigin, LengthSummary, SummaryError, round_up
 from tuner.job.lengths import SampleLengths
 from tuner.job.padding import BatchShape, Collation, draw_batches, worst_batch
@@ -132,7 +133,7 @@ def test_the_summary_gives_the_worst_batch_of_the_full_lengths_up_to_its_roundin
     assert not s.rounding.exact
     collation = Collation("longest", *limits)
     full = worst_batch(lengths, micro, collation)
-    data = s.data_job()
+    data = stored_data_job(s)
     stored = worst_batch(data.lengths, micro, data.collation(*limits))
     assert stored.batch == full.batch == micro
     assert full.input_length <= stored.input_length <= full.input_length + s.rounding.input_tokens
@@ -146,7 +147,7 @@ def test_the_summary_gives_the_worst_batch_of_the_full_lengths_up_to_its_roundin
 def test_the_summary_as_a_searchs_data_says_it_is_stored_and_rounded_up() -> None:
     origin = DataOrigin("data.jsonl", "train", "source", "target", None, "tok", 20_000, None)
     s = LengthSummary.of(seed_shaped(20_000), origin)
-    data = s.data_job()
+    data = stored_data_job(s)
     assert data.origin == origin and data.padding == s.padding and len(data.lengths) == s.samples
     head = "20,000 samples of data.jsonl [train], tokenized with tok; from the study's stored summary (no --dataset): "
     assert data.described.startswith(head + "lengths rounded up (")
@@ -158,5 +159,5 @@ def test_the_summary_as_a_searchs_data_says_it_is_stored_and_rounded_up() -> Non
     assert data.lines(9000, 61, {})[-1].endswith(
         "(inputs at 9000) (at most: the stored lengths are rounded up); padding: longest (as your collator pads)"
     )
-    exact = LengthSummary.of(SampleLengths.of([5, 9], [2, 3]), ORIGIN).data_job()
+    exact = stored_data_job(LengthSummary.of(SampleLengths.of([5, 9], [2, 3]), ORIGIN))
     assert exact.described.endswith("(no --dataset): lengths stored exactly") and not exact.rounded
