@@ -13,23 +13,13 @@ import argparse
 import json
 import time
 
-import numpy as np
-
+from tests.helpers.seq2seq_data import seed_shaped
 from tuner.job.length_summary import DataOrigin, LengthSummary
-from tuner.job.lengths import SampleLengths
 from tuner.job.padding import BatchShape, Collation
 from tuner.memory.crash import crash_odds
 
 GiB = 1 << 30
 CONFIGS = ((2, 79.15), (4, 79.15), (8, 60.0), (16, 40.0), (32, 40.0))  # (micro batch, GiB per rank)
-
-
-def seed_shaped(samples: int, seed: int = 0) -> SampleLengths:
-    rng = np.random.default_rng(seed)
-    inputs = np.clip(rng.lognormal(np.log(180), 0.6, samples), 60, 600).astype(int)
-    tail = rng.random(samples) < 1 / 400
-    inputs[tail] = rng.integers(6000, 9001, int(tail.sum()))
-    return SampleLengths.of(inputs + 1, rng.integers(5, 61, samples) + 1)
 
 
 def need(shape: BatchShape) -> float:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tuner.job.lengths import SampleLengths
+
 WORDS = [f"w{k}" for k in range(200)]
 SPECIAL = ["<pad>", "</s>", "<unk>"]
 
@@ -76,3 +78,13 @@ def expected_lengths(path: Path) -> tuple[list[int], list[int]]:
     """The token lengths of a written file, counted the fixture's way (words + the end-of-sequence token)."""
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     return [len(r["source"].split()) + 1 for r in rows], [len(r["target"].split()) + 1 for r in rows]
+
+
+def seed_shaped(n: int, seed: int = 0) -> SampleLengths:
+    """The seed team's shape: inputs 60-600 tokens, 1 in 400 of 6,000-9,000; targets
+    5-60 (each + the end-of-sequence token)."""
+    rng = np.random.default_rng(seed)
+    inputs = np.clip(rng.lognormal(np.log(180), 0.6, n), 60, 600).astype(int)
+    tail = rng.random(n) < 1 / 400
+    inputs[tail] = rng.integers(6000, 9001, int(tail.sum()))
+    return SampleLengths.of(inputs + 1, rng.integers(5, 61, n) + 1)

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from tests.helpers.seq2seq_data import seed_shaped
 from tuner.job.data_job import stored_data_job
 from tuner.job.length_summary import MAX_CELLS, DataOrigin, LengthSummary, SummaryError, round_up
 from tuner.job.lengths import SampleLengths
@@ -15,16 +16,6 @@ from tuner.job.padding import BatchShape, Collation, draw_batches, worst_batch
 from tuner.memory.crash import crash_odds
 
 ORIGIN = DataOrigin("data.jsonl", "train", "source", "target", None, "tok", 100_000, None)
-
-
-def seed_shaped(n: int, seed: int = 0) -> SampleLengths:
-    """The seed team's shape (benchmarks/lengths_read.py): inputs 60-600 tokens, 1 in 400 of 6,000-9,000; targets
-    5-60 (each + the end-of-sequence token)."""
-    rng = np.random.default_rng(seed)
-    inputs = np.clip(rng.lognormal(np.log(180), 0.6, n), 60, 600).astype(int)
-    tail = rng.random(n) < 1 / 400
-    inputs[tail] = rng.integers(6000, 9001, int(tail.sum()))
-    return SampleLengths.of(inputs + 1, rng.integers(5, 61, n) + 1)
 
 
 def need(shape: BatchShape) -> float:
