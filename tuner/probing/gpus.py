@@ -148,12 +148,18 @@ def _nvml_device(index: int) -> Iterator[tuple[Any, ctypes.c_void_p] | None]:
 
 def gpu_name(index: int = 0) -> str:
     """The name of physical GPU ``index`` from NVML (as torch's get_device_properties reports it), "" without one."""
+    return _nvml_string(index, "nvmlDeviceGetName")
+
+
+def _nvml_string(index: int, call: str) -> str:
+    """An NVML string query (``nvmlDeviceGetName``, ``nvmlDeviceGetUUID``) of physical GPU ``index``; "" without one
+    or on an NVML error."""
     with _nvml_device(index) as device:
         if device is None:
             return ""
         nvml, handle = device
         buf = ctypes.create_string_buffer(96)
-        if nvml.nvmlDeviceGetName(handle, buf, ctypes.c_uint(96)) != 0:
+        if getattr(nvml, call)(handle, buf, ctypes.c_uint(96)) != 0:
             return ""
         return buf.value.decode(errors="replace")
 
@@ -181,14 +187,7 @@ def first_visible_index(visible: Sequence[str]) -> int:
 
 def gpu_uuid(index: int) -> str:
     """The UUID of physical GPU ``index`` from NVML ("GPU-..."), "" without one."""
-    with _nvml_device(index) as device:
-        if device is None:
-            return ""
-        nvml, handle = device
-        buf = ctypes.create_string_buffer(96)
-        if nvml.nvmlDeviceGetUUID(handle, buf, ctypes.c_uint(96)) != 0:
-            return ""
-        return buf.value.decode(errors="replace")
+    return _nvml_string(index, "nvmlDeviceGetUUID")
 
 
 # one directory for the whole host (never $TMPDIR, which differs between workers), sticky like /tmp: the workers of
