@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trials.contract import ModelSpec, ProbeResult
+from trials.contract import JobSettings, LoraSpec, ModelSpec, ProbeResult
 from tuner.cli.estimate import _parse_size
 from tuner.job.batching import accumulation_steps
 from tuner.job.space import Space, config_key, load_space, space_from_dict
@@ -35,6 +35,9 @@ from tuner.memory.frontier import describe
 from tuner.probing.config import probe_config
 
 TABLES = Path(__file__).with_name("tables")
+#: the emulated device's accounting a new table is recorded with: 2 counts no meta-device tensor and no host buffer
+#: (the tables before it, version 1, did: benchmarks.replay.tracker_artifacts)
+TRACKER_VERSION = 2
 BASE_GRID: dict[str, Any] = {  # knobs a --grid leaves out are fixed here, not at the search's defaults
     "engine": ["deepspeed"],
     "zero_stage": [0],
@@ -123,13 +126,15 @@ def repeat_entry(result: ProbeResult) -> dict[str, Any]:
     }
 
 
-def search_trace(model: ModelSpec, space: Space, world_size: int, global_batch: int) -> dict[str, Any]:
+def search_trace(
+    model: ModelSpec, space: Space, world_size: int, global_batch: int, lora: LoraSpec | None = None
+) -> dict[str, Any]:
     """What `tuner search` itself traces for this space (tuner.memory.tracing, with the shapes a search passes: this
-    recorder's probes run the default job, no LoRA, labels at max_length), and how long it takes: the replay charges
-    these seconds to the strategies that use the estimate, before their first probe."""
+    recorder's probes run the default job with the table's LoRA adapters if any, labels at max_length), and how long
+    it takes: the replay charges these seconds to the strategies that use the estimate, before their first probe."""
     from tuner.memory.tracing import TraceShapes, build_estimator, trace_points
 
-    shapes = TraceShapes(model=model, space=space, world_size=world_size, global_batch=global_batch)
+    shapes = TraceShapes(model=model, space=space, world_size=world_size, global_batch=global_batch, lora=lora)
     t0 = time.perf_counter()
     estimator, note = build_estimator(shapes, timeout_s=1800)
     if estimator is None:
@@ -139,6 +144,45 @@ def search_trace(model: ModelSpec, space: Space, world_size: int, global_batch: 
         "points": [list(p) for p in trace_points(space)],
         "seconds": seconds,
         "trace": estimator.trace.model_dump(),
+    }
+
+
+def lora_of(args: argparse.Namespace) -> LoraSpec | None:
+    """The table's LoRA job from the flags (tuner.job.lora's rules), or None: a full fine-tune."""
+    from tuner.job.lora import lora_spec
+
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    return lora_spec(args.lora_r, args.lora_alpha, target_modules=args.lora_target_modules, option=flag)
+
+
+def open_table(
+    path: Path, args: argparse.Namespace, model: ModelSpec, space: Space, capacity: int | None, lora: LoraSpec | None
+) -> dict[str, Any]:
+    """The table at ``path`` to resume (recorded with the same LoRA job), or a new one."""
+    asked = lora.model_dump(mode="json") if lora is not None else None
+    if path.exists():
+        table: dict[str, Any] = json.loads(path.read_text())
+        if (table.get("lora") or None) != asked:
+            raise SystemExit(f"{path} was recorded with LoRA {table.get('lora')}; this command asks for {lora}")
+        return table
+    return {
+        "name": args.name,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "tracker_version": TRACKER_VERSION,
+        "model": model.model_dump(),
+        "world_size": args.world_size,
+        "global_batch": args.global_batch,
+        "device_memory": capacity,
+        "headroom": args.headroom,
+        "warmup_steps": args.warmup,
+        "measure_steps": args.measure,
+        "space": space.model_dump(mode="json"),
+        "lora": asked,
+        "trace": None,
+        "rows": [],
     }
 
 
@@ -152,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world-size", type=int, default=1)
     ap.add_argument("--device-memory", required=True, help="emulated device memory per rank, e.g. 96MiB")
     ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--lora-r", type=int, help="a LoRA job: the adapters' rank (every probe and trace trains them)")
+    ap.add_argument("--lora-alpha", type=int, default=None, help="lora_alpha (default: peft's, 8)")
+    ap.add_argument("--lora-target-modules", default=None, help="e.g. q_proj,v_proj (default: peft's for the model)")
     ap.add_argument("--headroom", type=float, default=0.9)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2)
@@ -170,29 +217,13 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides = {k: int(v) for k, v in (o.split("=", 1) for o in args.override)}
     model = ModelSpec(source=args.model, overrides=overrides)
+    lora = lora_of(args)
     space = build_space(args)
     capacity = _parse_size(args.device_memory)
     configs = [k for k in space.configs() if accumulation_steps(args.global_batch, k.micro_batch_size, args.world_size)]
     args.out_dir.mkdir(parents=True, exist_ok=True)
     path = args.out_dir / f"{args.name}.json"
-    if path.exists():
-        table = json.loads(path.read_text())
-    else:
-        table = {
-            "name": args.name,
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine(),
-            "model": model.model_dump(),
-            "world_size": args.world_size,
-            "global_batch": args.global_batch,
-            "device_memory": capacity,
-            "headroom": args.headroom,
-            "warmup_steps": args.warmup,
-            "measure_steps": args.measure,
-            "space": space.model_dump(mode="json"),
-            "trace": None,
-            "rows": [],
-        }
+    table = open_table(path, args, model, space, capacity, lora)
     table.pop("command", None)
     table["space"] = space.model_dump(mode="json")
     table.setdefault("commands", []).append(
@@ -210,11 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_trace and table.get("trace") is None:
         points = sorted({(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision) for k in configs})
         t0 = time.perf_counter()
-        table["trace"] = trace(model, points, timeout_s=1800).model_dump()
+        table["trace"] = trace(model, points, timeout_s=1800, lora=lora).model_dump()
         print(f"traced {len(points)} points in {time.perf_counter() - t0:.0f} s", flush=True)
         save(table, path)
     if not args.no_trace and table.get("search_trace") is None:
-        table["search_trace"] = search_trace(model, space, args.world_size, args.global_batch)
+        table["search_trace"] = search_trace(model, space, args.world_size, args.global_batch, lora)
         searched = table["search_trace"]["points"]
         print(f"search trace: {len(searched)} points in {table['search_trace']['seconds']:.0f} s", flush=True)
         save(table, path)
@@ -234,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 measure_steps=args.measure,
                 device_memory=capacity,
                 timeout_s=args.timeout,
+                job=JobSettings(lora=lora),
             )
             result = run_probe(cfg)
             row["repeats"].append(repeat_entry(result))

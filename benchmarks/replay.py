@@ -112,14 +112,15 @@ def describe_table(table: Table) -> dict[str, Any]:
     }
 
 
-def tracker_artifacts(knobs: Knobs, param_count: int, world_size: int) -> int:
+def tracker_artifacts(knobs: Knobs, param_count: int, world_size: int, tracker_version: int = 1) -> int:
     """Bytes the recorded tables' peaks hold that no device holds: they were recorded (2026-11-30) with an emulated
     device that counted (a) DeepSpeed ZeRO-1/2's meta-device shape tensors (``round_robin_bit16_meta`` in
     runtime/zero/stage_1_and_2.py: one per parameter, its size at the job's precision) and (b) with CPU offload, the
     host buffer ``param_buffer_of_bit16_for_cpu_offload_groups`` (one partition at the job's precision). The
     tracker counts neither since (trials/memory.py, trials/engine.py); the estimate models the device, so the
-    comparison adds them back rather than fitting them."""
-    if knobs.engine != "deepspeed" or knobs.zero_stage not in (1, 2):
+    comparison adds them back rather than fitting them. A table recorded since (``tracker_version`` 2, written by
+    benchmarks.record) holds neither: nothing is added."""
+    if tracker_version >= 2 or knobs.engine != "deepspeed" or knobs.zero_stage not in (1, 2):
         return 0
     w = 2 if knobs.precision in ("bf16", "fp16") else 4
     meta = w * param_count
@@ -137,7 +138,7 @@ def estimator_error(table: Table) -> dict[str, Any] | None:
     for e in table.entries.values():
         for r in e.repeats:
             if r["status"] == "ok" and r["peak_allocated"]:
-                extra = tracker_artifacts(e.knobs, tr.param_count, table.world_size)
+                extra = tracker_artifacts(e.knobs, tr.param_count, table.world_size, table.tracker_version)
                 errs.append((est.predict(e.knobs).raw + extra) / r["peak_allocated"] - 1.0)
     if not errs:
         return None
@@ -149,7 +150,7 @@ def estimator_error(table: Table) -> dict[str, Any] | None:
         for r in e.repeats:
             if r["status"] == "ok" and r["peak_allocated"]:
                 assert online is not None
-                extra = tracker_artifacts(e.knobs, tr.param_count, table.world_size)
+                extra = tracker_artifacts(e.knobs, tr.param_count, table.world_size, table.tracker_version)
                 if online.observations:
                     seq.append(abs((online.predict(e.knobs).calibrated + extra) / r["peak_allocated"] - 1.0))
                 online.observe(e.knobs, r["peak_allocated"] - extra)

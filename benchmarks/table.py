@@ -102,6 +102,12 @@ class Table:
         return int(self.raw["global_batch"])
 
     @property
+    def tracker_version(self) -> int:
+        """1: recorded while the emulated device counted ZeRO-1/2's meta tensors (benchmarks.replay.tracker_artifacts);
+        2: recorded since (benchmarks.record.TRACKER_VERSION)."""
+        return int(self.raw.get("tracker_version", 1))
+
+    @property
     def device_memory(self) -> int:
         return int(self.raw["device_memory"])
 

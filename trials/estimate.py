@@ -11,6 +11,9 @@ padded shapes, then one more forward+backward that accumulates into the step's g
 - ``resident_activation_bytes``: the same peak for a gradient-accumulation micro-step, the grads of the earlier
   micro-steps resident (measured on 56 configs of a 3.5M-parameter T5: without it the estimate missed accumulating
   configs by 10-30%, see benchmarks/BENCHMARKS.md),
+- ``after_grad_activation_bytes`` / ``resident_after_grad_activation_bytes``: the same two peaks counted from the
+  backward's first parameter gradient on (where ZeRO-1/2 allocate their reduce buckets; a causal LM's loss peaks
+  before it),
 - ``step_temp_bytes``: the optimizer step's temporaries above params + grads + state,
 - ``peak_bytes``: the whole step's peak (what the plain torch engine needs).
 
@@ -67,6 +70,47 @@ def _build(spec: ModelSpec, lora: LoraSpec | None = None) -> PreTrainedModel:
     return model
 
 
+@contextlib.contextmanager
+def _masks_decided_as_on_real_tensors(fake: bool) -> Iterator[None]:
+    """transformers decides whether a causal LM needs an explicit attention mask (``masking_utils.
+    _ignore_causal_mask_sdpa``): when the padding mask is all ones and the causal mask square (or one query row), it
+    passes none and SDPA runs ``is_causal``, as the real probe's all-ones batch does. It will not read a fake
+    tensor's values (``is_tracing`` counts a FakeTensor as tracing, for torch.export), so under FakeTensorMode every
+    layer got a [batch, 1, len, len] mask that SDPA's CPU kernel converts to fp32 (2 x 4 bytes x len^2 per sample on
+    a 2-layer Llama): memory the probe never allocates (the trace read 10.8% high, up to 35%, on a tiny-llama table).
+    Every batch the trace runs is unpadded by construction (``trials.data.worst_case_batch``: an all-ones mask, and
+    a decode extends it with ones), so while tracing the decision is made as on those real values; a sliding-window
+    (local) mask still goes to transformers' own rule."""
+    try:
+        from transformers import masking_utils
+    except ImportError:  # transformers < 4.53: no masking_utils (its mask helpers test jit / fx / dynamo only)
+        yield
+        return
+    original = getattr(masking_utils, "_ignore_causal_mask_sdpa", None)
+    if not fake or original is None:
+        yield
+        return
+
+    def unpadded(
+        padding_mask: torch.Tensor | None,
+        q_length: int,
+        kv_length: int,
+        q_offset: int,
+        kv_offset: int,
+        local_attention_size: int | None = None,
+    ) -> bool:
+        local = local_attention_size
+        if (local is None or kv_length < local) and (q_length == 1 or kv_length == q_length):
+            return True  # what the all-ones mask decides on real tensors
+        return bool(original(padding_mask, q_length, kv_length, q_offset, kv_offset, local))
+
+    masking_utils._ignore_causal_mask_sdpa = unpadded
+    try:
+        yield
+    finally:
+        masking_utils._ignore_causal_mask_sdpa = original
+
+
 def _batch(model: torch.nn.Module, micro: int, length: int, label_length: int | None) -> dict[str, torch.Tensor]:
     """The probe's worst-case batch (trials.data): seq2seq labels at the job's label length."""
     vocab = int(getattr(model.config, "vocab_size", 32000))
@@ -74,18 +118,46 @@ def _batch(model: torch.nn.Module, micro: int, length: int, label_length: int | 
     return worst_case_batch(micro, length, vocab, encoder_decoder=encdec, label_length=label_length)
 
 
+class _FromFirstGrad:
+    """The backward's peak from the first parameter gradient on (when a grad is accumulated: the moment DeepSpeed
+    ZeRO-1/2's gradient hooks allocate their reduce buckets, ``setup_buckets`` in ``process_gradients``), beside the
+    whole micro-step's peak. A causal LM's peak often comes before it: the loss's log-softmax over the vocabulary and
+    its backward run before any weight's grad is accumulated."""
+
+    def __init__(self, model: torch.nn.Module, tracker: LiveTensorTracker) -> None:
+        self.tracker = tracker
+        self.before: int | None = None
+        self.handles = [
+            p.register_post_accumulate_grad_hook(self._first) for p in model.parameters() if p.requires_grad
+        ]
+
+    def _first(self, _param: torch.Tensor) -> None:
+        if self.before is None:
+            self.before = self.tracker.peak
+            self.tracker.reset_peak()
+
+    def peaks(self) -> tuple[int, int]:
+        """(the whole micro-step's peak, the peak from the first grad on) in live bytes; detaches the hooks."""
+        for h in self.handles:
+            h.remove()
+        after = self.tracker.peak
+        return max(self.before or 0, after), after
+
+
 def _forward_backward(
     model: torch.nn.Module, batch: dict[str, torch.Tensor], precision: str, tracker: LiveTensorTracker
-) -> int:
-    """One micro-step's forward and backward (grads accumulate into whatever ``.grad`` holds); its peak live bytes."""
+) -> tuple[int, int]:
+    """One micro-step's forward and backward (grads accumulate into whatever ``.grad`` holds); its peak live bytes,
+    and the peak from the first parameter grad on (``_FromFirstGrad``)."""
     tracker.reset_peak()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     ctx = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    watch = _FromFirstGrad(model, tracker)
     with ctx:
         loss = model(**batch).loss
     loss.backward()
     del loss
-    return tracker.peak
+    return watch.peaks()
 
 
 def _step(
@@ -96,7 +168,7 @@ def _step(
     tracker: LiveTensorTracker,
 ) -> tuple[int, int]:
     """One training step; returns (fwd+bwd peak, optimizer-step peak) in live bytes."""
-    fwd_bwd = _forward_backward(model, batch, precision, tracker)
+    fwd_bwd, _ = _forward_backward(model, batch, precision, tracker)
     tracker.reset_peak()
     opt.step()
     step_peak = tracker.peak
@@ -117,7 +189,8 @@ def trace_point(
     """One point; ``fake=False`` runs the same steps on real tensors (to check the trace against reality). With
     ``lora`` the model carries the job's adapters and AdamW holds the trainable (adapter) params only; with
     ``evaluation`` ({eval_batch_size, generate, generation_max_length, num_beams}) the eval phases too."""
-    with FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext():
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
+    with fake_mode, _masks_decided_as_on_real_tensors(fake):
         tracker = LiveTensorTracker()
         with tracker:
             model = _build(spec, lora)
@@ -137,7 +210,7 @@ def trace_point(
             opt.zero_grad(set_to_none=True)
             base = tracker.live  # params + state + batch
             tracker.largest_since(TOP)
-            fwd_bwd = _forward_backward(model, batch, precision, tracker)
+            fwd_bwd, fwd_bwd_after = _forward_backward(model, batch, precision, tracker)
             named = {"forward_backward": _named(tracker)}
             tracker.largest_since(TOP)
             tracker.reset_peak()
@@ -146,7 +219,7 @@ def trace_point(
             named["optimizer_step"] = _named(tracker)
             tracker.keep_largest = 0
             opt.zero_grad(set_to_none=False)  # grads resident, as in the later micro-steps of an accumulation
-            resident = _forward_backward(model, batch, precision, tracker)
+            resident, resident_after = _forward_backward(model, batch, precision, tracker)
             opt.zero_grad(set_to_none=True)  # the Trainer evaluates after the step's zero_grad
             del batch
             evaluated = _eval_phases(model, length, precision, tracker, evaluation or {}, label_length)
@@ -164,6 +237,8 @@ def trace_point(
             "precision": precision,
             "activation_bytes": max(0, fwd_bwd - with_grads + batch_bytes),
             "resident_activation_bytes": max(0, resident - with_grads + batch_bytes),
+            "after_grad_activation_bytes": max(0, fwd_bwd_after - with_grads + batch_bytes),
+            "resident_after_grad_activation_bytes": max(0, resident_after - with_grads + batch_bytes),
             "step_temp_bytes": max(0, step_peak - with_grads),
             "peak_bytes": max(fwd_bwd, step_peak),
             **evaluated,

@@ -114,12 +114,22 @@ class Estimator:
     def backward_activations(self, knobs: Knobs) -> int:
         """Activations + temporaries of the forward+backward (with the earlier micro-steps' grads resident when
         :meth:`_resident`; traces older than that field fall back to the plain peak)."""
+        return self._backward(knobs, from_first_grad=False)
+
+    def backward_from_first_grad(self, knobs: Knobs) -> int:
+        """The same, counted from the backward's first parameter grad on (where ZeRO-1/2 allocate their reduce
+        buckets); traces older than the field read the whole micro-step's."""
+        return self._backward(knobs, from_first_grad=True)
+
+    def _backward(self, knobs: Knobs, from_first_grad: bool) -> int:
         resident = self._resident(knobs)
 
         def need(p: TracePoint) -> int:
+            whole = p.activation_bytes
+            after = p.after_grad_activation_bytes
             if resident and p.resident_activation_bytes is not None:
-                return p.resident_activation_bytes - _copies(p)
-            return p.activation_bytes - _copies(p)
+                whole, after = p.resident_activation_bytes, p.resident_after_grad_activation_bytes
+            return (after if from_first_grad and after is not None else whole) - _copies(p)
 
         return (traced(self.trace, knobs, need) or 0) + self.autocast_copies(knobs)
 
@@ -169,15 +179,10 @@ class Estimator:
         if not buffers.partition_grads_in_backward:
             where = "host (offload_optimizer)" if k.offload_optimizer else "built at the backward's first reduce"
             backward_grads = Part(GRADIENTS, 0, f"ZeRO-2's grad partition: {where}")
+        fb_zero, fb_act, fb_note = self._backward_peak(k, buffers)
         phases = []
         for phase, zero, act, note, grad_part in (
-            (
-                FORWARD_BACKWARD,
-                buffers.forward_backward,
-                self.backward_activations(k),
-                "fake-tensor trace" + resident,
-                backward_grads,
-            ),
+            (FORWARD_BACKWARD, fb_zero, fb_act, "fake-tensor trace" + resident + fb_note, backward_grads),
             (
                 OPTIMIZER_STEP,
                 buffers.optimizer_step,
@@ -197,6 +202,25 @@ class Estimator:
             )
             phases.append(PhaseEstimate(phase, parts))
         return phases
+
+    def _backward_peak(self, k: Knobs, buffers: PhaseBuffers) -> tuple[int, int, str]:
+        """The forward+backward's (ZeRO buffers, activations, note) at its peak. ZeRO-1/2 allocate their reduce
+        bucket(s) at the backward's first parameter grad (DeepSpeed 0.19 stage_1_and_2.py: ``setup_buckets`` from
+        ``process_gradients``) and free them in the epilogue (``_release_ipg_buffers``), which ZeRO-2 runs after
+        every backward and ZeRO-1 only at the accumulation boundary (engine.py ``allreduce_gradients``). So where
+        the buckets are new in this backward (ZeRO-2; ZeRO-1 without accumulation) the peak is the larger of the
+        whole micro-step's activations without them and those from the first grad on with them. A causal LM's loss
+        (log-softmax over the vocabulary and its backward) peaks before any grad: on a tiny Llama at micro 4,
+        length 256, the buckets' 7.6 MiB were counted on top of it (ZeRO-2 read 37% high)."""
+        whole = self.backward_activations(k)
+        fresh_buckets = k.zero_stage == 2 or (k.zero_stage == 1 and not self.accumulates(k))
+        if k.engine != "deepspeed" or not fresh_buckets or not buffers.reduce:
+            return buffers.forward_backward, whole, ""
+        after = self.backward_from_first_grad(k)
+        before_buckets = buffers.forward_backward - buffers.reduce
+        if whole + before_buckets > after + buffers.forward_backward:
+            return before_buckets, whole, "; the reduce bucket comes at the first grad, after this peak"
+        return buffers.forward_backward, after, ""
 
     def _eval_phases(self, k: Knobs) -> list[PhaseEstimate]:
         """The eval forward and (``generate``) the decode: params, optimizer states and the ZeRO buffers that

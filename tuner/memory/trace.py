@@ -46,6 +46,10 @@ class TracePoint(BaseModel):
     precision: str = "fp32"
     activation_bytes: int = 0  # fwd+bwd peak above params + full grads + optimizer state, grads built during it
     resident_activation_bytes: int | None = None  # the same with the grads resident (an accumulation micro-step)
+    # the two peaks above counted from the backward's first parameter grad on (when ZeRO-1/2's hooks allocate their
+    # reduce buckets); None: traced before the field (read as the whole peak)
+    after_grad_activation_bytes: int | None = None
+    resident_after_grad_activation_bytes: int | None = None
     step_temp_bytes: int = 0  # optimizer-step temporaries above params + grads + state
     peak_bytes: int = 0  # the traced plain-torch step's peak (what engine "torch" needs)
     # the eval phases (traces with an Evaluation): peaks above params + optimizer state (no grads), batch included

@@ -275,3 +275,46 @@ def test_cli_estimate_reads_the_job_like_search_and_prints_every_phase() -> None
     assert out["verdict"] == "over budget"
     bad = subprocess.run([*args, "--solve", "everything"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--solve" in bad.stderr
+
+
+def _bucket_trace(after: int | None) -> Trace:
+    """A causal-LM-shaped point: its backward peaks (100 MiB) before the first grad; from then on 40 MiB."""
+    point = TracePoint(
+        micro_batch_size=2,
+        max_length=64,
+        activation_bytes=100 * MiB,
+        resident_activation_bytes=100 * MiB,
+        after_grad_activation_bytes=after,
+        resident_after_grad_activation_bytes=after,
+    )
+    return Trace(param_count=P, param_bytes=4 * P, largest_param=10_000, points=[point])
+
+
+def _backward(est: Estimator, k: Knobs) -> tuple[int, int, str]:
+    phase = next(p for p in est.breakdown(k).ranks[0].phases if p.phase == "forward_backward")
+    parts = {part.name: part for part in phase.parts}
+    act = parts["activations + temporaries"]
+    return parts["ZeRO buffers"].nbytes, act.nbytes, act.note
+
+
+def test_zero2_reduce_bucket_comes_at_the_first_grad_not_at_the_loss_peak() -> None:
+    """DeepSpeed's ZeRO-2 allocates its reduce bucket at the backward's first parameter grad and frees it at the
+    backward's end: a peak before any grad (a causal LM's log-softmax) does not hold it."""
+    bucket = 4 * 10 * MiB  # 10M elements, fp32
+    k = kn(micro_batch_size=2, max_length=64, zero_stage=2, reduce_bucket_size=10 * MiB)
+    zero, act, note = _backward(Estimator(trace=_bucket_trace(40 * MiB), global_batch=8), k)
+    assert (zero, act) == (0, 100 * MiB) and "first grad, after this peak" in note  # 100 > 40 + 40
+    zero, act, _ = _backward(Estimator(trace=_bucket_trace(70 * MiB), global_batch=8), k)
+    assert (zero, act) == (bucket, 70 * MiB)  # 70 + 40 > 100: the later peak with the bucket
+    # a trace older than the field: the whole peak with the bucket, as before
+    assert _backward(Estimator(trace=_bucket_trace(None), global_batch=8), k)[:2] == (bucket, 100 * MiB)
+
+
+def test_zero1_keeps_its_bucket_across_accumulation_micro_steps() -> None:
+    """ZeRO-1 releases its buckets only at the accumulation boundary: a later micro-step holds them from its start;
+    a step of one micro-step allocates them at its first grad, as ZeRO-2 does."""
+    bucket = 4 * 10 * MiB
+    tr = _bucket_trace(40 * MiB)
+    k = kn(micro_batch_size=2, max_length=64, zero_stage=1, reduce_bucket_size=10 * MiB)
+    assert _backward(Estimator(trace=tr, global_batch=8), k)[:2] == (bucket, 100 * MiB)
+    assert _backward(Estimator(trace=tr, global_batch=2), k)[:2] == (0, 100 * MiB)

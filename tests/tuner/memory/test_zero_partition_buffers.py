@@ -54,14 +54,29 @@ def test_zero3_offload_one_micro_step_probe_matches_the_estimate(tmp_path: Path)
     assert abs(predicted / measured - 1) < 0.03, (predicted, measured)
 
 
-def _estimated_and_measured(tmp_path: Path, knobs: Knobs, accumulation: int) -> tuple[int, int]:
+@pytest.mark.slow
+def test_causal_lm_zero2_probe_matches_the_estimate(tmp_path: Path) -> None:
+    """A tiny Llama under ZeRO-2 peaks in its loss (the log-softmax over the vocabulary and its backward) before the
+    backward's first grad, when DeepSpeed has not yet allocated the 2M-element reduce bucket (7.6 MiB): counted on top
+    of that peak, the estimate read 37% high on the recorded llama tables; and the fake trace's attention masks,
+    which the real all-ones batch never builds, another 15% (tests/trials/test_estimate.py)."""
+    knobs = Knobs(micro_batch_size=4, max_length=128, zero_stage=2, reduce_bucket_size=2_000_000)
+    predicted, measured = _estimated_and_measured(
+        tmp_path, knobs, accumulation=2, model=ModelSpec(source="builtin:tiny-llama")
+    )
+    assert abs(predicted / measured - 1) < 0.01, (predicted, measured)
+
+
+def _estimated_and_measured(
+    tmp_path: Path, knobs: Knobs, accumulation: int, model: ModelSpec = TINY
+) -> tuple[int, int]:
     """The uncalibrated estimate of ``knobs`` on one rank and a real probe's peak (the emulated device)."""
     cfg = probe_config(
-        model=TINY, knobs=knobs, gradient_accumulation_steps=accumulation, measure_steps=2, timeout_s=300
+        model=model, knobs=knobs, gradient_accumulation_steps=accumulation, measure_steps=2, timeout_s=300
     )
     result = run_probe(cfg, tmp_path)
     assert result.status == "ok", result.cause
     assert result.peak_allocated is not None
     point = (knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)
-    est = Estimator(trace(TINY, [point]), world_size=1, global_batch=knobs.micro_batch_size * accumulation)
+    est = Estimator(trace(model, [point]), world_size=1, global_batch=knobs.micro_batch_size * accumulation)
     return est.predict(knobs).raw, result.peak_allocated
