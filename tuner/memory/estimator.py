@@ -238,7 +238,11 @@ class Estimator:
 
         copies = self.autocast_copies(k)
 
-        persistent = st.buffers if k.engine == "torch" or k.zero_stage in (0, 3) else buffers.reduce
+        # ZeRO-1/2 free their reduce buckets in the backward's epilogue (``_release_ipg_buffers``: ZeRO-2 after every
+        # backward, ZeRO-1 at the accumulation boundary), so an eval after the step holds only the offload staging;
+        # ZeRO-3 keeps its bucket and gathered layer (measured: a tiny Llama's eval forward under ZeRO-2 with
+        # DeepSpeed's default 5e8-element bucket peaked at 6.2 MiB, the estimate read 1.9 GB with the bucket)
+        persistent = st.buffers if k.engine == "torch" or k.zero_stage in (0, 3) else buffers.offload_staging
         host = "host memory (offload_optimizer)" if k.offload_optimizer and k.engine == "deepspeed" else ""
         states = (
             Part(PARAMETERS, st.params),
