@@ -222,14 +222,18 @@ class JobSettings(_Strict):
 
 class BatchDims(_Strict):
     """One rank's micro batch as a probe builds it (``micro_batch_size`` rows): inputs padded to ``input_length``,
-    seq2seq labels to ``target_length`` (None: a causal LM, whose labels are its inputs), and the tokens its samples
-    really hold, inputs only, padding excluded (None where not counted: a worst batch)."""
+    seq2seq labels to ``target_length`` (None: a causal LM, whose labels are its inputs), the tokens its samples
+    really hold, inputs only, padding excluded (None where not counted: a worst batch), and whether any row is
+    padded (its attention mask then marks the padding, as the user's collator does)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     input_length: int = Field(ge=1)
     target_length: int | None = Field(None, ge=1)
     real_tokens: int | None = Field(None, ge=0)
+    # a row shorter than input_length is padded by the collator, so its attention mask holds zeros: a causal LM then
+    # builds its [batch, 1, len, len] mask (an all-ones mask lets transformers skip it for SDPA's is_causal)
+    padded: bool = False
 
 
 class DataBatches(_Strict):

@@ -18,11 +18,14 @@ def worst_case_batch(
     encoder_decoder: bool = True,
     device: torch.device | str = "cpu",
     label_length: int | None = None,
+    padded: bool = False,
 ) -> dict[str, torch.Tensor]:
     """One batch whose every row is max_length long (labels: ``label_length``, default max_length, for a seq2seq
     model; a causal LM's labels are its inputs): no padding to skip, the largest activations.
 
     Ids avoid the special ids 0-2 (pad, eos, unk in T5 vocabularies) so no position is masked out of the loss.
+    ``padded``: the last row's last input position is padding, as a collator pads a shorter sample (mask 0, and a
+    causal LM's label -100 there): the memory of a padded batch, whose mask a causal LM must build.
     """
     gen = torch.Generator().manual_seed(seed)
     low = 3 if vocab_size > 3 else 0
@@ -32,6 +35,11 @@ def worst_case_batch(
         labels = torch.randint(low, vocab_size, (batch_size, label_length or max_length), generator=gen)
     else:
         labels = input_ids.clone()
+    if padded and max_length > 1:
+        attention_mask[-1, -1] = 0
+        input_ids[-1, -1] = 0
+        if not encoder_decoder:
+            labels[-1, -1] = -100
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
     return {k: v.to(device) for k, v in batch.items()}
 
@@ -40,4 +48,5 @@ def batch_dims(batch: dict[str, torch.Tensor], encoder_decoder: bool) -> BatchDi
     """The shape of a built batch, read from its tensors (labels only for a seq2seq model: a causal LM's are its
     inputs)."""
     target = int(batch["labels"].shape[1]) if encoder_decoder else None
-    return BatchDims(input_length=int(batch["input_ids"].shape[1]), target_length=target)
+    padded = bool((batch["attention_mask"] == 0).any())
+    return BatchDims(input_length=int(batch["input_ids"].shape[1]), target_length=target, padded=padded)

@@ -78,9 +78,10 @@ def _masks_decided_as_on_real_tensors(fake: bool) -> Iterator[None]:
     tensor's values (``is_tracing`` counts a FakeTensor as tracing, for torch.export), so under FakeTensorMode every
     layer got a [batch, 1, len, len] mask that SDPA's CPU kernel converts to fp32 (2 x 4 bytes x len^2 per sample on
     a 2-layer Llama): memory the probe never allocates (the trace read 10.8% high, up to 35%, on a tiny-llama table).
-    Every batch the trace runs is unpadded by construction (``trials.data.worst_case_batch``: an all-ones mask, and
-    a decode extends it with ones), so while tracing the decision is made as on those real values; a sliding-window
-    (local) mask still goes to transformers' own rule."""
+    An unpadded trace's batches hold an all-ones mask (``trials.data.worst_case_batch``; a decode extends it with
+    ones), so while tracing the decision is made as on those real values; a sliding-window (local) mask still goes
+    to transformers' own rule. A padded trace (``fake`` False here) keeps transformers' rule: it builds the mask,
+    as the real run does for a padded batch."""
     try:
         from transformers import masking_utils
     except ImportError:  # transformers < 4.53: no masking_utils (its mask helpers test jit / fx / dynamo only)
@@ -111,11 +112,14 @@ def _masks_decided_as_on_real_tensors(fake: bool) -> Iterator[None]:
         masking_utils._ignore_causal_mask_sdpa = original
 
 
-def _batch(model: torch.nn.Module, micro: int, length: int, label_length: int | None) -> dict[str, torch.Tensor]:
-    """The probe's worst-case batch (trials.data): seq2seq labels at the job's label length."""
+def _batch(
+    model: torch.nn.Module, micro: int, length: int, label_length: int | None, padded: bool = False
+) -> dict[str, torch.Tensor]:
+    """The probe's worst-case batch (trials.data): seq2seq labels at the job's label length; ``padded``: with the
+    padding the user's collator adds (a job with data whose samples differ in length), as the probe builds it."""
     vocab = int(getattr(model.config, "vocab_size", 32000))
     encdec = bool(getattr(model.config, "is_encoder_decoder", False))
-    return worst_case_batch(micro, length, vocab, encoder_decoder=encdec, label_length=label_length)
+    return worst_case_batch(micro, length, vocab, encoder_decoder=encdec, label_length=label_length, padded=padded)
 
 
 class _FromFirstGrad:
@@ -185,12 +189,14 @@ def trace_point(
     label_length: int | None = None,
     lora: LoraSpec | None = None,
     evaluation: dict[str, Any] | None = None,
+    padded: bool = False,
 ) -> dict[str, Any]:
     """One point; ``fake=False`` runs the same steps on real tensors (to check the trace against reality). With
     ``lora`` the model carries the job's adapters and AdamW holds the trainable (adapter) params only; with
-    ``evaluation`` ({eval_batch_size, generate, generation_max_length, num_beams}) the eval phases too."""
+    ``evaluation`` ({eval_batch_size, generate, generation_max_length, num_beams}) the eval phases too; ``padded``:
+    batches with the collator's padding (trials.data.worst_case_batch), as a probe of a job with data runs them."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
-    with fake_mode, _masks_decided_as_on_real_tensors(fake):
+    with fake_mode, _masks_decided_as_on_real_tensors(fake and not padded):
         tracker = LiveTensorTracker()
         with tracker:
             model = _build(spec, lora)
@@ -202,7 +208,7 @@ def trace_point(
             param_bytes = tracker.live
             largest = max(p.numel() for p in params)
             opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
-            batch = _batch(model, micro, length, label_length)
+            batch = _batch(model, micro, length, label_length, padded)
             batch_bytes = tracker.live - param_bytes
             _step(model, opt, batch, precision, tracker)  # creates the optimizer state
             opt.zero_grad(set_to_none=False)
@@ -222,7 +228,7 @@ def trace_point(
             resident, resident_after = _forward_backward(model, batch, precision, tracker)
             opt.zero_grad(set_to_none=True)  # the Trainer evaluates after the step's zero_grad
             del batch
-            evaluated = _eval_phases(model, length, precision, tracker, evaluation or {}, label_length)
+            evaluated = _eval_phases(model, length, precision, tracker, evaluation or {}, label_length, padded)
             named.update(evaluated.pop("largest"))
     with_grads = base + grads_bytes
     return {
@@ -261,6 +267,7 @@ def _eval_phases(
     tracker: LiveTensorTracker,
     evaluation: dict[str, Any],
     label_length: int | None,
+    padded: bool = False,
 ) -> dict[str, Any]:
     """The eval forward (no grad, the eval batch with labels: loss and logits) and, with ``generate``, a decode of
     the generation length (trials.decode: every row to the full length), each a peak above what is live before its
@@ -273,7 +280,7 @@ def _eval_phases(
     out: dict[str, Any] = {"eval_batch_size": size, "largest": {}}
     model.eval()
     before = tracker.live
-    batch = _batch(model, size, length, label_length)
+    batch = _batch(model, size, length, label_length, padded)
     tracker.largest_since(TOP)
     tracker.reset_peak()
     with torch.no_grad(), ctx:
@@ -338,6 +345,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             label_length=request.get("label_length"),
             lora=lora,
             evaluation=request.get("evaluation"),
+            padded=bool(request.get("padded")),
         )
         out.update({k: got[k] for k in ("param_count", "trainable_count", "param_bytes", "largest_param")})
         out["points"].append(got["point"])

@@ -251,6 +251,7 @@ class Probe:
             encoder_decoder=encdec,
             device=self.device,
             label_length=self._label_length(at),
+            padded=at is not None and at.padded,
         )
         model = engine.module
         model.eval()
@@ -295,6 +296,7 @@ class Probe:
             encoder_decoder=encdec,
             device=self.device,
             label_length=self._label_length(at),
+            padded=at is not None and at.padded,
         )
 
     def _timed_batches(

@@ -101,3 +101,25 @@ def test_the_mask_decision_is_restored_after_the_trace() -> None:
     before = masking_utils._ignore_causal_mask_sdpa
     trace_point(LLAMA, 1, 8, False, "fp32")
     assert masking_utils._ignore_causal_mask_sdpa is before
+
+
+@pytest.mark.slow
+def test_a_padded_causal_batch_builds_its_mask_in_the_trace_as_on_real_tensors() -> None:
+    """The user's collator pads a shorter sample: the attention mask holds zeros, and a causal LM then builds its
+    [batch, 1, len, len] mask (SDPA's CPU kernel converts it to fp32 per layer). The padded trace keeps it, fake
+    and real alike; the unpadded one does not."""
+    padded = trace_point(LLAMA, 4, 256, False, "fp32", fake=True, padded=True)["point"]
+    real = trace_point(LLAMA, 4, 256, False, "fp32", fake=False, padded=True)["point"]
+    plain = trace_point(LLAMA, 4, 256, False, "fp32", fake=True)["point"]
+    assert padded["activation_bytes"] == real["activation_bytes"]
+    mask_fp32 = 4 * 4 * 256 * 256  # [4, 1, 256, 256] fp32: at least one per layer's SDPA
+    assert padded["activation_bytes"] >= plain["activation_bytes"] + mask_fp32
+
+
+def test_a_padded_batch_marks_its_padding() -> None:
+    from trials.data import batch_dims, worst_case_batch
+
+    batch = worst_case_batch(3, 16, 512, encoder_decoder=False, padded=True)
+    assert int(batch["attention_mask"].sum()) == 3 * 16 - 1 and int(batch["labels"][-1, -1]) == -100
+    assert batch_dims(batch, encoder_decoder=False).padded
+    assert not batch_dims(worst_case_batch(3, 16, 512, encoder_decoder=False), encoder_decoder=False).padded

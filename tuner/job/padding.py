@@ -61,6 +61,7 @@ class BatchShape:
     input_length: int
     target_length: int | None = None
     real_tokens: int | None = None  # drawn batches: the input tokens its samples hold after truncation (no padding)
+    padded: bool = False  # a sample shorter than input_length: the collator pads it (the attention mask has zeros)
 
     @property
     def tokens(self) -> int:
@@ -81,7 +82,15 @@ def worst_batch(lengths: SampleLengths, micro_batch: int, collation: Collation) 
     clipped = collation.clip(lengths)
     target = None if clipped.target is None else int(clipped.target.max())
     inp, tgt = collation.pad(int(clipped.input.max()), target)
-    return BatchShape(micro_batch, inp, tgt)
+    return BatchShape(micro_batch, inp, tgt, padded=worst_is_padded(clipped, micro_batch, inp))
+
+
+def worst_is_padded(clipped: SampleLengths, micro_batch: int, input_length: int) -> bool:
+    """Whether the worst batch can hold padding: a sample shorter than its input length shares it (micro batch 2 or
+    more, any two samples can meet), or fills it alone (padding to max_length). A padded batch is the worse one: a
+    causal LM builds its attention mask for it."""
+    shortest = int(clipped.input.min())
+    return shortest < input_length and (micro_batch >= 2 or int(clipped.input.max()) < input_length)
 
 
 def draw_batches(
@@ -105,7 +114,8 @@ def draw_batches(
         idx = order[k * micro_batch : (k + 1) * micro_batch]
         target = None if clipped.target is None else int(clipped.target[idx].max())
         inp, tgt = collation.pad(int(clipped.input[idx].max()), target)
-        out.append(BatchShape(micro_batch, inp, tgt, real_tokens=int(clipped.input[idx].sum())))
+        real = int(clipped.input[idx].sum())
+        out.append(BatchShape(micro_batch, inp, tgt, real_tokens=real, padded=real < micro_batch * inp))
     return out
 
 

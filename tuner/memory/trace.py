@@ -95,16 +95,18 @@ def trace(
     label_length: int | None = None,
     lora: LoraSpec | None = None,
     evaluation: Evaluation | None = None,
+    padded: bool = False,
 ) -> Trace:
     """Traces one training step per (micro, max_length, checkpointing, precision) on CPU fake tensors; seq2seq
     labels at ``label_length`` (the job's; None: max_length), as the probe pads them; with the job's ``lora``
     adapters on the model as every probe of a LoRA job runs it; with ``evaluation`` the eval forward and generate
-    of each point too."""
+    of each point too; ``padded``: batches with the collator's padding (a job with data), as its probes run them."""
     request = {
         "model": model.model_dump(),
         "label_length": label_length,
         "lora": lora.model_dump(mode="json") if lora is not None else None,
         "evaluation": evaluation.model_dump() if evaluation is not None else None,
+        "padded": padded,
         "points": [
             {"micro_batch_size": m, "max_length": s, "gradient_checkpointing": c, "precision": p}
             for m, s, c, p in points

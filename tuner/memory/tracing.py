@@ -31,6 +31,7 @@ class TraceShapes:
     evaluation: Evaluation | None = None  # the job's eval forward / generate (None: it does not evaluate)
     extra_lengths: tuple[int, ...] = ()  # more input lengths to trace (with data: its median), for the length curve
     length_cap: int | None = None  # no longer inputs traced; longer ones follow the fitted a*L + b*L^2
+    padded: bool = False  # the batches carry the collator's padding (data whose samples differ in length)
 
 
 #: with the user's data, the longest input length traced: a CPU fake-tensor trace of a large model at the data's
@@ -76,6 +77,7 @@ def build_estimator(shapes: TraceShapes, timeout_s: float) -> tuple[Estimator | 
             label_length=shapes.label_length,
             lora=shapes.lora,
             evaluation=shapes.evaluation,
+            padded=shapes.padded,
         )
     except (TunerError, RuntimeError, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__

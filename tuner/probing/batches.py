@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 
 
 def dims(shape: BatchShape) -> BatchDims:
-    return BatchDims(input_length=shape.input_length, target_length=shape.target_length, real_tokens=shape.real_tokens)
+    return BatchDims(
+        input_length=shape.input_length,
+        target_length=shape.target_length,
+        real_tokens=shape.real_tokens,
+        padded=shape.padded,
+    )
 
 
 def data_batches(

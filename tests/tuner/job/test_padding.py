@@ -15,17 +15,19 @@ LENGTHS = SampleLengths.of([10, 20, 30, 6000, 40, 50], [4, 90, 6, 8, 10, 12])
 
 
 def test_worst_batch_pads_to_the_longest_input_and_target_with_no_truncation():
-    assert worst_batch(LENGTHS, 2, Collation()) == BatchShape(2, 6000, 90)
+    assert worst_batch(LENGTHS, 2, Collation()) == BatchShape(2, 6000, 90, padded=True)
     assert worst_batch(LENGTHS, 2, Collation()).tokens == 2 * 6090
 
 
 def test_a_length_limit_truncates_before_padding():
-    assert worst_batch(LENGTHS, 2, Collation(max_length=512, max_target_length=16)) == BatchShape(2, 512, 16)
+    assert worst_batch(LENGTHS, 2, Collation(max_length=512, max_target_length=16)) == BatchShape(
+        2, 512, 16, padded=True
+    )
 
 
 def test_max_length_padding_pads_every_batch_to_the_limit():
     col = Collation(padding="max_length", max_length=128)
-    assert worst_batch(LENGTHS, 4, col) == BatchShape(4, 128, 128)
+    assert worst_batch(LENGTHS, 4, col) == BatchShape(4, 128, 128, padded=True)
     assert {b.input_length for b in draw_batches(LENGTHS, 2, col, 5)} == {128}
 
 
@@ -59,3 +61,17 @@ def test_bad_collations_name_the_fix():
         Collation(padding="left")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="empty"):
         worst_batch(SampleLengths.of([]), 1, Collation())
+
+
+def test_the_worst_batch_is_padded_where_the_collator_pads_it():
+    """A padded batch is what makes a causal LM build its attention mask: the worst batch is padded when a shorter
+    sample can share it (micro batch 2 or more) or padding to max_length pads its longest sample too."""
+    same = SampleLengths.of([64, 64, 64])
+    assert not worst_batch(same, 4, Collation()).padded  # every sample as long as the batch: no padding
+    assert worst_batch(same, 4, Collation(padding="max_length", max_length=128)).padded
+    assert not worst_batch(same, 4, Collation(max_length=32)).padded  # truncated to one length
+    causal = SampleLengths.of([3, 9, 4])
+    assert not worst_batch(causal, 1, Collation()).padded  # one sample fills its own batch
+    assert worst_batch(causal, 2, Collation()).padded
+    for b in draw_batches(causal, 2, Collation(), 6, seed=3):
+        assert b.padded == (b.real_tokens is not None and b.real_tokens < 2 * b.input_length)

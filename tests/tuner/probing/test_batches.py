@@ -26,13 +26,15 @@ def draw(knobs: Knobs = KNOBS, world: int = 1, seed: int = 0, data: DataJob = DA
 
 def test_memory_runs_the_worst_batch_and_the_timed_steps_the_datas_own():
     b = draw()
-    assert b.worst == BatchDims(input_length=3000, target_length=int(TARGETS.max()))
+    # the longest sample shares its batch with shorter ones: the collator pads them (a causal LM builds its mask)
+    assert b.worst == BatchDims(input_length=3000, target_length=int(TARGETS.max()), padded=True)
     assert b.eval_worst is None  # the job does not evaluate
     (steps,) = b.timed
     assert len(steps) == 12
     assert all(s.input_length in set(INPUTS.tolist()) and s.target_length in set(TARGETS.tolist()) for s in steps)
     assert max(s.input_length for s in steps) < 40 < b.worst.input_length  # this seed draws none of the tail
     assert all(s.real_tokens is not None and s.real_tokens <= 4 * s.input_length for s in steps)
+    assert all(s.padded == (s.real_tokens is not None and s.real_tokens < 4 * s.input_length) for s in steps)
 
 
 def test_the_same_seed_draws_the_same_shapes_and_another_seed_others():
@@ -56,7 +58,8 @@ def test_truncation_and_the_eval_sets_worst_batch():
     evals = SampleLengths(input=np.array([10, 50, 900]), target=np.array([3, 4, 5]))
     b = draw(knobs=short, data=DataJob(DATA.lengths, "long tail", eval_lengths=evals))
     assert b.worst.input_length == 64 and all(s.input_length <= 64 for s in b.timed[0])  # truncated at max_length
-    assert b.eval_worst == BatchDims(input_length=64, target_length=5)  # the eval set's worst, truncated alike
+    # the eval set's worst, truncated alike: 10 tokens share a batch with 64 (padded)
+    assert b.eval_worst == BatchDims(input_length=64, target_length=5, padded=True)
 
 
 def test_tokens_per_sample_count_real_input_tokens_and_padded_ones_apart():
