@@ -23,7 +23,7 @@ CURVATURE_SCALE = 0.15  # prior std of the quadratic and interaction terms (per 
 NOISE_FLOOR = 0.1  # the smallest noise std assumed on log throughput (probes of a few steps are noisy)
 # prior mean per doubling of the micro batch (log units): a larger micro batch amortizes the per-step overhead (what
 # every batch-size finder bets on); the data can overrule it
-SPEED_SLOPES = {"micro_batch_size": 0.15}
+SPEED_SLOPES = {"micro_batch_size": 0.15, "gradient_checkpointing=True": -0.3}
 
 
 class Featurizer:
@@ -71,6 +71,11 @@ class Featurizer:
         first_size = 1 + n + n + (1 if n == 2 else 0)
         for i, name in enumerate(self.sizes):
             mean[first_size + i] = slopes.get(name, 0.0)
+        j = first_size + len(self.sizes)
+        for name, levels in self.levels.items():
+            for level in levels:
+                mean[j] = slopes.get(f"{name}={level}", 0.0)
+                j += 1
         return mean
 
     def __call__(self, knobs: Knobs) -> np.ndarray:

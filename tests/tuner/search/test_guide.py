@@ -167,3 +167,19 @@ def test_an_oom_needs_what_the_device_refused_not_just_the_capacity():
     assert _need(row(**oom, result=None), capacity=160 * 2**20) == 160 * 2**20  # CUDA, older rows: the capacity
     assert _need(row(status="ok", peak_allocated=70, result={}), capacity=100) == 70
     assert _need(row(status="error"), capacity=100) is None
+
+
+def test_the_speed_prior_says_checkpointing_costs_throughput():
+    """Recomputing the forward costs about a third of a step: before any probe of both, the throughput model expects
+    a checkpointed config slower than the same config without (issue 25: on the causal tables the guide climbed
+    checkpointed settings first and found the plain one last). The data overrules it."""
+    from tuner.search.regression import SPEED_SLOPES
+
+    configs = [k(4), k(4, ckpt=True), k(8), k(8, ckpt=True)]
+    f = Featurizer(configs)
+    means = f.prior_means(SPEED_SLOPES)
+    ckpt_feature = f(k(4, ckpt=True)) - f(k(4))
+    assert float(means @ ckpt_feature) == pytest.approx(-0.3)
+    plain_measured = [(k(4), 100.0), (k(8), 110.0)]
+    model = Model.fit(f, plain_measured, slopes=SPEED_SLOPES)
+    assert model.predict(k(8, ckpt=True))[0] < model.predict(k(8))[0]
