@@ -9,7 +9,7 @@ from benchmarks.strategies.baselines import grid, random_search
 from benchmarks.strategies.ds_autotune import ds_autotune
 from benchmarks.strategies.hf_halving import hf_halving, hf_x09
 from benchmarks.strategies.lightning import lightning_binsearch, lightning_power
-from benchmarks.strategies.ours import ours_default, ours_tpe, ours_with_estimate
+from benchmarks.strategies.ours import ours_default, ours_tpe, ours_with_estimate, ours_with_free_estimate
 from benchmarks.strategies.tpe import plain_tpe
 from benchmarks.table import Env
 
@@ -25,4 +25,8 @@ STRATEGIES: dict[str, Callable[[Env], None]] = {
     "ds-autotune": ds_autotune,
 }
 # not peers: ours with the memory trace (its seconds charged), and ours with TPE instead of the guide (ablations)
-EXTRA: dict[str, Callable[[Env], None]] = {"ours+estimate": ours_with_estimate, "ours-tpe": ours_tpe}
+EXTRA: dict[str, Callable[[Env], None]] = {
+    "ours+estimate": ours_with_estimate,
+    "ours+free-estimate": ours_with_free_estimate,
+    "ours-tpe": ours_tpe,
+}
