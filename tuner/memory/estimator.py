@@ -211,7 +211,7 @@ class Estimator:
         the buckets are new in this backward (ZeRO-2; ZeRO-1 without accumulation) the peak is the larger of the
         whole micro-step's activations without them and those from the first grad on with them. A causal LM's loss
         (log-softmax over the vocabulary and its backward) peaks before any grad: on a tiny Llama at micro 4,
-        length 256, the buckets' 7.6 MiB were counted on top of it (ZeRO-2 read 37% high)."""
+        length 256, the buckets' 7.6 MiB were counted on top of it (ZeRO-2 read 35% high)."""
         whole = self.backward_activations(k)
         fresh_buckets = k.zero_stage == 2 or (k.zero_stage == 1 and not self.accumulates(k))
         if k.engine != "deepspeed" or not fresh_buckets or not buffers.reduce:

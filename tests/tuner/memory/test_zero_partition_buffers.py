@@ -58,7 +58,7 @@ def test_zero3_offload_one_micro_step_probe_matches_the_estimate(tmp_path: Path)
 def test_causal_lm_zero2_probe_matches_the_estimate(tmp_path: Path) -> None:
     """A tiny Llama under ZeRO-2 peaks in its loss (the log-softmax over the vocabulary and its backward) before the
     backward's first grad, when DeepSpeed has not yet allocated the 2M-element reduce bucket (7.6 MiB): counted on top
-    of that peak, the estimate read 37% high on the recorded llama tables; and the fake trace's attention masks,
+    of that peak, the estimate read up to 35% high on the recorded llama tables; and the fake trace's attention masks,
     which the real all-ones batch never builds, another 15% (tests/trials/test_estimate.py)."""
     knobs = Knobs(micro_batch_size=4, max_length=128, zero_stage=2, reduce_bucket_size=2_000_000)
     predicted, measured = _estimated_and_measured(
