@@ -208,7 +208,7 @@ def build_model(
         hf_ds_config = HfDeepSpeedConfig(zero_config)  # transformers holds a weak reference: kept with the model
     elif where == "device" and device is not None:
         context = torch.device(device)
-    kwargs = {dtype_kwarg(): dtype}
+    kwargs: dict[str, Any] = {dtype_kwarg(): dtype}
     with context:
         if local and not spec.overrides:
             model = auto.from_pretrained(spec.source, config=config, **kwargs)

@@ -204,7 +204,8 @@ def _traced(ej: EstimateJob, calib: list[tuple[Knobs, int]]) -> tuple[Estimator,
     wanted = {(k.micro_batch_size, n, k.gradient_checkpointing, k.precision) for n in lengths}
     wanted |= {(c.micro_batch_size, c.max_length, c.gradient_checkpointing, c.precision) for c, _ in calib}
     labels = ej.job.max_target_length
-    tr = trace(ej.model, sorted(wanted), lora=ej.job.lora, label_length=labels, evaluation=ej.evaluation)
+    padded = ej.data is not None and ej.data.pads  # the data's batches as the collator pads them
+    tr = trace(ej.model, sorted(wanted), lora=ej.job.lora, label_length=labels, evaluation=ej.evaluation, padded=padded)
     est = Estimator(trace=tr, world_size=ej.world_size, global_batch=ej.global_batch)
     how = f"traced in {tr.trace_s:.1f} s"
     if long:

@@ -46,6 +46,14 @@ class DataJob:
         longest_target = int(self.lengths.target.max()) if self.lengths.target is not None else None
         return JobFlags(max_length=int(self.lengths.input.max()), max_target_length=longest_target)
 
+    @property
+    def pads(self) -> bool:
+        """Whether the collator pads its batches: the samples differ in length, or it pads to max_length. The memory
+        trace then runs padded batches, as the probes run the worst batch (tuner.job.padding.worst_is_padded; at
+        micro batch 1 padding to the longest pads nothing, a small overcount there)."""
+        inputs = self.lengths.input
+        return bool(inputs.min() < inputs.max()) or self.padding == "max_length"
+
     def collation(self, max_length: int | None, max_target_length: int | None) -> Collation:
         return Collation(self.padding, max_length, max_target_length)
 

@@ -39,6 +39,7 @@ def explain_inputs(request: SearchRequest) -> Inputs:
         label_length=job.max_target_length,
         lora=job.lora,
         evaluation=_traced_evaluation(request),
+        padded=request.data is not None and request.data.pads,
     )
     data = request.data
     return Inputs(

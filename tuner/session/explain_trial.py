@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
-from trials.contract import JobSettings, Knobs, ModelSpec
+from trials.contract import DataBatches, JobSettings, Knobs, ModelSpec
 from tuner.errors import ConfigError
 from tuner.memory.estimator import Estimator, Evaluation, trace
 from tuner.memory.explain import Inputs, MeasuredTrial
@@ -109,6 +110,7 @@ def trial_inputs(store: Store, study: str | None, trial: int | None) -> TrialInp
         label_length=job.max_target_length,
         lora=job.lora,
         evaluation=_evaluation(knobs, job),
+        padded=_padded(row.config),
     )
     estimator = Estimator(trace=tr, world_size=world, global_batch=definition.global_batch)
     for k, need in calib:
@@ -157,3 +159,11 @@ def _search(model: ModelSpec, k: Knobs, job: JobSettings, world: int, capacity: 
     if global_batch:
         out += ["--global-batch", str(global_batch)]
     return shlex.join(out)
+
+
+def _padded(config: dict[str, Any]) -> bool:
+    """Whether the stored probe's worst batch carried the collator's padding (a probe of a job with data)."""
+    batches = config.get("batches")
+    if not batches:
+        return False
+    return DataBatches.model_validate(batches).worst.padded

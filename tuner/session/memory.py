@@ -62,16 +62,13 @@ def evaluation(request: SearchRequest) -> Evaluation | None:
 
 def _data_shapes(request: SearchRequest) -> dict[str, Any]:
     """With the user's data: its median input length traced too, no input longer than DATA_TRACE_CAP, and batches
-    with the collator's padding when its samples differ in length (or it pads to max_length), as the probes run the
-    worst batch (tuner.job.padding.worst_is_padded; at micro batch 1 padding to the longest pads nothing, a small
-    overcount there)."""
+    with the collator's padding where it pads (DataJob.pads)."""
     if request.data is None:
         return {}
     from tuner.job.lengths import Quantiles
 
-    inputs = request.data.lengths.input
-    padded = bool(inputs.min() < inputs.max()) or request.data.padding == "max_length"
-    return {"extra_lengths": (Quantiles.of(inputs).p50,), "length_cap": DATA_TRACE_CAP, "padded": padded}
+    p50 = Quantiles.of(request.data.lengths.input).p50
+    return {"extra_lengths": (p50,), "length_cap": DATA_TRACE_CAP, "padded": request.data.pads}
 
 
 def wanted(request: SearchRequest, estimate: bool | None) -> bool:
