@@ -71,7 +71,7 @@ def _build(spec: ModelSpec, lora: LoraSpec | None = None) -> PreTrainedModel:
 
 
 @contextlib.contextmanager
-def _masks_decided_as_on_real_tensors(fake: bool) -> Iterator[None]:
+def _masks_decided_as_on_real_tensors(apply: bool) -> Iterator[None]:
     """transformers decides whether a causal LM needs an explicit attention mask (``masking_utils.
     _ignore_causal_mask_sdpa``): when the padding mask is all ones and the causal mask square (or one query row), it
     passes none and SDPA runs ``is_causal``, as the real probe's all-ones batch does. It will not read a fake
@@ -80,15 +80,15 @@ def _masks_decided_as_on_real_tensors(fake: bool) -> Iterator[None]:
     a 2-layer Llama): memory the probe never allocates (the trace read 10.8% high, up to 35%, on a tiny-llama table).
     An unpadded trace's batches hold an all-ones mask (``trials.data.worst_case_batch``; a decode extends it with
     ones), so while tracing the decision is made as on those real values; a sliding-window (local) mask still goes
-    to transformers' own rule. A padded trace (``fake`` False here) keeps transformers' rule: it builds the mask,
-    as the real run does for a padded batch."""
+    to transformers' own rule. ``apply`` False (real tensors, or a padded trace) keeps transformers' rule: a padded
+    batch's mask is built, as the real run builds it."""
     try:
         from transformers import masking_utils
     except ImportError:  # transformers < 4.53: no masking_utils (its mask helpers test jit / fx / dynamo only)
         yield
         return
     original = getattr(masking_utils, "_ignore_causal_mask_sdpa", None)
-    if not fake or original is None:
+    if not apply or original is None:
         yield
         return
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.job.definition import HF_MAX_LENGTH_KEYS, JobFlags
 from tuner.job.lengths import Quantiles, SampleLengths, Truncation
-from tuner.job.padding import Collation, Padding
+from tuner.job.padding import Collation, Padding, worst_is_padded
 
 if TYPE_CHECKING:
     from tuner.job.length_summary import DataOrigin, LengthSummary
@@ -48,11 +48,12 @@ class DataJob:
 
     @property
     def pads(self) -> bool:
-        """Whether the collator pads its batches: the samples differ in length, or it pads to max_length. The memory
-        trace then runs padded batches, as the probes run the worst batch (tuner.job.padding.worst_is_padded; at
-        micro batch 1 padding to the longest pads nothing, a small overcount there)."""
-        inputs = self.lengths.input
-        return bool(inputs.min() < inputs.max()) or self.padding == "max_length"
+        """Whether the collator pads its batches, by the worst batch's rule (tuner.job.padding.worst_is_padded) at a
+        shared batch: the samples differ in length, or it pads to max_length. The memory trace then runs padded
+        batches, as the probes run the worst batch (at micro batch 1 padding to the longest pads nothing: a small
+        overcount there)."""
+        longest = int(self.lengths.input.max())
+        return self.padding == "max_length" or worst_is_padded(self.lengths, 2, longest)
 
     def collation(self, max_length: int | None, max_target_length: int | None) -> Collation:
         return Collation(self.padding, max_length, max_target_length)

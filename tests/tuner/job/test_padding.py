@@ -75,3 +75,11 @@ def test_the_worst_batch_is_padded_where_the_collator_pads_it():
     assert worst_batch(causal, 2, Collation()).padded
     for b in draw_batches(causal, 2, Collation(), 6, seed=3):
         assert b.padded == (b.real_tokens is not None and b.real_tokens < 2 * b.input_length)
+
+
+def test_a_data_job_pads_by_the_worst_batchs_rule():
+    from tuner.job.data_job import DataJob
+
+    assert DataJob(SampleLengths.of([3, 9, 4]), "mixed").pads
+    assert not DataJob(SampleLengths.of([64, 64]), "one length").pads
+    assert DataJob(SampleLengths.of([64, 64]), "one length", padding="max_length").pads
