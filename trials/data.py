@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from trials.contract import BatchDims
+from trials.contract import BatchDims, ProbeConfig
+
+# a model's keyword inputs: input_ids, attention_mask, labels
+Batch = dict[str, torch.Tensor]
 
 
 def worst_case_batch(
@@ -50,3 +53,69 @@ def batch_dims(batch: dict[str, torch.Tensor], encoder_decoder: bool) -> BatchDi
     target = int(batch["labels"].shape[1]) if encoder_decoder else None
     padded = bool((batch["attention_mask"] == 0).any())
     return BatchDims(input_length=int(batch["input_ids"].shape[1]), target_length=target, padded=padded)
+
+
+class RankBatches:
+    """The batches one rank of a probe builds: at the fixed shape (knobs.max_length, the job's label length) without
+    data, else the memory window at the data's worst batch, the eval at the eval set's worst, and the timed steps on
+    this rank's drawn shapes (ProbeConfig.batches)."""
+
+    def __init__(self, config: ProbeConfig, rank: int, device: torch.device, vocab: int, encdec: bool) -> None:
+        self.config = config
+        self.rank = rank
+        self.device = device
+        self.vocab = vocab
+        self.encdec = encdec
+
+    def label_length(self, at: BatchDims | None) -> int:
+        """The labels of a batch at ``at`` (None: the fixed shape's, the job's label length)."""
+        cfg = self.config
+        if at is None:
+            return cfg.job.label_length(cfg.knobs.max_length)
+        return at.target_length or at.input_length
+
+    def at(self, at: BatchDims | None, seed: int, size: int | None = None) -> dict[str, torch.Tensor]:
+        """A batch of ``size`` (default the micro batch) random-id rows at ``at`` (None: the fixed shape)."""
+        knobs = self.config.knobs
+        return worst_case_batch(
+            size or knobs.micro_batch_size,
+            at.input_length if at is not None else knobs.max_length,
+            self.vocab,
+            seed=seed,
+            encoder_decoder=self.encdec,
+            device=self.device,
+            label_length=self.label_length(at),
+            padded=at is not None and at.padded,
+        )
+
+    def memory(self) -> dict[str, torch.Tensor]:
+        """The memory window's batch: the worst the data makes (every rank at its own worst), else the fixed shape."""
+        data = self.config.batches
+        return self.at(data.worst if data is not None else None, self.config.seed + self.rank)
+
+    def eval(self, size: int) -> dict[str, torch.Tensor]:
+        """The eval forward's / generate's batch of ``size`` rows at the eval set's worst batch (else the fixed
+        shape)."""
+        data = self.config.batches
+        at = data.eval_worst or data.worst if data is not None else None
+        return self.at(at, self.config.seed + 1, size)
+
+    def timed(
+        self, fixed: dict[str, torch.Tensor], steps: int
+    ) -> tuple[list[dict[str, torch.Tensor]], list[BatchDims]]:
+        """The timed window's batches, one per micro-step, and the shapes read back from them (empty at a fixed
+        shape): the memory window's batch at a fixed shape, else this rank's drawn shapes (one batch per distinct
+        shape, built before the clock starts)."""
+        data = self.config.batches
+        if data is None:
+            return [fixed], []
+        shapes = data.timed_for(self.rank)
+        built: dict[BatchDims, dict[str, torch.Tensor]] = {}
+        out = []
+        for k in range(steps):
+            at = shapes[k % len(shapes)]
+            key = at.model_copy(update={"real_tokens": None})
+            if key not in built:
+                built[key] = self.at(at, self.config.seed + self.rank + 2 + len(built))
+            out.append(built[key])
+        return out, [batch_dims(b, self.encdec) for b in out]

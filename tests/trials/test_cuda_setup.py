@@ -49,7 +49,7 @@ def test_the_probe_takes_its_gpu_through_take_device(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.cuda, "set_device", full)
     probe = Probe(ProbeConfig.model_validate({"knobs": {"micro_batch_size": 1, "max_length": 8}}))
     with pytest.raises(DeviceBusy) as info:
-        probe._setup_memory()
+        probe.dev.setup()
     assert probe.outcome(info.value)[0] == "device-busy"
 
 
