@@ -58,6 +58,8 @@ def fingerprint(device: torch.device | None = None) -> dict[str, str | int | flo
         index = device.index if device is not None and device.type == "cuda" and device.index is not None else 0
         props = torch.cuda.get_device_properties(index)
         out.update(gpu_name=props.name, gpu_count=torch.cuda.device_count(), gpu_capacity=int(props.total_memory))
+        # the arch list this rank's DeepSpeed ops were built and loaded with (tuner.probing.arch_list)
+        out["cuda_arch_list"] = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
     else:
         out.update(gpu_name="", gpu_count=0, gpu_capacity=0)
     return out

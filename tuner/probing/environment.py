@@ -10,6 +10,8 @@ from pathlib import Path
 
 from trials.contract import BUILTIN_PREFIX, ModelSpec
 from tuner.files import private_dir
+from tuner.probing import gpus
+from tuner.probing.arch_list import ARCH_ENV, needs_rewrite, parseable_arch_list
 from tuner.settings import Settings, load_settings
 
 
@@ -34,7 +36,19 @@ def probe_env(
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     env.setdefault("NCCL_DEBUG", "WARN")  # a rank's stderr tail then carries NCCL's reason for a failure or hang
+    _arch_list_deepspeed_parses(env)
     return env
+
+
+def _arch_list_deepspeed_parses(env: dict[str, str]) -> None:
+    """On a GPU host: a TORCH_CUDA_ARCH_LIST DeepSpeed's op builder parses, in the ranks' and builds' environment only
+    (tuner.probing.arch_list): "9.0a" -> "9.0"; none set: the visible devices' capabilities."""
+    user = env.get(ARCH_ENV)
+    if (user and not needs_rewrite(user)) or not gpus.has_visible_gpus(env):
+        return
+    arch = parseable_arch_list(user, gpus.visible_capabilities(env))
+    if arch is not None:
+        env[ARCH_ENV] = arch
 
 
 # what a rank must not read from /proc/<pid>/environ: tuner's API token and storage URL (it may carry a password), the

@@ -180,6 +180,27 @@ def gpu_memory(index: int = 0) -> int | None:
         return int(info.total)
 
 
+def gpu_capability(index: int) -> tuple[int, int] | None:
+    """The CUDA compute capability of physical GPU ``index`` from NVML ((9, 0) on Hopper), None without one."""
+    with _nvml_device(index) as device:
+        if device is None:
+            return None
+        nvml, handle = device
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
+            return None
+        return int(major.value), int(minor.value)
+
+
+def visible_capabilities(env: Mapping[str, str] | None = None) -> list[tuple[int, int]]:
+    """The compute capabilities of the GPUs ranks started with ``env`` see (by index; a UUID entry reads GPU 0's)."""
+    visible, physical, _ = host_visible_devices(env)
+    if physical == 0:
+        return []
+    found = (gpu_capability(int(v) if v.isdigit() else 0) for v in visible)
+    return sorted({cap for cap in found if cap is not None})
+
+
 def first_visible_index(visible: Sequence[str]) -> int:
     """The physical index of the first visible device (0 for a UUID: NVML would be needed to map it)."""
     return int(visible[0]) if visible and visible[0].isdigit() else 0
