@@ -40,6 +40,7 @@ from trials.status import (  # noqa: F401  (re-exported: the contract's status v
     EXIT_ERROR,
     EXIT_HOST_OOM,
     EXIT_KILLED,
+    EXIT_REFUSED,
     EXIT_OK,
     EXIT_OOM,
     EXIT_TIMEOUT,

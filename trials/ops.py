@@ -1,14 +1,18 @@
-"""``python -m trials.ops cpu_adam shm_comm fused_adam``: builds DeepSpeed's JIT ops into TORCH_EXTENSIONS_DIR ahead
-of probes.
+"""``python -m trials.ops KEY [KEY ...]``: builds DeepSpeed's JIT ops into TORCH_EXTENSIONS_DIR ahead of probes, one
+JSON line per op on stdout: ``{"op": KEY, "outcome": "built" | "not-needed" | "failed", "reason", "seconds"}``.
 
 A first-use compile takes 25-40 s on an idle machine and minutes on a busy one; inside a probe it would eat the probe's
 timeout (and a probe killed mid-build leaves torch's build lock behind). The runner builds what a config needs once,
-here, outside any probe's clock; later loads hit the cache.
+here, outside any probe's clock (tuner.probing.ops), and refuses a config whose op could not be built with this
+line's reason; later loads hit the cache.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import sys
+import time
 
 # op key -> DeepSpeed's builder class (the library each builds: trials.contract.OP_LIBRARIES)
 OPS: dict[str, str] = {
@@ -16,19 +20,41 @@ OPS: dict[str, str] = {
     "shm_comm": "ShareMemCommBuilder",
     "fused_adam": "FusedAdamBuilder",
 }
+REASON_CHARS = 300
+_ERROR_LINE = re.compile(r"\berror\b", re.IGNORECASE)
+_NOT_THE_REASON = ("/", "[", "FAILED:", "ninja:")  # command lines (their -D flags), ninja's own words
 
 
-def build(key: str) -> str:
-    from deepspeed.accelerator import get_accelerator
+def compiler_reason(text: str) -> str:
+    """One line of why a build failed (pure): the first line of the compiler's output that says "error" (not a
+    command line, not torch's "Error building extension" header), else the first line; at most REASON_CHARS."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    said = [
+        line
+        for line in lines
+        if _ERROR_LINE.search(line) and not line.startswith(_NOT_THE_REASON) and "Error building extension" not in line
+    ]
+    pick = said[0] if said else (lines[0] if lines else "no output")
+    return pick if len(pick) <= REASON_CHARS else pick[: REASON_CHARS - 3] + "..."
 
-    builder_name = OPS[key]
-    builder = get_accelerator().create_op_builder(builder_name)
-    if builder is None:
-        return f"{key}: not used by the {get_accelerator().device_name()} accelerator"
-    if not builder.is_compatible():
-        return f"{key}: not compatible with this machine"
-    builder.load(verbose=False)
-    return f"{key}: ready"
+
+def build(key: str) -> dict[str, str | float]:
+    """Builds one op (or finds it cached); never raises: a failure is the outcome "failed" with the reason."""
+    start = time.monotonic()
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        builder = get_accelerator().create_op_builder(OPS[key])
+        if builder is None:
+            outcome, reason = "not-needed", f"not used by the {get_accelerator().device_name()} accelerator"
+        elif not builder.is_compatible():
+            outcome, reason = "failed", "DeepSpeed says it is not compatible with this machine"
+        else:
+            builder.load(verbose=False)
+            outcome, reason = "built", ""
+    except Exception as exc:  # the compiler's, the arch list's, the builder's: each is this op's reason
+        outcome, reason = "failed", compiler_reason(f"{type(exc).__name__}: {exc}")
+    return {"op": key, "outcome": outcome, "reason": reason, "seconds": round(time.monotonic() - start, 2)}
 
 
 def main(argv: list[str]) -> int:
@@ -37,7 +63,7 @@ def main(argv: list[str]) -> int:
         print(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(OPS)}", file=sys.stderr)
         return 2
     for key in argv:
-        print(build(key), flush=True)
+        print(json.dumps(build(key)), flush=True)
     return 0
 
 

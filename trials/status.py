@@ -17,6 +17,7 @@ EXIT_TIMEOUT = 5
 EXIT_HOST_OOM = 6
 EXIT_BUSY = 7
 EXIT_KILLED = 8  # interrupted from outside (SIGINT: a KeyboardInterrupt): no verdict on the config
+EXIT_REFUSED = 9  # the config cannot run here as it stands (said before its first step): no verdict on memory
 
 
 class Status(str, Enum):
@@ -34,6 +35,9 @@ class Status(str, Enum):
     # a rank died of SIGKILL without the kernel's OOM killer showing in its cgroup, or was interrupted (SIGINT) from
     # outside: no verdict, retried once
     KILLED = "killed"
+    # the config cannot run on this host as it stands, said before any step with the reason (a DeepSpeed op that
+    # could not be built, a setting the user's Trainer or DeepSpeed refuses): no memory verdict, not retried
+    REFUSED = "refused"
     # never a rank's: a probe row ruled out without running (the frontier or the memory estimate says it must OOM)
     INFERRED_OOM = "inferred-oom"
     # never a probe's: an Optuna trial left unprobed (another worker had the config), or whose probe was interrupted
@@ -94,17 +98,26 @@ _EXIT_CODES: dict[Status, int] = {
     Status.HOST_OOM: EXIT_HOST_OOM,
     Status.DEVICE_BUSY: EXIT_BUSY,
     Status.KILLED: EXIT_KILLED,
+    Status.REFUSED: EXIT_REFUSED,
 }
 _SEVERITY: dict[Status, int] = {
     Status.OK: 0,
     Status.TIMEOUT: 1,
     Status.ERROR: 2,
-    Status.DEVICE_BUSY: 3,
-    Status.KILLED: 4,
-    Status.HOST_OOM: 5,
-    Status.OOM: 6,
+    Status.REFUSED: 3,
+    Status.DEVICE_BUSY: 4,
+    Status.KILLED: 5,
+    Status.HOST_OOM: 6,
+    Status.OOM: 7,
 }
-_LISTING: dict[Status, int] = {Status.OK: 1, Status.OOM: 2, Status.HOST_OOM: 3, Status.TIMEOUT: 4, Status.ERROR: 5}
+_LISTING: dict[Status, int] = {
+    Status.OK: 1,
+    Status.OOM: 2,
+    Status.HOST_OOM: 3,
+    Status.TIMEOUT: 4,
+    Status.ERROR: 5,
+    Status.REFUSED: 6,
+}
 # each status's exit code, for the rank side (trials.last_words)
 EXIT_CODES: dict[Status, int] = dict(_EXIT_CODES)
 

@@ -26,6 +26,7 @@ def test_each_rank_status_has_its_exit_code_and_back() -> None:
         "host-oom": 6,
         "device-busy": 7,
         "killed": 8,
+        "refused": 9,
     }
     assert {s: s.exit_code for s in Status if s.from_rank} == EXIT_CODES
     assert all(Status.of_exit_code(code) is s for s, code in EXIT_CODES.items())
@@ -46,7 +47,7 @@ def test_a_rank_or_probe_result_refuses_a_status_no_rank_ends_with() -> None:
 
 def test_severity_orders_which_rank_names_a_probe() -> None:
     ranked = sorted((s for s in Status if s.from_rank), key=lambda s: s.severity)
-    assert [s.value for s in ranked] == ["ok", "timeout", "error", "device-busy", "killed", "host-oom", "oom"]
+    assert [s.value for s in ranked] == ["ok", "timeout", "error", "refused", "device-busy", "killed", "host-oom", "oom"]
 
 
 def test_transient_and_memory_verdicts() -> None:

@@ -1,13 +1,13 @@
 """`tuner prepare`: compiles the DeepSpeed ops probes load (cpu_adam; shm_comm without GPUs, fused_adam with them)
-into the op cache, once per environment.
+into the op cache, once per environment, each on its own, and says what became of each: built (and how long it
+took), cached, not needed on this accelerator, or failed with the compiler's reason.
 
-Optional — a search builds what a probe needs before that probe's clock starts — but run ahead of a search it keeps
-the one-off compile (tens of seconds idle, minutes on a busy host) out of the search's budget.
+Optional — a search builds what a probe needs before that probe's clock starts, and refuses a config whose op could
+not be built — but run ahead of a search it keeps the one-off compile (tens of seconds idle, minutes on a busy host)
+out of the search's budget. Exit 1 when an op failed: the probes that need it would be refused.
 """
 
 from __future__ import annotations
-
-import time
 
 import typer
 
@@ -17,28 +17,29 @@ from tuner.settings import load_settings
 
 @app.command("prepare")
 def prepare() -> None:
-    """Compile the DeepSpeed ops the probes load into the op cache (once per Python environment)."""
+    """Compile the DeepSpeed ops the probes load into the op cache (once per Python environment), one by one."""
+    from tuner.cli.app import err_console
+    from tuner.probing.arch_list import ARCH_ENV
     from tuner.probing.environment import probe_env
     from tuner.probing.gpus import has_visible_gpus
-    from tuner.probing.ops import build_ops, missing_ops, prepare_ops
+    from tuner.probing.ops import build_ops, prepare_ops
 
     env = probe_env(1)
-    ops = prepare_ops(has_visible_gpus(env))
+    gpu_host = has_visible_gpus(env)
     ext_dir = load_settings().torch_extensions_dir
-    start = time.monotonic()
-    built = build_ops(ops, env)
-    left = missing_ops(ops, ext_dir)
-    if left:
-        raise typer.Exit(_report_failed(left))
-    what = ", ".join(built) if built else "nothing (all cached)"
-    typer.echo(f"op cache {ext_dir}: built {what} in {time.monotonic() - start:.0f}s")
-
-
-def _report_failed(ops: list[str]) -> int:
-    from tuner.cli.app import err_console
-
-    err_console.print(
-        f"error: could not build DeepSpeed op(s) {', '.join(ops)}; run `python -m trials.ops "
-        f"{' '.join(ops)}` to see the compiler's output (needs gcc, ninja and the Python headers)"
+    typer.echo(
+        f"op cache {ext_dir}" + (f" (CUDA arch list {env.get(ARCH_ENV) or 'of the device'})" if gpu_host else "")
     )
-    return 1
+    builds = build_ops(prepare_ops(gpu_host), env)
+    for build in builds:
+        typer.echo(f"  {build.line()}")
+    failed = [b.op for b in builds if b.outcome == "failed"]
+    if failed:
+        err_console.print(
+            f"error: could not build DeepSpeed op(s) {', '.join(failed)}: probes that load them are refused; "
+            f"`python -m trials.ops {' '.join(failed)}` rebuilds them (needs gcc, ninja and the Python headers"
+            + (", and nvcc for fused_adam" if gpu_host else "")
+            + ")",
+            markup=False,
+        )
+        raise typer.Exit(1)

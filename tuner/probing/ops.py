@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from trials.contract import OP_LIBRARIES as OP_LIBS
 from trials.contract import ProbeConfig
@@ -83,40 +87,107 @@ def _build_lock(ext_dir: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def ensure_ops(config: ProbeConfig, env: dict[str, str]) -> list[str]:
+OpOutcome = Literal["built", "cached", "not-needed", "failed"]
+
+
+@dataclass(frozen=True)
+class OpBuild:
+    """What became of one op a probe or `tuner prepare` needs (``trials.ops`` says it for a build)."""
+
+    op: str
+    outcome: OpOutcome
+    reason: str = ""
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        took = f" in {self.seconds:.0f}s" if self.outcome == "built" else ""
+        return f"{self.op}: {self.outcome}{took}" + (f" ({self.reason})" if self.reason else "")
+
+
+# builds that failed in this process, by (op cache, op): every later probe needing the op is refused with the same
+# reason at once instead of compiling again (a failed build can take minutes; its cause does not change mid-search)
+_FAILED: dict[tuple[str, str], OpBuild] = {}
+
+
+def ensure_ops(config: ProbeConfig, env: dict[str, str]) -> list[OpBuild]:
     """Builds the ops ``config`` needs on this host (``needed_ops``: a GPU host is one with visible NVIDIA devices)
-    that are not in the cache yet; returns the ones built (best effort: a failed build is left for the probe to report
-    as its own error)."""
+    that are not in the cache yet, before the probe's clock; what became of each."""
     return build_ops(needed_ops(config, gpus.has_visible_gpus(env)), env)
 
 
-def build_ops(ops: list[str], env: dict[str, str]) -> list[str]:
-    """Builds those of ``ops`` not in the cache yet, one build at a time across this host's runners; returns the ones
-    built."""
+def refusal(builds: list[OpBuild]) -> str | None:
+    """Why a probe needing ``builds`` must not start (it would compile inside its clock, or fail at its first
+    step), or None."""
+    failed = [b for b in builds if b.outcome == "failed"]
+    if not failed:
+        return None
+    said = "; ".join(f"{b.op}: {b.reason}" for b in failed)
+    ops = ", ".join(b.op for b in failed)
+    return f"DeepSpeed op(s) {ops} could not be built ({said}); `tuner prepare` builds each op and says why"
+
+
+def build_ops(ops: list[str], env: dict[str, str]) -> list[OpBuild]:
+    """Builds those of ``ops`` not in the cache yet, each in its own process, one build at a time across this host's
+    runners; what became of each (in ``ops``' order)."""
     ext_dir = Path(env["TORCH_EXTENSIONS_DIR"])
-    todo = missing_ops(ops, ext_dir)
-    if not todo:
-        return []
-    with _build_lock(ext_dir):
-        todo = missing_ops(todo, ext_dir)  # another runner may have built them while we waited
-        if not todo:
-            return []
-        for op in todo:  # a lock left by a build that died (runner killed from outside): under our flock, stale
-            (ext_dir / OP_LIBS[op] / "lock").unlink(missing_ok=True)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trials.ops", *todo],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            proc.wait(BUILD_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            for op in todo:  # torch's FileBaton of the build we killed: nobody else builds under our flock
-                (ext_dir / OP_LIBS[op] / "lock").unlink(missing_ok=True)
-    return [op for op in todo if op not in missing_ops(todo, ext_dir)]
+    out: dict[str, OpBuild] = {}
+    todo = []
+    for op in ops:
+        failed = _FAILED.get((str(ext_dir), op))
+        if failed is not None:
+            out[op] = failed
+        elif missing_ops([op], ext_dir):
+            todo.append(op)
+        else:
+            out[op] = OpBuild(op, "cached")
+    if todo:
+        with _build_lock(ext_dir):
+            for op in todo:
+                out[op] = _build_one(op, env, ext_dir)
+                if out[op].outcome == "failed":
+                    _FAILED[(str(ext_dir), op)] = out[op]
+    return [out[op] for op in ops]
+
+
+def _build_one(op: str, env: dict[str, str], ext_dir: Path) -> OpBuild:
+    """One op, under the host's build lock: cached meanwhile (another runner built it), else ``python -m trials.ops``
+    in its own session, killed at BUILD_TIMEOUT_S."""
+    if not missing_ops([op], ext_dir):
+        return OpBuild(op, "cached")
+    (ext_dir / OP_LIBS[op] / "lock").unlink(missing_ok=True)  # a lock left by a build that died: stale under our flock
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trials.ops", op],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, _ = proc.communicate(timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        (ext_dir / OP_LIBS[op] / "lock").unlink(missing_ok=True)  # torch's FileBaton of the build we killed
+        return OpBuild(op, "failed", f"the build ran past {BUILD_TIMEOUT_S:.0f} s and was killed", BUILD_TIMEOUT_S)
+    return _reported(op, stdout, proc.returncode, time.monotonic() - start, ext_dir)
+
+
+def _reported(op: str, stdout: str, code: int, seconds: float, ext_dir: Path) -> OpBuild:
+    """The build's own line (the last JSON line of its stdout: DeepSpeed prints its warnings there too), checked
+    against the cache: "built" only when the library is there for a probe to load."""
+    said: dict[str, object] = {}
+    for line in reversed(stdout.splitlines()):
+        with contextlib.suppress(ValueError):
+            said = json.loads(line)
+            break
+    outcome = str(said.get("outcome", "failed"))
+    reason = str(said.get("reason") or f"the build process exited {code} without a word")
+    if outcome == "built" and missing_ops([op], ext_dir):
+        return OpBuild(op, "failed", "built, but no library is in the op cache for a probe to load", seconds)
+    if outcome in ("built", "not-needed"):
+        return OpBuild(op, outcome, "" if outcome == "built" else reason, seconds)  # type: ignore[arg-type]
+    return OpBuild(op, "failed", reason, seconds)

@@ -23,6 +23,7 @@ from tuner.probing import gpus, ranks, snapshots, verdict
 from tuner.probing.cgroup import oom_kills_between, read_oom_kills
 from tuner.probing.environment import probe_env, resolve_hub_model
 from tuner.probing.ops import ensure_ops
+from tuner.probing.ops import refusal as ops_refusal
 from tuner.probing.tempdirs import owned_dir, sweep_once
 from tuner.settings import Settings, load_settings
 
@@ -75,7 +76,9 @@ class ProbeRunner:
         config, per-rank results, pids and stdout/stderr (a temporary directory, removed, when None); ``attempts``
         says how many launches it took."""
         how = choose_launcher(self.launcher, self.settings)
-        ensure_ops(config, self.env(config.world_size))
+        refused = ops_refusal(ensure_ops(config, self.env(config.world_size)))
+        if refused is not None:  # its ranks would compile inside the probe's clock, or fail at their first step
+            return ProbeResult(status=Status.REFUSED, cause=refused)
         own = workdir is None
         work = Path(workdir) if workdir is not None else owned_dir("tuner-probe-")
         work.mkdir(parents=True, exist_ok=True)

@@ -74,19 +74,27 @@ def test_a_dead_builds_lock_is_cleared_before_building(tmp_path: Path, monkeypat
     (tmp_path / "cpu_adam" / "lock").write_text("")
     seen: dict[str, bool] = {}
 
-    class Build:
+    class Build:  # `python -m trials.ops OP`, one op per process
         def __init__(self, args: list[str], **_: object) -> None:
-            seen["lock"] = (tmp_path / "cpu_adam" / "lock").exists()
-            (tmp_path / "cpu_adam" / "cpu_adam.so").write_bytes(b"")
+            self.op = args[-1]
+            lib = launch_ops.OP_LIBS[self.op]
+            seen[self.op] = (tmp_path / lib / "lock").exists()
+            (tmp_path / lib).mkdir(exist_ok=True)
+            (tmp_path / lib / f"{lib}.so").write_bytes(b"")
             self.pid = os.getpid()
+            self.returncode = 0
 
-        def wait(self, timeout: float | None = None) -> int:
-            return 0
+        def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+            return (
+                f'warning: on stdout too\n{{"op": "{self.op}", "outcome": "built", "reason": "", "seconds": 1}}\n',
+                None,
+            )
 
     monkeypatch.setattr(launch_ops.subprocess, "Popen", Build)
     monkeypatch.setattr(launch_ops.gpus, "physical_gpus", lambda dev=None: 0)
     built = ensure_ops(_cfg(zero_stage=1, offload_optimizer=True), {"TORCH_EXTENSIONS_DIR": str(tmp_path)})
-    assert seen == {"lock": False} and built == ["cpu_adam"]
+    assert seen == {"cpu_adam": False, "shm_comm": False}
+    assert [(b.op, b.outcome) for b in built] == [("cpu_adam", "built"), ("shm_comm", "built")]
 
 
 def test_a_library_ninja_would_rebuild_counts_as_missing(tmp_path: Path) -> None:
