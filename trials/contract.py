@@ -40,9 +40,9 @@ from trials.status import (  # noqa: F401  (re-exported: the contract's status v
     EXIT_ERROR,
     EXIT_HOST_OOM,
     EXIT_KILLED,
-    EXIT_REFUSED,
     EXIT_OK,
     EXIT_OOM,
+    EXIT_REFUSED,
     EXIT_TIMEOUT,
     RankStatus,
     Status,
@@ -225,6 +225,10 @@ class ProbeConfig(Strict):
     gradient_accumulation_steps: int = Field(1, ge=1)
     warmup_steps: int = Field(2, ge=1, description="micro-steps before measuring, at least one optimizer step")
     measure_steps: int = Field(4, ge=1, description="measured micro-steps; the window holds an optimizer step")
+    # the timed window at a fixed shape stops once its cycles agree within this (their spread: (max - min) / median of
+    # the last ``min`` cycles), or at max_measure_steps (None: 3 x measure_steps) whatever the spread, which it reports
+    timing_tolerance: float = Field(0.05, ge=0, description="relative spread of cycle times the search can tell apart")
+    max_measure_steps: int | None = Field(None, ge=1, description="measured micro-steps at most; None: 3 x measure")
     device_memory: int | None = Field(None, ge=1, description="bytes of device memory per rank; None = the device's")
     timeout_s: float = Field(300.0, gt=0)
     busy_bytes: int = Field(DEVICE_BUSY_BYTES, ge=0, description="device used at rank start above this: device-busy")
@@ -237,3 +241,24 @@ class ProbeConfig(Strict):
     @property
     def global_batch(self) -> int:
         return self.knobs.micro_batch_size * self.gradient_accumulation_steps * self.world_size
+
+
+_ADAM_TYPES = {"adam", "adamw"}
+
+
+def needed_ops(config: ProbeConfig, gpu_host: bool) -> list[str]:
+    """The JIT ops a probe of ``config`` loads: cpu_adam for an offloaded optimizer; on a GPU host, fused_adam for the
+    user's Adam/AdamW optimizer section on the device (DeepSpeed's FusedAdam); on a host without GPUs, shm_comm
+    (DeepSpeed's CPU accelerator loads it in init_distributed; its CUDA accelerator never builds it)."""
+    knobs = config.knobs
+    if knobs.engine != "deepspeed":
+        return []
+    optimizer = (config.deepspeed or {}).get("optimizer") or {}
+    adam = str(optimizer.get("type", "")).lower() in _ADAM_TYPES
+    torch_adam = bool((optimizer.get("params") or {}).get("torch_adam"))
+    ops = ["cpu_adam"] if knobs.offload_optimizer else []
+    if gpu_host and adam and not knobs.offload_optimizer and not torch_adam:
+        ops.append("fused_adam")
+    if not gpu_host:
+        ops.append("shm_comm")
+    return ops

@@ -94,6 +94,8 @@ class StepStats(Strict):
     micro_max_s: float
     optimizer_step_s: float  # a micro-step that ends with the optimizer step (boundary)
     cycle_s: float  # one full accumulation cycle: (accum - 1) * micro + boundary
+    cycles: int = 0  # the timed window's whole accumulation cycles (0: not recorded)
+    spread: float | None = None  # (max - min) / median of the cycle times the window stopped on
 
 
 class RankResult(Strict):
@@ -109,6 +111,9 @@ class RankResult(Strict):
     fingerprint: dict[str, str | int | float] = Field(default_factory=dict)
     # where setup_s went, seconds: "start" (launch to probe code: spawn + imports), "dist", "model", "engine"
     setup_phases: dict[str, float] = Field(default_factory=dict)
+    # where the time after the first step went, seconds: "memory_window" (its cycles), "eval_forward", "generate",
+    # "timed_build" (the timed batches), "timed" (the timed window)
+    run_phases: dict[str, float] = Field(default_factory=dict)
     phase: Phase | None = None  # where a failed rank was when it failed
     # the rank could not use its device because of how it was launched (forked from a process that had initialised
     # CUDA): no verdict on the config; the runner runs it again in a fresh interpreter
@@ -152,6 +157,7 @@ class ProbeResult(Strict):
     wall_s: float = 0.0  # the probe's wall clock, launch to last rank exit
     setup_s: float | None = None  # the fixed cost: launch to first step
     setup_phases: dict[str, float] = Field(default_factory=dict)  # of the slowest rank (RankResult.setup_phases)
+    run_phases: dict[str, float] = Field(default_factory=dict)  # of that rank (RankResult.run_phases)
     attempts: int = 1  # launches it took: a transient failure (an outside kill, a launch failure) is retried once
 
     @property

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
 
-from trials.contract import AUTO, DS_HOST_KEYS, ProbeConfig, auto_paths
+from trials.contract import AUTO, DS_HOST_KEYS, ProbeConfig, auto_paths, needed_ops
 
 
 class Engine(Protocol):
@@ -30,6 +31,9 @@ class Engine(Protocol):
     def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
 
     def skipped_steps(self) -> int: ...  # optimizer steps skipped so far (fp16 loss-scale overflow)
+
+    # where the engine's setup went, seconds (and pinned GiB): the probe's setup_phases as "engine.<part>"
+    parts: dict[str, float]
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:
@@ -74,6 +78,7 @@ class TorchEngine:
             )
         trainable = [p for p in model.parameters() if p.requires_grad]  # the Trainer's: a frozen base has no state
         self.optimizer = client_optimizer(trainable, config.learning_rate, device.type == "cuda")
+        self.parts: dict[str, float] = {}
         self.dtype = _autocast_dtype(knobs.precision)
         if self.dtype is torch.float16 and device.type != "cuda":
             raise ValueError("fp16 autocast needs a CUDA device; use precision bf16 or fp32 on CPU")
@@ -235,10 +240,18 @@ class DeepSpeedEngine:
             hidden_size=hidden_size(model),
         )
         params = [p for p in model.parameters() if p.requires_grad]
+        start = time.monotonic()
+        load_ops(config, cuda)
+        self.parts: dict[str, float] = {
+            "ops": time.monotonic() - start
+        }  # where the engine's setup went (RankResult.setup_phases)
         client = None if "optimizer" in self.config else client_optimizer(params, config.learning_rate, cuda)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=params, optimizer=client, config=self.config
         )
+        self.parts["initialize"] = time.monotonic() - start - self.parts["ops"]
+        if cuda:
+            self.parts.update(pinned_parts(torch.cuda.host_memory_stats()))
         self.module = self.engine.module
         self.device = self.engine.device
         self.offload = knobs.offload_optimizer
@@ -269,6 +282,34 @@ class DeepSpeedEngine:
             return
         for name in _ZERO_HOST_BUFFERS:
             yield from _tensors_in(getattr(self.optimizer, name, None))
+
+
+def load_ops(config: ProbeConfig, cuda: bool) -> None:
+    """Loads the JIT ops ``deepspeed.initialize`` will load for ``config`` (built before the probe: the runner refuses
+    a config whose op it could not build), so their load is timed apart from the engine's own setup; shm_comm is
+    init_distributed's."""
+    from deepspeed.accelerator import get_accelerator
+
+    from trials.ops import OPS
+
+    for key in needed_ops(config, gpu_host=cuda):
+        if key != "shm_comm":
+            builder = get_accelerator().create_op_builder(OPS[key])
+            if builder is not None:
+                builder.load(verbose=False)
+
+
+def pinned_parts(stats: Mapping[str, Any]) -> dict[str, float]:
+    """The pinned host memory an engine's setup allocated, from torch.cuda.host_memory_stats (pure): the seconds in
+    CUDA's pinned allocations ("pinned_alloc") and their GiB ("pinned_gib"); empty where the torch reports neither."""
+    out: dict[str, float] = {}
+    micros = stats.get("host_alloc_time.total")
+    if isinstance(micros, (int, float)):
+        out["pinned_alloc"] = micros / 1e6
+    peak = stats.get("allocated_bytes.peak")
+    if isinstance(peak, (int, float)):
+        out["pinned_gib"] = peak / 2**30
+    return out
 
 
 def hidden_size(model: torch.nn.Module) -> int:

@@ -58,6 +58,34 @@ class MemoryWindow:
         return action
 
 
+@dataclass
+class TimedWindow:
+    """Decides, cycle by cycle, when the timed window has measured enough (pure): at least ``min_cycles`` whole
+    accumulation cycles; then done as soon as the last ``min_cycles`` cycle times agree within ``tolerance`` (their
+    spread, (max - min) / median), or at ``max_cycles`` whatever the spread, which :attr:`spread` then reports. A quiet
+    GPU stops at the minimum; a noisy host measures longer instead of handing the search a coin toss."""
+
+    min_cycles: int
+    max_cycles: int
+    tolerance: float
+    times: list[float] = field(default_factory=list)
+
+    def record(self, cycle_s: float) -> bool:
+        """Adds one cycle's seconds; True when the window is done."""
+        self.times.append(cycle_s)
+        if len(self.times) < self.min_cycles:
+            return False
+        return len(self.times) >= self.max_cycles or (self.spread or 0.0) <= self.tolerance
+
+    @property
+    def spread(self) -> float | None:
+        last = self.times[-max(2, self.min_cycles) :]
+        if len(last) < 2:
+            return None
+        mid = statistics.median(last)
+        return (max(last) - min(last)) / mid if mid > 0 else None
+
+
 def split_steps(durations: Sequence[float], boundaries: Sequence[bool]) -> tuple[list[float], list[float]]:
     """The timed window's per-step seconds split into plain micro-steps and boundary (optimizer) steps."""
     micro = [d for d, b in zip(durations, boundaries, strict=True) if not b]
@@ -65,8 +93,11 @@ def split_steps(durations: Sequence[float], boundaries: Sequence[bool]) -> tuple
     return micro, boundary
 
 
-def step_stats(micro: Sequence[float], boundary: Sequence[float], accum: int) -> StepStats:
-    """A full accumulation cycle composed from the probe's steps: ``(accum - 1) * micro + boundary``."""
+def step_stats(
+    micro: Sequence[float], boundary: Sequence[float], accum: int, window: TimedWindow | None = None
+) -> StepStats:
+    """A full accumulation cycle composed from the probe's steps: ``(accum - 1) * micro + boundary``; with the
+    ``window`` that timed them, its cycles and their spread."""
     mean_boundary = statistics.fmean(boundary)
     steps = list(micro) or list(boundary)  # accum == 1: every step is a boundary step
     return StepStats(
@@ -75,6 +106,8 @@ def step_stats(micro: Sequence[float], boundary: Sequence[float], accum: int) ->
         micro_max_s=max(steps),
         optimizer_step_s=mean_boundary,
         cycle_s=(accum - 1) * statistics.fmean(steps) + mean_boundary,
+        cycles=len(window.times) if window is not None else 0,
+        spread=window.spread if window is not None else None,
     )
 
 

@@ -58,6 +58,7 @@ from trials.last_words import LastWords
 from trials.measure import (
     MemoryWindow,
     StepClock,
+    TimedWindow,
     split_steps,
     step_stats,
 )
@@ -91,10 +92,15 @@ class Probe:
         # with data batches: the shapes built, read back from the tensors (RankResult.memory_shape / timed_shapes)
         self.memory_shape: BatchDims | None = None
         self.timed_shapes: list[BatchDims] = []
+        self.window: TimedWindow | None = None
+        self.run_phases: dict[
+            str, float
+        ] = {}  # where the time after setup went (RankResult.run_phases)  # the timed window's cycles, once run
 
-    def _mark(self, phase: str) -> None:
+    def _mark(self, phase: str, into: dict[str, float] | None = None) -> None:
+        """The seconds since the last mark, as ``phase`` of the setup (or of ``into``: the run after it)."""
         now = time.time()
-        self.phases[phase] = now - self._mark_t
+        (self.phases if into is None else into)[phase] = now - self._mark_t
         self._mark_t = now
 
     # -- setup ------------------------------------------------------------------------------------------------------
@@ -151,21 +157,43 @@ class Probe:
             self.dev.quiet_sample()
         return engine.skipped_steps() == skipped
 
-    def _timed(self, engine: Engine, batches: list[dict[str, torch.Tensor]], cycles: int, accum: int) -> None:
+    def _timed(self, engine: Engine, batches: list[dict[str, torch.Tensor]], steps: int, accum: int) -> None:
         """Whole accumulation cycles, a timestamp after each micro-step, one synchronisation per cycle; micro-step k
-        runs ``batches[k % len(batches)]``."""
+        runs ``batches[k % len(batches)]``. ``steps`` micro-steps at least; at a fixed shape more, up to
+        max_measure_steps, until the cycles agree within timing_tolerance (``TimedWindow``); drawn batches run once
+        (each cycle its own shapes: they differ by design)."""
+        window = self._timed_window(steps // accum, accum)
         clock = StepClock(self.device)
         k = 0
-        for _ in range(cycles):
+        done = False
+        while not done:
             clock.mark()
             boundaries = []
             for _ in range(accum):
                 boundaries.append(engine.micro_step(batches[k % len(batches)]))
                 k += 1
                 clock.mark()
-            micro, boundary = split_steps(clock.durations(), boundaries)
+            durations = clock.durations()
+            micro, boundary = split_steps(durations, boundaries)
             self.micro_times += micro
             self.boundary_times += boundary
+            done = self._all_done(window.record(sum(durations)))
+        self.window = window
+
+    def _timed_window(self, cycles: int, accum: int) -> TimedWindow:
+        cfg = self.config
+        if cfg.batches is not None:
+            return TimedWindow(cycles, cycles, math.inf)
+        most = timed_micro_steps(cfg.max_measure_steps or 3 * cfg.measure_steps, cfg.gradient_accumulation_steps)
+        return TimedWindow(cycles, max(cycles, most // accum), cfg.timing_tolerance)
+
+    def _all_done(self, done: bool) -> bool:
+        """Every rank stops the timed window on the same cycle (their steps meet in collectives): done when all are."""
+        if self.world_size == 1 or not torch.distributed.is_initialized():
+            return done
+        more = torch.tensor([0 if done else 1], device=self.device)
+        torch.distributed.all_reduce(more, op=torch.distributed.ReduceOp.MAX)
+        return int(more.item()) == 0
 
     def _host_offload(self, engine: Engine) -> None:
         """Offloaded optimizer state lives in host memory: take it off the emulated device, pause its step."""
@@ -203,6 +231,7 @@ class Probe:
                 self.phase = "eval"
                 model(**batch)
                 self.dev.peaks.end("eval_forward")
+                self._mark("eval_forward", self.run_phases)
                 if knobs.generate:
                     self.phase = "generate"
                     zero3 = knobs.engine == "deepspeed" and knobs.zero_stage == 3 and self.world_size > 1
@@ -217,6 +246,7 @@ class Probe:
                         synced_gpus=zero3,
                     )
                     self.dev.peaks.end("generate")
+                    self._mark("generate", self.run_phases)
         finally:
             model.train()
         self.dev.quiet_sample()
@@ -247,6 +277,7 @@ class Probe:
             engine = build_engine(model, cfg, accum, self.device, self.world_size)
             self._host_offload(engine)
             self._mark("engine")
+            self.phases.update({f"engine.{part}": value for part, value in engine.parts.items()})
             window = MemoryWindow(min_cycles=math.ceil(max(cfg.warmup_steps, 2 * accum) / accum))
             self.phase = "train"
             with self.dev.sampling() as sampler:
@@ -256,12 +287,15 @@ class Probe:
                     if action == "settle":
                         self._settle()
                 self.dev.peaks.end("train")
+                self._mark("memory_window", self.run_phases)
                 self._eval(engine, batches)
             self.dev.sampled(sampler)
         steps = timed_micro_steps(cfg.measure_steps, cfg.gradient_accumulation_steps)
         timed, self.timed_shapes = batches.timed(batch, steps)
         self.phase = "train"
-        self._timed(engine, timed, steps // accum, accum)
+        self._mark("timed_build", self.run_phases)
+        self._timed(engine, timed, steps, accum)
+        self._mark("timed", self.run_phases)
         return RankResult(
             rank=self.rank,
             status=Status.OK,
@@ -271,6 +305,7 @@ class Probe:
             versions=versions(),
             fingerprint=fingerprint(self.device),
             setup_phases=self.phases,
+            run_phases=self.run_phases,
             memory_shape=self.memory_shape,
             timed_shapes=self.timed_shapes,
         )
@@ -279,7 +314,7 @@ class Probe:
         return None if self.first_step_t is None else max(0.0, self.first_step_t - self.launch_t)
 
     def _stats(self) -> StepStats:
-        return step_stats(self.micro_times, self.boundary_times, self.config.gradient_accumulation_steps)
+        return step_stats(self.micro_times, self.boundary_times, self.config.gradient_accumulation_steps, self.window)
 
     def outcome(self, exc: BaseException) -> tuple[Status, int]:
         """The status and exit code of a failure of this rank (trials.outcome.classify, knowing its device)."""

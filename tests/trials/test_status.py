@@ -47,7 +47,8 @@ def test_a_rank_or_probe_result_refuses_a_status_no_rank_ends_with() -> None:
 
 def test_severity_orders_which_rank_names_a_probe() -> None:
     ranked = sorted((s for s in Status if s.from_rank), key=lambda s: s.severity)
-    assert [s.value for s in ranked] == ["ok", "timeout", "error", "refused", "device-busy", "killed", "host-oom", "oom"]
+    order = ["ok", "timeout", "error", "refused", "device-busy", "killed", "host-oom", "oom"]
+    assert [s.value for s in ranked] == order
 
 
 def test_transient_and_memory_verdicts() -> None:

@@ -23,31 +23,10 @@ from pathlib import Path
 from typing import Literal
 
 from trials.contract import OP_LIBRARIES as OP_LIBS
-from trials.contract import ProbeConfig
+from trials.contract import ProbeConfig, needed_ops
 from tuner.probing import gpus
 
 BUILD_TIMEOUT_S = 1800.0
-
-
-_ADAM_TYPES = {"adam", "adamw"}
-
-
-def needed_ops(config: ProbeConfig, gpu_host: bool) -> list[str]:
-    """The JIT ops a probe of ``config`` loads: cpu_adam for an offloaded optimizer; on a GPU host, fused_adam for the
-    user's Adam/AdamW optimizer section on the device (DeepSpeed's FusedAdam); on a host without GPUs, shm_comm
-    (DeepSpeed's CPU accelerator loads it in init_distributed; its CUDA accelerator never builds it)."""
-    knobs = config.knobs
-    if knobs.engine != "deepspeed":
-        return []
-    optimizer = (config.deepspeed or {}).get("optimizer") or {}
-    adam = str(optimizer.get("type", "")).lower() in _ADAM_TYPES
-    torch_adam = bool((optimizer.get("params") or {}).get("torch_adam"))
-    ops = ["cpu_adam"] if knobs.offload_optimizer else []
-    if gpu_host and adam and not knobs.offload_optimizer and not torch_adam:
-        ops.append("fused_adam")
-    if not gpu_host:
-        ops.append("shm_comm")
-    return ops
 
 
 def prepare_ops(gpu_host: bool) -> list[str]:

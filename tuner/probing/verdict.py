@@ -157,6 +157,7 @@ def merge(
         wall_s=wall_s,
         setup_s=slowest.setup_s if slowest else None,
         setup_phases=slowest.setup_phases if slowest else {},
+        run_phases=slowest.run_phases if slowest else {},
     )
     if timed_out and all(s == Status.TIMEOUT for _, s, _ in failures):
         nccl = next((said for r in ranks if "NCCL:" in (said := said_tail(r.err))), "")
