@@ -225,10 +225,11 @@ class ProbeConfig(Strict):
     gradient_accumulation_steps: int = Field(1, ge=1)
     warmup_steps: int = Field(2, ge=1, description="micro-steps before measuring, at least one optimizer step")
     measure_steps: int = Field(4, ge=1, description="measured micro-steps; the window holds an optimizer step")
-    # the timed window at a fixed shape stops once its cycles agree within this (their spread: (max - min) / median of
-    # the last ``min`` cycles), or at max_measure_steps (None: 3 x measure_steps) whatever the spread, which it reports
+    # the timed window at a fixed shape stops once its cycles agree within timing_tolerance (their spread: (max - min)
+    # / median of the last ``min`` cycles), or at max_measure_steps (None: 2 x measure_steps) whatever the spread,
+    # which it reports; never past half its timeout (the search sizes timeouts on probes of the minimum length)
     timing_tolerance: float = Field(0.05, ge=0, description="relative spread of cycle times the search can tell apart")
-    max_measure_steps: int | None = Field(None, ge=1, description="measured micro-steps at most; None: 3 x measure")
+    max_measure_steps: int | None = Field(None, ge=1, description="measured micro-steps at most; None: 2 x measure")
     device_memory: int | None = Field(None, ge=1, description="bytes of device memory per rank; None = the device's")
     timeout_s: float = Field(300.0, gt=0)
     busy_bytes: int = Field(DEVICE_BUSY_BYTES, ge=0, description="device used at rank start above this: device-busy")

@@ -177,15 +177,20 @@ class Probe:
             micro, boundary = split_steps(durations, boundaries)
             self.micro_times += micro
             self.boundary_times += boundary
-            done = self._all_done(window.record(sum(durations)))
+            done = self._all_done(window.record(sum(durations)) or not self._may_extend(sum(durations)))
         self.window = window
 
     def _timed_window(self, cycles: int, accum: int) -> TimedWindow:
         cfg = self.config
         if cfg.batches is not None:
             return TimedWindow(cycles, cycles, math.inf)
-        most = timed_micro_steps(cfg.max_measure_steps or 3 * cfg.measure_steps, cfg.gradient_accumulation_steps)
+        most = timed_micro_steps(cfg.max_measure_steps or 2 * cfg.measure_steps, cfg.gradient_accumulation_steps)
         return TimedWindow(cycles, max(cycles, most // accum), cfg.timing_tolerance)
+
+    def _may_extend(self, cycle_s: float) -> bool:
+        """Whether one more timed cycle past the minimum keeps the probe well inside its timeout (half of it: the
+        search sized the timeout on probes of the minimum length)."""
+        return time.time() - self.launch_t + 2 * cycle_s < 0.5 * self.config.timeout_s
 
     def _all_done(self, done: bool) -> bool:
         """Every rank stops the timed window on the same cycle (their steps meet in collectives): done when all are."""
@@ -333,6 +338,8 @@ class Probe:
             setup_s=self._setup_s(),
             versions=versions(),
             fingerprint=fingerprint(self.device),
+            setup_phases=self.phases,
+            run_phases=self.run_phases,
             phase=self.phase,
             launch_fault=launch_fault(exc),
         ), code

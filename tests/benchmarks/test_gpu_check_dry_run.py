@@ -44,11 +44,21 @@ def test_the_gpu_check_dry_run_passes_on_cpu(tmp_path: Path) -> None:
     assert "device: cpu (emulated device)" in out
     assert "probe 0 (baseline): micro 2 ZeRO-2 offload overlap:" in out  # the team's config is trial 0
     assert "fixed cost" in out and "peak allocated" in out and "device-used" in out and "need" in out
+    # each op reported by `tuner prepare`, the engine's setup in parts, the estimate beside the measured phases
+    assert "  cpu_adam: " in out and "  shm_comm: " in out
+    assert "engine.initialize" in out and "memory_window" in out and "timed cycles, spread" in out
+    assert "estimate / measured allocated: train " in out
+    # the OOM probe explained from its record; the team's config at its worst batch; their OOM text read back
+    assert (
+        "== tuner explain --study gpu-check --trial 0" in out and "recorded failure, rank 0: tried to allocate" in out
+    )
+    assert "crash: trial 0 at the worst batch: oom, refused" in out
+    assert "your OOM message: tried to allocate 4.81 GiB, capacity 79.15 GiB" in out
     assert "baseline: " in out and "pick: trial " in out
     assert "GPU CHECK PASS" in out and "OOM count 0" in out and "(deepspeed True)" in out
     assert "generate at 16 tokens" in out  # the Trainer's eval generated at the probed length, not transformers' 20
     # quiet: only the check's own lines (DeepSpeed's logger, tqdm and the search's table are in the log)
     assert not [line for line in out.splitlines() if line.startswith("[20") or "it/s]" in line]
     evidence = tmp_path / "out"
-    assert {p.name for p in evidence.iterdir()} >= {"gpu_check.log", "gpu-check.db", "trainer.json"}
+    assert {p.name for p in evidence.iterdir()} == {"gpu_check.log", "gpu-check.db", "trainer.json"}  # <= 8 files
     assert "trial   0" in (evidence / "gpu_check.log").read_text()
