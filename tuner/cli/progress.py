@@ -286,8 +286,9 @@ def summary_table(summary: SearchSummary, objective: Objective, job: Mapping[str
     lines = [
         f"study {summary.study_name}: {summary.stop_reason} after {format_duration(summary.elapsed_s)}",
         f"{summary.probes_run} probes in {summary.probe_seconds:.0f} probe-seconds: {c.get('ok', 0)} ok, "
-        f"{c.get('oom', 0)} OOM, {c.get('timeout', 0)} timed out, {c.get('error', 0)} failed; {inferred} ruled out "
-        "without running",
+        f"{c.get('oom', 0)} OOM, {c.get('timeout', 0)} timed out, {c.get('error', 0)} failed"
+        + (f", {c['refused']} refused before running (each row says why)" if c.get("refused") else "")
+        + f"; {inferred} ruled out without running",
     ]
     best, base = summary.best, summary.baseline
     if base is not None:

@@ -120,6 +120,26 @@ def test_summary_table_shows_best_and_baseline_speedup():
     assert "12.5 samples/s" in text and "x2.50" in text and "micro=4" in text and "accum=8" in text
     assert "the pick: trial 4, micro=4 len=128 accum=8, peak 50.0 MiB of 160.0 MiB" in text
     assert all(len(line) <= 100 for line in text.splitlines()), text
+    assert "refused" not in text
+
+
+def test_summary_table_counts_refused_configs_apart():
+    """A config refused before running (an op that could not be built) is neither an OOM nor a crash of the probe."""
+    summary = SearchSummary(
+        study_name="demo",
+        run_id=1,
+        elapsed_s=10,
+        stop_reason="budget",
+        counts={"ok": 1, "refused": 3},
+        best=None,
+        baseline=None,
+        probes_run=4,
+        probe_seconds=5,
+        trials=4,
+    )
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(summary_table(summary, Objective()))
+    assert "0 failed, 3 refused before running (each row says why); 0 ruled out" in out.getvalue()
 
 
 # -- issue 13: stored and user text is printed as text, never as rich markup ------------------------------------------
