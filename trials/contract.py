@@ -64,6 +64,9 @@ FORKSERVER_READY = "trials.forkserver ready"
 # DeepSpeed JIT ops a probe may need (`python -m trials.ops KEY ...`): key -> the extension's directory and library
 # name under TORCH_EXTENSIONS_DIR (the runner checks the cache, trials.ops builds).
 OP_LIBRARIES: dict[str, str] = {"cpu_adam": "cpu_adam", "shm_comm": "deepspeed_shm_comm", "fused_adam": "fused_adam"}
+# The ops (comma-separated keys) the fork server loads once at start, built already: each forked rank then finds them
+# loaded (DeepSpeed keeps loaded ops per process) instead of importing them inside its fixed cost.
+PRELOAD_OPS_ENV = "TUNER_PRELOAD_OPS"
 
 # The DeepSpeed bucket knobs, and DeepSpeed's default (elements) that a probe runs with when a bucket knob is unset
 # (None): the export writes it, the estimate and the feasibility frontier assume it.

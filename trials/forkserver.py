@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from trials.contract import ALLOC_CONF_ENV, EXIT_ERROR, FORKSERVER_READY
+from trials.contract import ALLOC_CONF_ENV, EXIT_ERROR, FORKSERVER_READY, PRELOAD_OPS_ENV
 
 # the allocator settings of the server's own environment: what torch parsed at import, in force in every fork
 _SERVER_ALLOC_ENV = {name: os.environ.get(name, "") for name in ALLOC_CONF_ENV}
@@ -57,7 +57,28 @@ def preload() -> None:
         import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # noqa: F401
     except ImportError:
-        pass
+        return
+    preload_ops(os.environ.get(PRELOAD_OPS_ENV, ""))
+
+
+def preload_ops(keys: str) -> list[str]:
+    """Loads the built DeepSpeed ops named (``PRELOAD_OPS_ENV``: the runner lists those already in the op cache, so
+    nothing is compiled here); a forked rank then finds each loaded. An op that fails to load is left to the rank,
+    which reports it. Returns the ops loaded."""
+    from deepspeed.accelerator import get_accelerator
+
+    from trials.ops import OPS
+
+    loaded = []
+    for key in filter(None, keys.split(",")):
+        try:
+            builder = get_accelerator().create_op_builder(OPS[key])
+            if builder is not None:
+                builder.load(verbose=False)
+                loaded.append(key)
+        except Exception:  # the rank's own load says why, with its result
+            continue
+    return loaded
 
 
 def _child(request: dict[str, Any], close: list[socket.socket]) -> int:

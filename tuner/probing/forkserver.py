@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trials.contract import EXIT_ERROR, FORKSERVER_READY
+from trials.contract import EXIT_ERROR, FORKSERVER_READY, PRELOAD_OPS_ENV
+from tuner.probing import gpus
+from tuner.probing.ops import missing_ops, prepare_ops
 from tuner.probing.tempdirs import owned_dir
 
 # the zygote's environment: CUDA availability from NVML, so no import or check initialises the driver before a fork
@@ -100,7 +102,7 @@ class ForkServer:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env={**env, **ZYGOTE_ENV},
+            env={**env, **ZYGOTE_ENV, PRELOAD_OPS_ENV: ",".join(built_ops(env))},
             start_new_session=True,
         )
         assert self.proc.stdout is not None
@@ -171,6 +173,12 @@ def disable() -> None:
     global _disabled
     _disabled = True
     shutdown()
+
+
+def built_ops(env: dict[str, str]) -> list[str]:
+    """The ops any probe on this host may load that are in the op cache and current (the server loads them once)."""
+    ext_dir = Path(env["TORCH_EXTENSIONS_DIR"])
+    return [op for op in prepare_ops(gpus.has_visible_gpus(env)) if not missing_ops([op], ext_dir)]
 
 
 def get_server(env: dict[str, str]) -> ForkServer:
