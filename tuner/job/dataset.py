@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tuner.errors import ConfigError
-from tuner.job import dataset_io
+from tuner.job import data_files, dataset_io
 from tuner.job.data_source import DataSource
 from tuner.job.lengths import SampleLengths
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 MAX_SCAN = 2_000_000
 #: below this many samples one process tokenizes (forking workers costs more than it saves); 2 cores or fewer: always
 PARALLEL_FROM = 20_000
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: keys hold every file's resolved path, size and time (issue 33 §8)
 
 
 def _flag(name: str) -> str:
@@ -154,21 +154,13 @@ def _files_identity(path: Path) -> list[tuple[str, int, int]]:
 
 
 def _local_key(source: DataSource, tokenizer: str) -> str | None:
-    """The cache key of a local dataset without loading it (None for a hub name: its fingerprint needs a load)."""
+    """The cache key of a local dataset without loading it (None for a hub name: its fingerprint needs a load): what
+    was read, by resolved path, size and modification time of every file in it (issue 33 §8: two saved datasets
+    of one fingerprint are two datasets), with a saved dataset's own fingerprint beside them."""
     path = Path(source.path).expanduser()
     if not path.exists():
         return None
-    state = path / "state.json"
-    if state.is_file():  # a saved Dataset: its own fingerprint
-        ident: object = json.loads(state.read_text()).get("_fingerprint")
-    elif (path / "dataset_dict.json").is_file():  # a saved DatasetDict: each split's fingerprint
-        ident = [
-            (split, json.loads(s.read_text()).get("_fingerprint"))
-            for split in sorted(p.name for p in path.iterdir() if p.is_dir())
-            if (s := path / split / "state.json").is_file()
-        ]
-    else:
-        ident = _files_identity(path)
+    ident = [data_files.saved_fingerprints(path) if path.is_dir() else None, _files_identity(path)]
     return _key(["local", ident, *_source_fields(source), _tokenizer_identity(tokenizer)])
 
 
