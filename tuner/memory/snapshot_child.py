@@ -44,7 +44,7 @@ def read_in_child(path: str, max_bytes: int) -> SnapshotRead:
     try:
         done = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return SnapshotRead(path, error=f"reading it took over {TIMEOUT_S} s and was stopped; not a snapshot torch wrote")
+        return SnapshotRead(path, error=f"reading it took over {TIMEOUT_S} s (stopped); not a snapshot torch wrote")
     if done.returncode < 0:
         name = signal.Signals(-done.returncode).name if -done.returncode in signal.valid_signals() else "a signal"
         return SnapshotRead(path, error=f"its reader was killed by {name}; not a snapshot torch wrote")

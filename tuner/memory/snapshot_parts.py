@@ -30,7 +30,6 @@ import re
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from tuner.errors import TunerError
 from tuner.memory.breakdown import (
