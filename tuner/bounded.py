@@ -95,7 +95,7 @@ def _short(path: str, keep: int = 120) -> str:
 
 
 def _size(n: int) -> str:
-    return f"{n // (1024 * 1024)} MiB"
+    return f"{n // (1024 * 1024)} MiB" if n >= 1024 * 1024 else f"{n // 1024} KiB"
 
 
 __all__ = [

@@ -30,6 +30,7 @@ from tuner.errors import ConfigError
 from tuner.job import data_files, dataset_io
 from tuner.job.data_source import DataSource
 from tuner.job.lengths import SampleLengths
+from tuner.job.own_code import refuse_own_code
 
 if TYPE_CHECKING:
     from tuner.job.length_summary import DataOrigin
@@ -92,10 +93,11 @@ def read_lengths(source: DataSource, tokenizer: str, cache_dir: Path, progress: 
     input_column, target_column = source.columns()
     if source.max_samples is not None and source.max_samples < 1:
         raise ConfigError(f"--max-samples {source.max_samples} scans nothing; give a positive number of samples")
+    refuse_own_code(tokenizer, "tokenizer")  # before anything is read (issue 33 §1)
     key = _local_key(source, tokenizer)
     if key is not None and (hit := _read_cache(cache_dir, key, source, tokenizer)) is not None:
         return hit
-    ds = dataset_io.load_split(source, cache_dir / "datasets")
+    ds = dataset_io.load_split(source, cache_dir / "datasets", progress)
     dataset_io.check_columns(ds, source, [c for c in (input_column, target_column) if c is not None])
     total = len(ds)
     if total == 0:

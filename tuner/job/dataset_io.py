@@ -66,11 +66,15 @@ def _quiet() -> None:
     logging.getLogger("datasets").setLevel(logging.ERROR)
 
 
-def load_split(source: DataSource, files_cache: Path) -> Any:
-    """The split as a `datasets.Dataset`."""
+def load_split(source: DataSource, files_cache: Path, progress: bool = True) -> Any:
+    """The split as a `datasets.Dataset` (``progress``: `datasets`' own bars on stderr while it builds)."""
+    import datasets
+
     _quiet()
     path = Path(source.path).expanduser()
     _refuse_empty(path, source)
+    if not progress:
+        datasets.disable_progress_bars()
     try:
         with offline():
             loaded = _load(path, source, files_cache)
@@ -81,6 +85,9 @@ def load_split(source: DataSource, files_cache: Path) -> Any:
             "" if path.exists() else " (not a local path, nor a hub dataset in the local cache: tuner reads offline)"
         )
         raise ConfigError(f"dataset {source.path} could not be read{where}: {_first_line(err)}") from None
+    finally:
+        if not progress:
+            datasets.enable_progress_bars()
     return _pick_split(loaded, source)
 
 

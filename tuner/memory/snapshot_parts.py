@@ -146,8 +146,8 @@ class _PlainUnpickler(pickle.Unpickler):
     """Builds builtin containers and scalars only: a pickle that names any class or function is refused."""
 
     def find_class(self, module: str, name: str) -> type:
-        named = f"{module}.{name}"
-        named = named if len(named) <= 80 else f"{named[:80]}..."  # a 50 MB name is not a 50 MB line
+        named = f"{module}.{name}"  # cut (a 50 MB name is not a 50 MB line) and escaped (no raw ESC in --json)
+        named = ascii(named[:80])[1:-1] + ("..." if len(named) > 80 else "")
         raise SnapshotError(f"refused: it names {named}, and a torch memory snapshot holds only plain data")
 
 
