@@ -3,19 +3,23 @@ goes on with one line.
 
 The C unpickler hashes what it builds (a 1,000,000-deep tuple as a dict key overflows the C stack: SIGSEGV), and a
 small pickle can ask for much memory or time; no check in Python can come before that hashing. The child
-(``python -P -m tuner.memory.snapshot_child PATH MAX_BYTES``: no folder of the user's on its import path) limits
+(``python -m tuner.memory.snapshot_child PATH MAX_BYTES``, run in the folder that holds the ``tuner`` package:
+no folder of the user's on its import path) limits
 its own address space (``memory_limit``) and is killed after ``TIMEOUT_S``; it prints one JSON line, the
 snapshot's parts or the one-line error. A signal, a timeout or anything else is one line here."""
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import subprocess
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
+import tuner
 from tuner.memory.snapshot_parts import CallSite, SnapshotError, SnapshotParts, SnapshotRead, parse_file
 
 TIMEOUT_S = 120  # a 256 MiB snapshot torch wrote reads in well under a minute
@@ -40,9 +44,12 @@ def _parts_of(data: dict[str, object]) -> SnapshotParts:
 
 def read_in_child(path: str, max_bytes: int) -> SnapshotRead:
     """The snapshot at ``path`` read by the child; the child's death, a timeout or its error as one line."""
-    cmd = [sys.executable, "-P", "-m", "tuner.memory.snapshot_child", path, str(max_bytes)]
+    cmd = [sys.executable, "-m", "tuner.memory.snapshot_child", os.path.abspath(path), str(max_bytes)]
+    home = Path(tuner.__file__).resolve().parent.parent  # `-m` puts its folder first on the import path
     try:
-        done = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            cmd, capture_output=True, timeout=TIMEOUT_S, check=False, stdin=subprocess.DEVNULL, cwd=home
+        )
     except subprocess.TimeoutExpired:
         return SnapshotRead(path, error=f"reading it took over {TIMEOUT_S} s (stopped); not a snapshot torch wrote")
     if done.returncode < 0:
