@@ -233,6 +233,9 @@ def test_reading_local_data_makes_no_network_request(
     out = _lengths_out(_lengths(world, data), monkeypatch, capsys)
     assert out.startswith("2 samples of"), out
     assert asked == []
+    line = _in_process(_lengths(world, data, "nobody-here/no-such-tokenizer"), monkeypatch, capsys)  # a hub id
+    assert "cannot be loaded offline" in line, line
+    assert asked == []
 
 
 # -- §4, §5, §7: the OOM text ------------------------------------------------------------------------------------------
