@@ -355,6 +355,7 @@ def _study(url: str, snapshots: list[str]) -> None:
     )
 
 
+@pytest.mark.slow
 def test_hostile_snapshots_are_each_one_line_and_the_rest_is_explained(world: dict[str, Any], tmp_path: Path) -> None:
     """`tuner explain --study S --trial 0 --json` of a trial whose ranks name hostile snapshots (one trace): each
     is one line in place of its parts (a crash of the child reading it, not of tuner), the shared stack is read
@@ -377,6 +378,7 @@ def test_hostile_snapshots_are_each_one_line_and_the_rest_is_explained(world: di
     assert long["unattributed"] == 30 * MiB and len(long["unattributed_sites"][0]["frame"]) < 300
 
 
+@pytest.mark.slow
 def test_a_snapshots_escapes_never_reach_the_terminal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
