@@ -147,7 +147,7 @@ def load_config(spec: ModelSpec) -> PretrainedConfig:
                 + ", ".join(BUILTIN_PREFIX + p for p in BUILTIN_PRESETS)
             )
     else:
-        config = AutoConfig.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)  # never a folder's own code
     return _override(config, spec)
 
 
@@ -168,7 +168,10 @@ def instantiate(config: PretrainedConfig, dtype: torch.dtype | None = None) -> P
     untied lm_head keeps its encoder and decoder input embeddings tied to ``shared`` (transformers 5 unties all
     three when ``tie_word_embeddings`` is False; google/flan-t5-large has one shared input embedding)."""
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-    model = auto.from_config(config) if dtype is None else auto.from_config(config, **{dtype_kwarg(): dtype})
+    kwargs: dict[str, Any] = {"trust_remote_code": False}  # a config's auto_map never imports a module, no prompt
+    if dtype is not None:
+        kwargs[dtype_kwarg()] = dtype
+    model = auto.from_config(config, **kwargs)
     shared = getattr(model, "shared", None)
     if isinstance(shared, torch.nn.Embedding):
         for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
@@ -208,7 +211,7 @@ def build_model(
         hf_ds_config = HfDeepSpeedConfig(zero_config)  # transformers holds a weak reference: kept with the model
     elif where == "device" and device is not None:
         context = torch.device(device)
-    kwargs: dict[str, Any] = {dtype_kwarg(): dtype}
+    kwargs: dict[str, Any] = {dtype_kwarg(): dtype, "trust_remote_code": False}
     with context:
         if local and not spec.overrides:
             model = auto.from_pretrained(spec.source, config=config, **kwargs)

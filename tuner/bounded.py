@@ -58,6 +58,8 @@ def loads_json(text: str, what: str, error: type[TunerError] = ConfigError) -> A
         raise error(f"the {what} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
     except RecursionError:
         raise ShapeError(f"the {what} nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError:  # an integer of more than 4,300 digits (sys.int_info.str_digits_check_threshold)
+        raise error(f"the {what} holds a number too long to read; a config's numbers are a few digits") from None
     check_shape(data, what)
     return data
 
@@ -93,7 +95,7 @@ def _short(path: str, keep: int = 120) -> str:
 
 
 def _size(n: int) -> str:
-    return f"{n // (1024 * 1024)} MiB"
+    return f"{n // (1024 * 1024)} MiB" if n >= 1024 * 1024 else f"{n // 1024} KiB"
 
 
 __all__ = [

@@ -12,12 +12,12 @@ import shlex
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from tuner.cli.app import app
 from tuner.cli.declared import settings_of, with_settings
 from tuner.cli.explain_view import as_json, lines
+from tuner.cli.safe_console import SafeConsole
 from tuner.declared import SEARCH
 from tuner.errors import ConfigError
 from tuner.memory import oom_message
@@ -64,7 +64,7 @@ def explain_command(
     if as_json_out:
         typer.echo(as_json(found))
         return
-    console = Console(highlight=False, soft_wrap=True, width=100)
+    console = SafeConsole(highlight=False, soft_wrap=True, width=100)  # stored paths and frames: no raw escapes
     for line in lines(found, search):
         console.print(Text(line))
 

@@ -134,7 +134,8 @@ def _failure(f: RecordedFailure, rank: RankEstimate) -> list[str]:
     if a.landing is not None:
         out.append(f"  {_landing(a.landing)}")
     if f.snapshot:
-        out.append(f"  memory snapshot: {f.snapshot} (drag it onto pytorch.org/memory_viz)")
+        shown = f.snapshot if len(f.snapshot) <= 300 else f"{f.snapshot[:300]}..."  # a stored path, cut
+        out.append(f"  memory snapshot: {shown} (drag it onto pytorch.org/memory_viz)")
     if f.snapshot_read is not None:
         out += _snapshot(f.snapshot_read, _phase_of(f, rank))
     return out

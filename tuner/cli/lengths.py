@@ -6,14 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from tuner.cli.app import app
+from tuner.cli.safe_console import SafeConsole
 from tuner.errors import ConfigError
 from tuner.job.dataset import DataLengths, DataSource, tokenizer_for
 from tuner.job.lengths import IntArray, Quantiles, cut, cut_points, histogram
 
-out_console = Console(highlight=False, soft_wrap=True)
+out_console = SafeConsole(highlight=False, soft_wrap=True)
 
 
 def _side_lines(name: str, lengths: IntArray) -> list[str]:

@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tuner.errors import ConfigError
-from tuner.job import dataset_io
+from tuner.job import data_files, dataset_io
 from tuner.job.data_source import DataSource
 from tuner.job.lengths import SampleLengths
+from tuner.job.own_code import refuse_own_code
 
 if TYPE_CHECKING:
     from tuner.job.length_summary import DataOrigin
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 MAX_SCAN = 2_000_000
 #: below this many samples one process tokenizes (forking workers costs more than it saves); 2 cores or fewer: always
 PARALLEL_FROM = 20_000
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: keys hold every file's resolved path, size and time (issue 33 §8)
 
 
 def _flag(name: str) -> str:
@@ -92,10 +93,11 @@ def read_lengths(source: DataSource, tokenizer: str, cache_dir: Path, progress: 
     input_column, target_column = source.columns()
     if source.max_samples is not None and source.max_samples < 1:
         raise ConfigError(f"--max-samples {source.max_samples} scans nothing; give a positive number of samples")
+    refuse_own_code(tokenizer, "tokenizer")  # before anything is read (issue 33 §1)
     key = _local_key(source, tokenizer)
     if key is not None and (hit := _read_cache(cache_dir, key, source, tokenizer)) is not None:
         return hit
-    ds = dataset_io.load_split(source, cache_dir / "datasets")
+    ds = dataset_io.load_split(source, cache_dir / "datasets", progress)
     dataset_io.check_columns(ds, source, [c for c in (input_column, target_column) if c is not None])
     total = len(ds)
     if total == 0:
@@ -154,21 +156,13 @@ def _files_identity(path: Path) -> list[tuple[str, int, int]]:
 
 
 def _local_key(source: DataSource, tokenizer: str) -> str | None:
-    """The cache key of a local dataset without loading it (None for a hub name: its fingerprint needs a load)."""
+    """The cache key of a local dataset without loading it (None for a hub name: its fingerprint needs a load): what
+    was read, by resolved path, size and modification time of every file in it (issue 33 §8: two saved datasets
+    of one fingerprint are two datasets), with a saved dataset's own fingerprint beside them."""
     path = Path(source.path).expanduser()
     if not path.exists():
         return None
-    state = path / "state.json"
-    if state.is_file():  # a saved Dataset: its own fingerprint
-        ident: object = json.loads(state.read_text()).get("_fingerprint")
-    elif (path / "dataset_dict.json").is_file():  # a saved DatasetDict: each split's fingerprint
-        ident = [
-            (split, json.loads(s.read_text()).get("_fingerprint"))
-            for split in sorted(p.name for p in path.iterdir() if p.is_dir())
-            if (s := path / split / "state.json").is_file()
-        ]
-    else:
-        ident = _files_identity(path)
+    ident = [data_files.saved_fingerprints(path) if path.is_dir() else None, _files_identity(path)]
     return _key(["local", ident, *_source_fields(source), _tokenizer_identity(tokenizer)])
 
 

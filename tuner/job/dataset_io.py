@@ -5,7 +5,6 @@ Each failure is one ConfigError naming the fix."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,9 @@ from typing import Any
 import numpy as np
 
 from tuner.errors import ConfigError
+from tuner.job import data_files
 from tuner.job.data_source import DataSource
+from tuner.job.own_code import REFUSAL, is_refusal, refuse_own_code
 
 #: data file suffix -> the `datasets` builder that reads it
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -26,18 +27,36 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
-@contextlib.contextmanager
-def _offline() -> Iterator[None]:
-    """`datasets` and the hub client read no network inside (a hub name must already be in the local cache)."""
-    import datasets.config
-    import huggingface_hub.constants as hub
+#: (module, attribute) -> the value inside ``offline()``: the library constants the environment variables
+#: HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, HF_UPDATE_DOWNLOAD_COUNTS and HF_HUB_DISABLE_TELEMETRY set at import time
+_OFFLINE = (
+    ("datasets.config", "HF_HUB_OFFLINE", True),
+    ("datasets.config", "HF_DATASETS_OFFLINE", True),
+    ("datasets.config", "HF_UPDATE_DOWNLOAD_COUNTS", False),
+    ("huggingface_hub.constants", "HF_HUB_OFFLINE", True),
+    ("huggingface_hub.constants", "HF_HUB_DISABLE_TELEMETRY", True),
+)
 
-    saved = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
-    datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True
+
+@contextlib.contextmanager
+def offline() -> Iterator[None]:
+    """The one place tuner keeps `datasets`, transformers and the hub client off the network while it reads the
+    user's data or tokenizer (issue 33 §9): no download-count request for a local file, no Hub call for an id (it
+    must already be in the local cache). The constants are set for the block and restored after, since both
+    libraries read their environment variables once, at import."""
+    import importlib
+
+    saved = []
+    for module_name, attr, value in _OFFLINE:
+        module = importlib.import_module(module_name)
+        if hasattr(module, attr):
+            saved.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, value)
     try:
         yield
     finally:
-        datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
+        for module, attr, value in reversed(saved):
+            setattr(module, attr, value)
 
 
 def _quiet() -> None:
@@ -47,23 +66,18 @@ def _quiet() -> None:
     logging.getLogger("datasets").setLevel(logging.ERROR)
 
 
-def load_split(source: DataSource, files_cache: Path) -> Any:
-    """The split as a `datasets.Dataset`."""
+def load_split(source: DataSource, files_cache: Path, progress: bool = True) -> Any:
+    """The split as a `datasets.Dataset` (``progress``: `datasets`' own bars on stderr while it builds)."""
     import datasets
 
     _quiet()
     path = Path(source.path).expanduser()
     _refuse_empty(path, source)
+    if not progress:
+        datasets.disable_progress_bars()
     try:
-        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-            loaded = datasets.load_from_disk(str(path))
-        elif path.is_file():
-            loaded = _load_file(path, files_cache)
-        elif path.is_dir():
-            loaded = _load_folder(path, files_cache)
-        else:
-            with _offline():
-                loaded = datasets.load_dataset(source.path)
+        with offline():
+            loaded = _load(path, source, files_cache)
     except ConfigError:
         raise
     except Exception as err:  # `datasets` raises many kinds; each becomes one line
@@ -71,15 +85,28 @@ def load_split(source: DataSource, files_cache: Path) -> Any:
             "" if path.exists() else " (not a local path, nor a hub dataset in the local cache: tuner reads offline)"
         )
         raise ConfigError(f"dataset {source.path} could not be read{where}: {_first_line(err)}") from None
+    finally:
+        if not progress:
+            datasets.enable_progress_bars()
     return _pick_split(loaded, source)
+
+
+def _load(path: Path, source: DataSource, files_cache: Path) -> Any:
+    import datasets
+
+    if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+        return datasets.load_from_disk(str(path))
+    if path.is_file():
+        return _load_file(path, files_cache)
+    if path.is_dir():
+        return _load_folder(path, files_cache)
+    return datasets.load_dataset(source.path)
 
 
 def _refuse_empty(path: Path, source: DataSource) -> None:
     """An empty file or a saved dataset of no shards: `datasets` fails on them with no useful message."""
-    state = path / "state.json"
-    empty = (path.is_file() and path.stat().st_size == 0) or (
-        state.is_file() and not json.loads(state.read_text()).get("_data_files")
-    )
+    state = data_files.saved_state(path) if path.is_dir() else None
+    empty = (path.is_file() and path.stat().st_size == 0) or (state is not None and not state.get("_data_files"))
     if empty:
         raise ConfigError(f"dataset {source.path} [{source.split}] has no samples; give a dataset that holds data")
 
@@ -93,6 +120,7 @@ def _load_file(path: Path, files_cache: Path) -> Any:
             f"data file {path} is not {', '.join(BUILDERS)}; give a file of one of these kinds, a folder of them, "
             "or a dataset saved with save_to_disk"
         )
+    data_files.scan_files([path])
     # one file is one split, "train", as load_dataset(builder, data_files=file) names it in their script
     return datasets.load_dataset(builder, data_files={"train": str(path)}, cache_dir=str(files_cache))
 
@@ -105,7 +133,19 @@ def _load_folder(path: Path, files_cache: Path) -> Any:
         raise ConfigError(
             f"folder {path} holds no {', '.join(BUILDERS)} files and is not a dataset saved with save_to_disk"
         )
+    data_files.scan_files(resolved_files(path, files_cache))
     return datasets.load_dataset(str(path), cache_dir=str(files_cache))
+
+
+def resolved_files(path: Path, files_cache: Path) -> list[Path]:
+    """The files `datasets` reads for the data folder ``path`` (its README's ``configs`` may name any), each
+    checked to lie inside it (``data_files.inside``)."""
+    import datasets
+
+    with offline():
+        builder = datasets.load_dataset_builder(str(path), cache_dir=str(files_cache))
+    found = builder.config.data_files or {}
+    return data_files.inside(path, sorted({str(f) for files in found.values() for f in files}))
 
 
 def _pick_split(loaded: Any, source: DataSource) -> Any:
@@ -141,9 +181,13 @@ def load_tokenizer(tokenizer: str) -> Any:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    refuse_own_code(tokenizer, "tokenizer")
     try:
-        return AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+        with offline():
+            return AutoTokenizer.from_pretrained(tokenizer, local_files_only=True, trust_remote_code=False)
     except Exception as err:  # OSError, ValueError, ImportError ...: each becomes one line
+        if is_refusal(err):
+            raise ConfigError(f"tokenizer {tokenizer} wants its own code run; {REFUSAL}") from None
         raise ConfigError(
             f"tokenizer {tokenizer} cannot be loaded offline ({_first_line(err)}); give --tokenizer a directory "
             "saved with save_pretrained, or an id in the local Hugging Face cache"

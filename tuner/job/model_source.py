@@ -8,6 +8,7 @@ from pathlib import Path
 from trials import contract
 from trials.contract import BUILTIN_PREFIX, ModelSpec
 from tuner.errors import ModelSourceError
+from tuner.job.own_code import refuse_own_code
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
@@ -47,6 +48,7 @@ def resolve_model(source: str) -> ModelSpec:
             raise ModelSourceError(
                 f"model directory {source} holds no config.json; save the model with save_pretrained"
             )
+        refuse_own_code(source, "model directory", ModelSourceError)
         return ModelSpec(source=str(path.resolve()))
     if not _HF_ID.match(source) or source.count("/") > 1:
         raise ModelSourceError(

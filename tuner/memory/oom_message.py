@@ -17,16 +17,22 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.bounded import read_text_file
 from tuner.errors import ConfigError
 
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(B|KiB|MiB|GiB|TiB)"
+#: a number starts where no digit or dot precedes it and holds at most 20 digits each side of its point: each start
+#: is tried in a bounded number of steps (``[0-9]+`` retried from every digit of a 100,000-digit run was quadratic,
+#: ~500 s), and a 1<309 zeros> GiB is no size at all (it was an OverflowError)
+_SIZE = r"(?<![0-9.])([0-9]{1,20}(?:\.[0-9]{1,20})?)\s{0,8}(B|KiB|MiB|GiB|TiB)"
+#: a pasted message is a few lines; a text over this is not one (it is refused before any pattern is searched)
+MAX_TEXT = 64 << 10
 _PATTERNS = {
-    "failed": rf"Tried to allocate\s+{_SIZE}",
-    "capacity": rf"total capacity of\s+{_SIZE}",
-    "free": rf"of which\s+{_SIZE}\s+is free",
-    "allocated": rf"{_SIZE}\s+is allocated by PyTorch",
-    "reserved_unallocated": rf"{_SIZE}\s+is reserved by PyTorch but unallocated",
+    "failed": rf"Tried to allocate {_SIZE}",
+    "capacity": rf"total capacity of {_SIZE}",
+    "free": rf"of which {_SIZE} is free",
+    "allocated": rf"{_SIZE} is allocated by PyTorch",
+    "reserved_unallocated": rf"{_SIZE} is reserved by PyTorch but unallocated",
 }
 
 
@@ -64,6 +70,10 @@ def _size(number: str, unit: str) -> int:
 
 def parse(text: str) -> OomMessage:
     """The message's facts; a ConfigError when the text has no "Tried to allocate <size>" (not an OOM message)."""
+    if len(text) > MAX_TEXT:
+        raise ConfigError(
+            f"--oom-message: the text is over {MAX_TEXT >> 10} KiB; paste PyTorch's out-of-memory message alone"
+        )
     flat = " ".join(text.split())
     found: dict[str, int] = {}
     for name, pattern in _PATTERNS.items():
@@ -79,12 +89,8 @@ def parse(text: str) -> OomMessage:
 
 def read(value: str) -> OomMessage:
     """``--oom-message``: the text itself, or ``@path`` to a file holding it."""
-    if value.startswith("@"):
-        path = Path(value[1:])
-        try:
-            value = path.read_text(errors="replace")
-        except OSError as err:
-            raise ConfigError(f"--oom-message {str(path)!r}: cannot read it ({err.strerror})") from None
+    if value.startswith("@"):  # a regular file, read no further than MAX_TEXT (no /dev/zero, no FIFO)
+        value = read_text_file(Path(value[1:]), "--oom-message file", limit=MAX_TEXT)
     return parse(value)
 
 

@@ -9,9 +9,14 @@ step is an optimizer state; a forward recomputed in the backward, an activation)
 allocated before the probe started recording (its memory window opens after the model is built: the parameters as
 loaded, and what else setup left); a block no rule matches is unattributed, and its innermost frames are listed.
 
-Reading is bounded and safe: a file over ``MAX_FILE_BYTES`` is not read, at most ``MAX_BLOCKS`` blocks are summed
-(the record says when it stopped), and the pickle is read by an unpickler that builds only builtin containers and
-scalars (the snapshot is plain dicts, lists, strings and ints): anything else is refused in one line.
+Reading is bounded and safe (issue 33 §2, §4-§7): only a regular file of at most ``MAX_FILE_BYTES`` is read, by
+an unpickler that builds only builtin containers and scalars (the snapshot is plain dicts, lists, strings and ints;
+anything else is refused in one line), in a child process (tuner.memory.snapshot_child: limited memory and time,
+so a pickle that crashes the C unpickler, a 1,000,000-deep tuple hashed as a dict key, takes only the child down);
+at most ``MAX_BLOCKS`` blocks and ``MAX_FRAMES`` frames of each are read (the record says when it stopped), a
+frame's file and function must be text and are cut (``MAX_FILE_TEXT``, ``MAX_NAME_TEXT``) before any pattern is
+searched in them, a block's size must be a byte count a device can hold (``MAX_SIZE``), and a stack shared by many
+blocks is attributed once.
 
 torch.profiler's frames (torch.cuda._memory_viz._profile_to_snapshot builds the same dict from a profile, on CPU too)
 carry the place in the frame's name, ``torch/optim/adam.py(139): _init_group``; they are read the same way."""
@@ -19,11 +24,12 @@ carry the place in the frame's name, ``torch/optim/adam.py(139): _init_group``; 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from tuner.errors import TunerError
 from tuner.memory.breakdown import (
@@ -38,6 +44,10 @@ from tuner.memory.breakdown import (
 
 MAX_FILE_BYTES = 256 << 20  # trials.oom_snapshot keeps none larger
 MAX_BLOCKS = 200_000  # blocks summed (about 1 s per 100,000 of 40-frame stacks); more: cut, and it says so
+MAX_FRAMES = 256  # frames of one stack read, innermost first (a CUDA stack holds tens)
+MAX_FILE_TEXT = 240  # a frame's file, its last characters kept (the rules match the path's end)
+MAX_NAME_TEXT = 360  # a frame's function (a profiler frame's carries its file too), its first characters kept
+MAX_SIZE = 1 << 50  # a block or segment of more bytes than 1 PiB is not one a device holds
 SHOWN_FRAMES = 5  # the largest unattributed call sites kept
 LIVE = "active_allocated"  # a block a tensor holds (torch's Block.state)
 
@@ -136,7 +146,9 @@ class _PlainUnpickler(pickle.Unpickler):
     """Builds builtin containers and scalars only: a pickle that names any class or function is refused."""
 
     def find_class(self, module: str, name: str) -> type:
-        raise SnapshotError(f"refused: it names {module}.{name}, and a torch memory snapshot holds only plain data")
+        named = f"{module}.{name}"  # cut (a 50 MB name is not a 50 MB line) and escaped (no raw ESC in --json)
+        named = ascii(named[:80])[1:-1] + ("..." if len(named) > 80 else "")
+        raise SnapshotError(f"refused: it names {named}, and a torch memory snapshot holds only plain data")
 
 
 def loads(data: bytes) -> object:
@@ -154,9 +166,22 @@ def loads(data: bytes) -> object:
 _PROFILER_NAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<name>.+)$")
 
 
+def _text(frame: Mapping[str, object], key: str) -> str:
+    """A frame's ``filename`` or ``name``, cut: text only (a tuple a million deep is neither hashed nor printed)."""
+    value = frame.get(key, "")
+    if not isinstance(value, str):
+        raise SnapshotError(f"not a torch memory snapshot (a frame's {key} is {type(value).__name__}, not text)")
+    return value[-MAX_FILE_TEXT:] if key == "filename" else value[:MAX_NAME_TEXT]
+
+
+def _line(frame: Mapping[str, object]) -> object:
+    line = frame.get("line", "?")
+    return line if isinstance(line, int) and 0 <= line < 1 << 31 else "?"
+
+
 def _where(frame: Mapping[str, object]) -> tuple[str, object, str]:
     """A frame's (file, line, function), slashes forward, read from the profiler's name where it carries them."""
-    filename, line, name = str(frame.get("filename", "")), frame.get("line", "?"), str(frame.get("name", ""))
+    filename, line, name = _text(frame, "filename"), _line(frame), _text(frame, "name")
     found = _PROFILER_NAME.match(name) if filename in ("none", "") else None
     if found is not None:
         filename, line, name = found["file"], found["line"], found["name"]
@@ -178,13 +203,13 @@ def frame_text(frame: Mapping[str, object]) -> str:
 def rule_of(
     frames: Sequence[Mapping[str, object]],
     rules: Sequence[Rule] = RULES,
-    seen: dict[tuple[object, object], Rule | None] | None = None,
+    seen: dict[tuple[str, str], Rule | None] | None = None,
 ) -> Rule | None:
     """The first rule that matches, frame by frame from the innermost; None when none matches. ``seen`` memoizes
     each frame's rule (a snapshot repeats the same frames in thousands of stacks)."""
     seen = {} if seen is None else seen
     for frame in frames:
-        raw = (frame.get("filename"), frame.get("name"))
+        raw = (_text(frame, "filename"), _text(frame, "name"))
         if raw not in seen:
             key = frame_key(frame)
             seen[raw] = next((r for r in rules if r.matches(key)), None)
@@ -200,12 +225,38 @@ def part_of(frames: Sequence[Mapping[str, object]], rules: Sequence[Rule] = RULE
     return None if rule is None else rule.part
 
 
-def _blocks(snapshot: object) -> Iterable[Mapping[str, object]]:
+def _segments(snapshot: object) -> list[Mapping[str, object]]:
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments"), list):
         raise SnapshotError("not a torch memory snapshot (no 'segments' list)")
-    for seg in snapshot["segments"]:
-        if isinstance(seg, dict) and isinstance(seg.get("blocks"), list):
-            yield from (b for b in seg["blocks"] if isinstance(b, dict))
+    return [s for s in snapshot["segments"][:MAX_BLOCKS] if isinstance(s, dict)]  # a segment holds a block or more
+
+
+def _blocks(segments: list[Mapping[str, object]]) -> Iterable[Mapping[str, object]]:
+    for seg in segments:
+        blocks = seg.get("blocks")
+        if isinstance(blocks, list):
+            yield from (b for b in blocks if isinstance(b, dict))
+
+
+def _bytes(value: object, what: str) -> int | None:
+    """A block's or segment's byte count (None: not an int); SnapshotError past what a device holds."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    if not 0 <= value <= MAX_SIZE:
+        said = f"{value:,}" if abs(value) < 10**30 else f"{'-' if value < 0 else ''}about 2^{value.bit_length()}"
+        raise SnapshotError(f"not a torch memory snapshot (a {what} of {said} bytes)")
+    return value
+
+
+#: a stack read once: None (no frames: allocated before the recording), else its rule and innermost frame's text
+Stack = tuple[Rule | None, str] | None
+
+
+def _stack(held: object, seen: dict[tuple[str, str], Rule | None]) -> Stack:
+    frames = [f for f in held[:MAX_FRAMES] if isinstance(f, dict)] if isinstance(held, list) else []
+    if not frames:
+        return None
+    return rule_of(frames, RULES, seen), frame_text(frames[0])
 
 
 def attribute(snapshot: object, path: str = "", max_blocks: int = MAX_BLOCKS) -> SnapshotParts:
@@ -213,35 +264,34 @@ def attribute(snapshot: object, path: str = "", max_blocks: int = MAX_BLOCKS) ->
     by_part = dict.fromkeys(PARTS, 0)
     before = unattributed = live = 0
     sites: dict[str, list[int]] = {}
-    seen_frames: dict[tuple[object, object], Rule | None] = {}
+    seen_frames: dict[tuple[str, str], Rule | None] = {}
+    stacks: dict[int, Stack] = {}  # by the frames list's identity: one list shared by many blocks is read once
+    segments = _segments(snapshot)
     seen = 0
     cut = False
-    for block in _blocks(snapshot):
+    for block in _blocks(segments):
         if seen >= max_blocks:
             cut = True
             break
         seen += 1
-        size = block.get("size")
-        if block.get("state") != LIVE or not isinstance(size, int):
+        size = _bytes(block.get("size"), "block")
+        if block.get("state") != LIVE or size is None:
             continue
         live += size
         held = block.get("frames")
-        frames = [f for f in held if isinstance(f, dict)] if isinstance(held, list) else []
-        if not frames:
+        if id(held) not in stacks:
+            stacks[id(held)] = _stack(held, seen_frames)
+        found = stacks[id(held)]
+        if found is None:
             before += size
-            continue
-        rule = rule_of(frames, RULES, seen_frames)
-        if rule is None:
+        elif found[0] is None:
             unattributed += size
-            site = sites.setdefault(frame_text(frames[0]), [0, 0])
+            site = sites.setdefault(found[1], [0, 0])
             site[0] += size
             site[1] += 1
         else:
-            by_part[rule.part] += size
-    segments = snapshot["segments"] if isinstance(snapshot, dict) else []
-    reserved = sum(
-        s.get("total_size", 0) for s in segments if isinstance(s, dict) and isinstance(s.get("total_size"), int)
-    )
+            by_part[found[0].part] += size
+    reserved = sum(n for s in segments if (n := _bytes(s.get("total_size"), "segment")) is not None)
     largest = sorted(sites.items(), key=lambda kv: -kv[1][0])[:SHOWN_FRAMES]
     return SnapshotParts(
         path=path,
@@ -256,18 +306,37 @@ def attribute(snapshot: object, path: str = "", max_blocks: int = MAX_BLOCKS) ->
     )
 
 
-def read(path: str, max_bytes: int = MAX_FILE_BYTES) -> SnapshotRead:
-    """The snapshot at ``path`` read and attributed, else why not, in one line (the explanation goes on without)."""
-    p = Path(path)
+def parse_file(path: str, max_bytes: int = MAX_FILE_BYTES) -> SnapshotParts:
+    """The snapshot at ``path`` attributed, in this process (tuner.memory.snapshot_child runs it in a child);
+    SnapshotError or OSError when it cannot be."""
+    size = _regular_size(path)
+    if size > max_bytes:
+        raise SnapshotError(f"{size / (1 << 20):,.0f} MiB, over the {max_bytes >> 20} MiB read at most")
+    with open(path, "rb") as fh:
+        data = loads(fh.read(max_bytes + 1))
     try:
-        size = p.stat().st_size
+        return attribute(data, path)
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:  # plain data, but not torch's shape
+        raise SnapshotError(f"not a torch memory snapshot ({type(exc).__name__}: {str(exc)[:80]})") from None
+
+
+def _regular_size(path: str) -> int:
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):  # a FIFO would hang the read, a device has size 0 and no end
+        raise SnapshotError("not a regular file (tuner reads no devices or pipes)")
+    return info.st_size
+
+
+def read(path: str, max_bytes: int = MAX_FILE_BYTES) -> SnapshotRead:
+    """The snapshot at ``path`` read and attributed in a child process, else why not, in one line (the explanation
+    goes on without)."""
+    from tuner.memory.snapshot_child import read_in_child
+
+    try:
+        size = _regular_size(path)
         if size > max_bytes:
             raise SnapshotError(f"{size / (1 << 20):,.0f} MiB, over the {max_bytes >> 20} MiB read at most")
-        data = loads(p.read_bytes())
-        try:
-            return SnapshotRead(path, parts=attribute(data, path))
-        except (TypeError, ValueError, AttributeError) as exc:  # plain data, but not shaped as torch writes it
-            raise SnapshotError(f"not a torch memory snapshot ({type(exc).__name__}: {str(exc)[:80]})") from None
+        return read_in_child(path, max_bytes)
     except FileNotFoundError:
         return SnapshotRead(path, error="the file is gone (the latest 20 are kept beside the study's database)")
     except OSError as exc:

@@ -5,7 +5,7 @@ all build it here: the replay from the trace recorded with its table, the others
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tuner.memory.estimator import Estimator, Evaluation, Trace
@@ -84,6 +84,26 @@ def traced(request: SearchRequest, estimate: bool | None) -> MemoryModel:
     if estimator is None:
         return MemoryModel(note=note)
     return MemoryModel(estimator, _frontier(estimator, request), note)
+
+
+def baseline_trace(request: SearchRequest, estimate: bool | None) -> Trace | None:
+    """A trace of the baseline's shapes alone, kept with a study that has data for the baseline's crash line, when the
+    search runs without the estimate by default (a budget under 10 minutes; issue 33 §11): the crash line is the
+    first thing a user with data comes for. None with no data or no baseline, the estimate asked for (its trace is
+    kept instead) or turned off (``--no-estimate``), or when the trace fails (the search goes on without)."""
+    b = request.baseline
+    if estimate is not None or request.data is None or b is None or wanted(request, estimate):
+        return None
+    space = request.space.model_copy(
+        update={
+            "micro_batch_size": [b.micro_batch_size],
+            "max_length": [b.max_length],
+            "gradient_checkpointing": [b.gradient_checkpointing],
+            "precision": [b.precision],
+        }
+    )
+    estimator, _ = build_estimator(replace(shapes(request), space=space), timeout_s=min(600.0, 0.2 * request.budget_s))
+    return None if estimator is None else estimator.trace
 
 
 def recorded(trace: Trace, request: SearchRequest) -> MemoryModel:

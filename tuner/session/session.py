@@ -27,7 +27,7 @@ from tuner.search.strategy import SearchSetup, Strategy
 from tuner.session.checks import check_host, check_world_size
 from tuner.session.crash_line import keep_trace
 from tuner.session.driver import Listener, Search, SearchSummary
-from tuner.session.memory import MemoryModel, traced
+from tuner.session.memory import MemoryModel, baseline_trace, traced
 from tuner.session.options import PYTHON, Face, SearchOptions, prepare_request
 from tuner.session.plan import Plan, plan
 from tuner.session.recovery import Recovered, open_study, recover, worker_name
@@ -213,8 +213,10 @@ class SearchSession:
         self.events.opened(request, resumed)
         with self.events.step(TRACING):
             memory = traced(request, self.options.estimate)
-        if memory.estimator is not None:  # with data: kept with the study, for the crash line of `tuner trials`
-            keep_trace(store, request.study_name, memory.estimator.trace)
+            # with data: kept with the study, for the crash line of `tuner trials` (the baseline's alone, at least)
+            kept = memory.estimator.trace if memory.estimator else baseline_trace(request, self.options.estimate)
+        if kept is not None:
+            keep_trace(store, request.study_name, kept)
         self.events.estimated(memory.note)
         search = joined.search(request, probe, deadline, memory)
         with self.events.running(request, deadline) as listener:

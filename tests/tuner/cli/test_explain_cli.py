@@ -61,7 +61,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
     job = _job(tmp_path)
     for extra, says in (
         (["--device-memory", "40MiB", "--oom-message", "RuntimeError: NCCL error"], "no 'Tried to allocate <size>'"),
-        (["--device-memory", "40MiB", "--oom-message", f"@{tmp_path}/none.txt"], "cannot read it"),
+        (["--device-memory", "40MiB", "--oom-message", f"@{tmp_path}/none.txt"], "cannot read the --oom-message file"),
         ([], "needs --device-memory"),
     ):
         done = _run(tmp_path, *job, *extra)

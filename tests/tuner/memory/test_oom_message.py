@@ -37,7 +37,7 @@ def test_a_folded_message_and_a_file(tmp_path):
 def test_not_an_oom_message_is_one_line_naming_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="no 'Tried to allocate <size>'"):
         parse("RuntimeError: NCCL error")
-    with pytest.raises(ConfigError, match="cannot read it"):
+    with pytest.raises(ConfigError, match="cannot read the --oom-message file"):
         read(f"@{tmp_path}/missing.txt")
 
 
