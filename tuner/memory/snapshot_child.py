@@ -20,7 +20,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 import tuner
-from tuner.memory.snapshot_parts import CallSite, SnapshotError, SnapshotParts, SnapshotRead, parse_file
+from tuner.memory.snapshot_parts import (
+    MAX_FILE_BYTES,
+    CallSite,
+    SnapshotError,
+    SnapshotParts,
+    SnapshotRead,
+    parse_file,
+    regular_size,
+)
 
 TIMEOUT_S = 120  # a 256 MiB snapshot torch wrote reads in well under a minute
 BASE_MEMORY = 1 << 30  # the interpreter and the unpickler's own
@@ -82,6 +90,22 @@ def main(argv: list[str]) -> None:
     limit = memory_limit(max_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     print(json.dumps(_answer(path, max_bytes)))
+
+
+def read(path: str, max_bytes: int = MAX_FILE_BYTES) -> SnapshotRead:
+    """The snapshot at ``path`` read and attributed in a child process, else why not, in one line (the explanation
+    goes on without)."""
+    try:
+        size = regular_size(path)
+        if size > max_bytes:
+            raise SnapshotError(f"{size / (1 << 20):,.0f} MiB, over the {max_bytes >> 20} MiB read at most")
+        return read_in_child(path, max_bytes)
+    except FileNotFoundError:
+        return SnapshotRead(path, error="the file is gone (the latest 20 are kept beside the study's database)")
+    except OSError as exc:
+        return SnapshotRead(path, error=f"cannot be read ({exc.strerror or type(exc).__name__})")
+    except SnapshotError as exc:
+        return SnapshotRead(path, error=str(exc))
 
 
 if __name__ == "__main__":

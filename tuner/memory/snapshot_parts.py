@@ -307,9 +307,9 @@ def attribute(snapshot: object, path: str = "", max_blocks: int = MAX_BLOCKS) ->
 
 
 def parse_file(path: str, max_bytes: int = MAX_FILE_BYTES) -> SnapshotParts:
-    """The snapshot at ``path`` attributed, in this process (tuner.memory.snapshot_child runs it in a child);
+    """The snapshot at ``path`` attributed, in this process (tuner.memory.snapshot_child.read runs it in a child);
     SnapshotError or OSError when it cannot be."""
-    size = _regular_size(path)
+    size = regular_size(path)
     if size > max_bytes:
         raise SnapshotError(f"{size / (1 << 20):,.0f} MiB, over the {max_bytes >> 20} MiB read at most")
     with open(path, "rb") as fh:
@@ -320,26 +320,8 @@ def parse_file(path: str, max_bytes: int = MAX_FILE_BYTES) -> SnapshotParts:
         raise SnapshotError(f"not a torch memory snapshot ({type(exc).__name__}: {str(exc)[:80]})") from None
 
 
-def _regular_size(path: str) -> int:
+def regular_size(path: str) -> int:
     info = os.stat(path)
     if not stat.S_ISREG(info.st_mode):  # a FIFO would hang the read, a device has size 0 and no end
         raise SnapshotError("not a regular file (tuner reads no devices or pipes)")
     return info.st_size
-
-
-def read(path: str, max_bytes: int = MAX_FILE_BYTES) -> SnapshotRead:
-    """The snapshot at ``path`` read and attributed in a child process, else why not, in one line (the explanation
-    goes on without)."""
-    from tuner.memory.snapshot_child import read_in_child
-
-    try:
-        size = _regular_size(path)
-        if size > max_bytes:
-            raise SnapshotError(f"{size / (1 << 20):,.0f} MiB, over the {max_bytes >> 20} MiB read at most")
-        return read_in_child(path, max_bytes)
-    except FileNotFoundError:
-        return SnapshotRead(path, error="the file is gone (the latest 20 are kept beside the study's database)")
-    except OSError as exc:
-        return SnapshotRead(path, error=f"cannot be read ({exc.strerror or type(exc).__name__})")
-    except SnapshotError as exc:
-        return SnapshotRead(path, error=str(exc))

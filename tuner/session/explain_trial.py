@@ -19,7 +19,7 @@ from trials.contract import DataBatches, JobSettings, Knobs, ModelSpec
 from tuner.errors import ConfigError
 from tuner.memory.estimator import Estimator, Evaluation, trace
 from tuner.memory.explain import Inputs, MeasuredTrial
-from tuner.memory.snapshot_parts import read as read_snapshot
+from tuner.memory.snapshot_child import read as read_snapshot
 from tuner.records.probe import ProbeRow
 from tuner.session.best import pick_study
 from tuner.session.explain_job import TRACE_TIMEOUT_S

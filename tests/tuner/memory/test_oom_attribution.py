@@ -24,7 +24,7 @@ from tuner.memory.breakdown import (
 from tuner.memory.estimator import Estimator
 from tuner.memory.explain import Inputs, MeasuredTrial, explain_trial
 from tuner.memory.oom_match import attribute, estimate_phase, landing, zero_bucket
-from tuner.memory.snapshot_parts import read
+from tuner.memory.snapshot_child import read
 from tuner.memory.trace import Trace, TracedAllocation, TracePoint
 
 MiB = 1 << 20

@@ -23,7 +23,8 @@ from tuner.memory.breakdown import (
     PARTS,
     ZERO_BUFFERS,
 )
-from tuner.memory.snapshot_parts import RULES, attribute, loads, part_of, read, rule_of
+from tuner.memory.snapshot_child import read
+from tuner.memory.snapshot_parts import RULES, attribute, loads, part_of, rule_of
 
 GiB = 1 << 30
 MiB = 1 << 20
