@@ -127,7 +127,7 @@ def checked_version(version: str | None, option: Callable[[str], str] = api_opti
     """A training host's transformers version as given (None: this host's); a ConfigError when it is not one."""
     if version is None:
         return None
-    from tuner.interop.export.own import parse_version
+    from tuner.interop.trainer_fill import parse_version
 
     if parse_version(version) is None:
         raise ConfigError(
