@@ -131,7 +131,8 @@ def _get(tree: Mapping[str, Any] | None, path: tuple[str, ...]) -> Any:
 
 def _why(fill: TrainerFill, filled: int, auto: bool) -> str:
     source = (
-        f"{fill.named} fills warmup_num_steps 'auto' with warmup_steps unclamped ({filled}; 5.18 on clamp to 1)"
+        f"{fill.named} fills warmup_num_steps 'auto' with warmup_steps"
+        f"{' (else warmup_ratio)' if fill.warmup_ratio_field else ''} unclamped ({filled}; 5.18 on clamp to 1)"
         if auto
         else f"your DeepSpeed file sets warmup_num_steps {filled}"
     )
