@@ -199,9 +199,10 @@ def local_baseline(o: SearchOptions, option: Callable[[str], str], loaded: list[
             f"{option('training_args')} goes with {option('baseline')} (your DeepSpeed JSON); pass both, or the "
             f"training args alone as {option('baseline')}"
         )
+    version = checked_transformers(o.transformers_version, option)
     if o.baseline is None:
         return None
-    return _baseline_loader(o.baseline, o.training_args, loaded, checked_transformers(o.transformers_version, option))
+    return _baseline_loader(o.baseline, o.training_args, loaded, version)
 
 
 def checked_transformers(version: str | None, option: Callable[[str], str]) -> str | None:
