@@ -78,5 +78,5 @@ def test_a_bad_transformers_version_is_one_line(tmp_path: Path) -> None:
     done = tuner("search", "--budget", "1m", "--storage", f"sqlite:///{tmp_path}/t.db", "--transformers-version", "x")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
-        "error: --transformers-version 'x' is not a version; give your training host's, e.g. 5.17.0"
+        "error: --transformers-version 'x' is not a version; give your training host's, e.g. 4.46.3"
     ]

@@ -207,13 +207,9 @@ def local_baseline(o: SearchOptions, option: Callable[[str], str], loaded: list[
 
 def checked_transformers(version: str | None, option: Callable[[str], str]) -> str | None:
     """A training host's transformers release as given (None: this host's); a ConfigError when it is not one."""
-    from tuner.interop.trainer_fill import parse_version
+    from tuner.session.best import checked_version
 
-    if version is not None and parse_version(version) is None:
-        raise ConfigError(
-            f"{option('transformers_version')} {version!r} is not a version; give your training host's, e.g. 5.17.0"
-        )
-    return version
+    return checked_version(version, option)
 
 
 @dataclass(frozen=True)

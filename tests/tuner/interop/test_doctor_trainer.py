@@ -66,5 +66,5 @@ def test_doctor_cli_names_the_pair(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert (
         bad.stderr.strip()
-        == "error: --transformers-version 'latest' is not a version; give your training host's, e.g. 5.17.0"
+        == "error: --transformers-version 'latest' is not a version; give your training host's, e.g. 4.46.3"
     )
