@@ -7,9 +7,9 @@ torch.optim.lr_scheduler) and constructed on the optimizer. Its constructors che
 method on a one-parameter torch optimizer, so the verdict is the installed DeepSpeed's, in about a second and a half
 (the import).
 
-``python -m trials.ds_schedule`` reads a DeepSpeed JSON on stdin and prints one line, MARKER and
-{"refusal": ..., "deepspeed": ...} (DeepSpeed prints its own warnings to stdout too): the tuner asks it before
-launching a probe (tuner.probing.schedule_check), and `tuner doctor` before it names a finding.
+``python -m trials.ds_schedule OUT`` reads a DeepSpeed JSON on stdin and writes {"refusal": ..., "deepspeed": ...}
+to the file OUT (DeepSpeed prints its own warnings to stdout: never parsed): the tuner asks it before launching a
+probe (tuner.probing.schedule_check), and `tuner doctor` before it names a finding.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from trials.contract import auto_paths
-
-MARKER = "tuner-ds-schedule: "
 
 
 def scheduler_refusal(ds: Mapping[str, Any]) -> str | None:
@@ -52,7 +50,9 @@ def main() -> int:
     import deepspeed
 
     ds = json.loads(sys.stdin.read())
-    print(MARKER + json.dumps({"refusal": scheduler_refusal(ds), "deepspeed": deepspeed.__version__}), flush=True)
+    said = {"refusal": scheduler_refusal(ds), "deepspeed": deepspeed.__version__}
+    with open(sys.argv[1], "w", encoding="utf-8") as out:
+        json.dump(said, out)
     return 0
 
 

@@ -15,12 +15,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from trials.contract import ProbeConfig, ProbeResult, Status
-from trials.ds_schedule import MARKER
 from tuner.interop.trainer_fill import WARMUP_PATH
 
 CHECK_TIMEOUT_S = 180.0
@@ -47,23 +48,25 @@ def check_schedule(
 ) -> ScheduleVerdict | None:
     """The installed DeepSpeed's verdict on ``ds``'s scheduler (python -m trials.ds_schedule with ``env``); None when
     it could not be asked (the probe then meets whatever it meets itself)."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "trials.ds_schedule"],
-            input=json.dumps(dict(ds)),
-            capture_output=True,
-            text=True,
-            env=dict(env if env is not None else os.environ),
-            timeout=timeout_s,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    with tempfile.TemporaryDirectory(prefix="tuner-schedule-") as tmp:
+        out = Path(tmp) / "verdict.json"
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "trials.ds_schedule", str(out)],
+                input=json.dumps(dict(ds)),
+                capture_output=True,
+                text=True,
+                env=dict(env if env is not None else os.environ),
+                timeout=timeout_s,
+                check=False,
+            )
+            said = json.loads(out.read_text(encoding="utf-8")) if done.returncode == 0 else None
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            return None
+    if not isinstance(said, dict):
         return None
-    line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith(MARKER)), None)
-    if done.returncode != 0 or line is None:
-        return None
-    said = json.loads(line[len(MARKER) :])
-    return ScheduleVerdict(refusal=said.get("refusal"), deepspeed=str(said.get("deepspeed")))
+    refusal = said.get("refusal")
+    return ScheduleVerdict(refusal=str(refusal) if refusal is not None else None, deepspeed=str(said.get("deepspeed")))
 
 
 def refusal_cause(verdict: ScheduleVerdict, ds: Mapping[str, Any]) -> str:
