@@ -22,11 +22,12 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from trials.contract import AUTO
+from tuner.errors import ConfigError
 
 #: the first transformers release whose Trainer clamps the warmup it fills to at least 1
 WARMUP_CLAMPED_SINCE = (5, 18)
@@ -41,6 +42,18 @@ def parse_version(version: str | None) -> tuple[int, int] | None:
     """(major, minor) of a version string such as "5.17.0" or "4.46.3"; None when it is not one."""
     match = re.match(r"^\s*(\d+)\.(\d+)", str(version or ""))
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def checked_version(version: str | None, option: Callable[[str], str] = str) -> str | None:
+    """A training host's transformers version as given, stripped (None: this host's); a ConfigError naming the
+    setting as the caller spells it (``option``) when it is not one."""
+    if version is None:
+        return None
+    if parse_version(version) is None:
+        raise ConfigError(
+            f"{option('transformers_version')} {version!r} is not a version; give your training host's, e.g. 4.46.3"
+        )
+    return version.strip()
 
 
 def host_transformers() -> str | None:

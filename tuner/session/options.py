@@ -207,7 +207,7 @@ def local_baseline(o: SearchOptions, option: Callable[[str], str], loaded: list[
 
 def checked_transformers(version: str | None, option: Callable[[str], str]) -> str | None:
     """A training host's transformers release as given (None: this host's); a ConfigError when it is not one."""
-    from tuner.session.best import checked_version
+    from tuner.interop.trainer_fill import checked_version
 
     return checked_version(version, option)
 
