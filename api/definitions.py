@@ -16,8 +16,9 @@ from api.baseline_policy import check_posted_baseline
 from api.schemas import StudyCreate
 from trials.contract import BUILTIN_PREFIX, ModelSpec
 from tuner.errors import ModelSourceError
+from tuner.interop.trainer_fill import checked_version
 from tuner.job.model_source import resolve_model
-from tuner.session.options import Face, SearchOptions, checked_transformers, prepare_request
+from tuner.session.options import Face, SearchOptions, prepare_request
 
 if TYPE_CHECKING:
     from tuner.interop.baseline import Baseline
@@ -46,7 +47,7 @@ def _baseline(
     if not ds and not hf:
         return None
     check_posted_baseline(ds, hf)  # no host-acting sections, paths or absurd numbers from a remote definer
-    version = checked_transformers(o.transformers_version, option)
+    version = checked_version(o.transformers_version, option)
 
     def load(world_size: int | None, max_length: int) -> Baseline:
         from tuner.interop.baseline import parse_baseline

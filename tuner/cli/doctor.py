@@ -95,9 +95,10 @@ def doctor(
     if ds_config is None and training_args is None:
         raise ConfigError("give --ds-config FILE and/or --training-args FILE")
     if transformers_version is not None:
-        from tuner.session.options import checked_transformers, cli_option
+        from tuner.interop.trainer_fill import checked_version
+        from tuner.session.options import cli_option
 
-        checked_transformers(transformers_version, cli_option)
+        checked_version(transformers_version, cli_option)
     if world_size is not None and model is None:
         raise ConfigError("--world-size goes with --model (it sizes the estimate behind each finding)")
     ds = read_json(ds_config, "DeepSpeed config") if ds_config is not None else None

@@ -199,17 +199,12 @@ def local_baseline(o: SearchOptions, option: Callable[[str], str], loaded: list[
             f"{option('training_args')} goes with {option('baseline')} (your DeepSpeed JSON); pass both, or the "
             f"training args alone as {option('baseline')}"
         )
-    version = checked_transformers(o.transformers_version, option)
+    from tuner.interop.trainer_fill import checked_version
+
+    version = checked_version(o.transformers_version, option)
     if o.baseline is None:
         return None
     return _baseline_loader(o.baseline, o.training_args, loaded, version)
-
-
-def checked_transformers(version: str | None, option: Callable[[str], str]) -> str | None:
-    """A training host's transformers release as given (None: this host's); a ConfigError when it is not one."""
-    from tuner.interop.trainer_fill import checked_version
-
-    return checked_version(version, option)
 
 
 @dataclass(frozen=True)
@@ -371,15 +366,8 @@ def _baseline_loader(
 
         if not isinstance(baseline, Mapping) and not isinstance(training_args, Mapping):
             args_path = Path(training_args) if training_args is not None else None
-            loaded.append(
-                load_baseline(
-                    Path(baseline),
-                    args_path,
-                    world_size=world,
-                    max_length=max_length,
-                    transformers_version=transformers_version,
-                )
-            )
+            kw: dict[str, Any] = {"world_size": world, "max_length": max_length}
+            loaded.append(load_baseline(Path(baseline), args_path, **kw, transformers_version=transformers_version))
             return loaded[-1]
         first = (
             _mapping(baseline, "baseline")
