@@ -16,6 +16,7 @@ from api.baseline_policy import check_posted_baseline
 from api.schemas import StudyCreate
 from trials.contract import BUILTIN_PREFIX, ModelSpec
 from tuner.errors import ModelSourceError
+from tuner.interop.trainer_fill import checked_version
 from tuner.job.model_source import resolve_model
 from tuner.session.options import Face, SearchOptions, prepare_request
 
@@ -46,11 +47,14 @@ def _baseline(
     if not ds and not hf:
         return None
     check_posted_baseline(ds, hf)  # no host-acting sections, paths or absurd numbers from a remote definer
+    version = checked_version(o.transformers_version, option)
 
     def load(world_size: int | None, max_length: int) -> Baseline:
         from tuner.interop.baseline import parse_baseline
 
-        loaded.append(parse_baseline(ds, hf, world_size=world_size, max_length=max_length))
+        loaded.append(
+            parse_baseline(ds, hf, world_size=world_size, max_length=max_length, transformers_version=version)
+        )
         return loaded[-1]
 
     return load

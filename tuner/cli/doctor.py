@@ -73,6 +73,14 @@ def doctor(
         str | None,
         typer.Option("--oom-message", help="the PyTorch OOM text you saw (or @file): qualifies each finding by it"),
     ] = None,
+    transformers_version: Annotated[
+        str | None,
+        typer.Option(
+            "--transformers-version",
+            help="the transformers release your training runs on (default: this host's): 'auto' is filled as its "
+            "Trainer fills it, and DeepSpeed (this host's) judges the result",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the findings as JSON")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 when there is any warning (for CI)")] = False,
 ) -> None:
@@ -86,6 +94,11 @@ def doctor(
 
     if ds_config is None and training_args is None:
         raise ConfigError("give --ds-config FILE and/or --training-args FILE")
+    if transformers_version is not None:
+        from tuner.interop.trainer_fill import checked_version
+        from tuner.session.options import cli_option
+
+        checked_version(transformers_version, cli_option)
     if world_size is not None and model is None:
         raise ConfigError("--world-size goes with --model (it sizes the estimate behind each finding)")
     ds = read_json(ds_config, "DeepSpeed config") if ds_config is not None else None
@@ -102,7 +115,16 @@ def doctor(
     if model is not None:  # the same files, read as `tuner estimate --baseline` reads them
         basis = _basis(model, ds_config, training_args, world_size)
     baseline, findings = diagnose(
-        ds, hf, env=env, gpus=visible_gpus(env), accepted=accepted, transformers_version=version, basis=basis, oom=oom
+        ds,
+        hf,
+        env=env,
+        gpus=visible_gpus(env),
+        accepted=accepted,
+        transformers_version=version,
+        basis=basis,
+        oom=oom,
+        trainer=transformers_version,
+        schedule=_schedule_verdict,
     )
     warnings = sum(f.severity == "warn" for f in findings)
     if as_json:
@@ -111,6 +133,14 @@ def doctor(
         _print(baseline, findings, basis, warnings)
     if strict and warnings:
         raise typer.Exit(1)
+
+
+def _schedule_verdict(ds: Any) -> tuple[str | None, str] | None:
+    """This host's DeepSpeed on the scheduler of ``ds`` (tuner.probing.schedule_check: a subprocess, ~2 s)."""
+    from tuner.probing.schedule_check import check_schedule
+
+    verdict = check_schedule(ds)
+    return (verdict.refusal, verdict.deepspeed) if verdict is not None else None
 
 
 def _as_json(baseline: Baseline | None, findings: list[Finding], basis: Basis | None) -> dict[str, Any]:

@@ -37,7 +37,8 @@ def export(
         str | None,
         typer.Option(
             "--transformers-version",
-            help="your training host's transformers (the hf export names fields as it does; default: this host's)",
+            help="your training host's transformers (the exports name fields and fill 'auto' as it does; default: "
+            "the study's, else this host's)",
         ),
     ] = None,
 ) -> None:
@@ -66,7 +67,12 @@ def export(
         world, accum = export.world_size, export.gradient_accumulation_steps
         ds_path = output.with_name(f"{output.stem}.deepspeed.json").resolve()
         ds = deepspeed_export(
-            knobs, world_size=world, gradient_accumulation_steps=accum, baseline=export.baseline, files=export.files
+            knobs,
+            world_size=world,
+            gradient_accumulation_steps=accum,
+            baseline=export.baseline,
+            files=export.files,
+            transformers_version=export.transformers_version,
         )
         _write(ds_path, layout.dumps(ds))
         acc = to_accelerate(

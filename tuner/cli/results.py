@@ -63,7 +63,8 @@ TransformersOpt = Annotated[
     str | None,
     typer.Option(
         "--transformers-version",
-        help="your training host's transformers (the hf export names fields as it does; default: this host's)",
+        help="your training host's transformers (the exports name fields and fill 'auto' as it does; default: "
+        "the study's, else this host's)",
     ),
 ]
 

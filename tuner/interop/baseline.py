@@ -1,8 +1,9 @@
 """The user's current setup as trial 0: a DeepSpeed JSON (HF-style "auto" allowed) and/or a TrainingArguments JSON,
 parsed, checked and mapped onto the knobs (reading the files: tuner.interop.baseline_files).
 
-"auto" is resolved the way the HF Trainer does it (transformers' HfTrainerDeepSpeedConfig): from the training
-arguments, with TrainingArguments' defaults for fields the JSON leaves out; an explicit DeepSpeed value that the
+"auto" is resolved the way the user's HF Trainer does it (transformers' HfTrainerDeepSpeedConfig, of the release they
+train with: tuner.interop.trainer_fill): from the training arguments, with TrainingArguments' defaults for fields the
+JSON leaves out; an explicit DeepSpeed value that the
 arguments contradict is an error here, as it would be in the Trainer. Every problem is a BaselineError naming the
 field. The DeepSpeed JSON is read and checked as DeepSpeed reads it (tuner.interop.ds_json). Pure code: no torch.
 """
@@ -33,6 +34,7 @@ from tuner.interop.export.mapping import (
     get_path,
     set_path,
 )
+from tuner.interop.trainer_fill import TrainerFill, TrainerFix, apply_fixes, trainer_fill, trainer_fixes
 from tuner.job.definition import HF_MAX_LENGTH_KEYS
 
 
@@ -42,14 +44,30 @@ class Baseline:
     global_batch: int | None  # train_batch_size: micro x accumulation x world (None when the world size is unknown)
     world_size: int | None
     gradient_accumulation_steps: int
-    ds_config: dict[str, Any]  # the user's DeepSpeed JSON, "auto" filled where the training args resolve it
+    # the user's DeepSpeed JSON, "auto" filled where the training args resolve it, as their Trainer fills it: what
+    # trial 0 runs (a value DeepSpeed refuses stays, and the probe is refused before it starts)
+    ds_config: dict[str, Any]
     hf_args: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how each default or "auto" was resolved
     ds_given: dict[str, Any] | None = None  # the user's DeepSpeed JSON as given ("auto" kept)
+    transformers: str | None = None  # the release whose Trainer filled ds_config (tuner.interop.trainer_fill)
+    fixes: list[dict[str, Any]] = field(default_factory=list)  # TrainerFix as JSON: what the exports write
 
     def files(self) -> dict[str, Any]:
         """The user's files as given, what an export starts from: {"deepspeed": ..., "training_args": ...}."""
         return {"deepspeed": self.ds_given, "training_args": self.hf_args or None}
+
+    def trainer_fixes(self) -> list[TrainerFix]:
+        return [TrainerFix.from_dict(f) for f in self.fixes]
+
+    def probe_source(self) -> dict[str, Any]:
+        """The DeepSpeed JSON every probe of the search builds on, as the exports give it to the user's Trainer:
+        ``ds_config`` with the fixes their Trainer needs written (tuner.interop.trainer_fill)."""
+        return apply_fixes(self.ds_config, self.trainer_fixes(), "deepspeed")
+
+    def trainer(self) -> dict[str, Any]:
+        """The study definition's ``trainer`` part: the release the baseline was filled for and its fixes."""
+        return {"transformers": self.transformers, "fixes": list(self.fixes)}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,8 +94,8 @@ class _Hf:
         return as_bool(f"training args {key}", self(key))
 
 
-def _resolve_autos(ds: dict[str, Any], hf: _Hf, hidden_size: int | None, notes: list[str]) -> None:
-    """Fills "auto" like HfTrainerDeepSpeedConfig; what nothing resolves stays "auto"."""
+def _resolve_autos(ds: dict[str, Any], hf: _Hf, hidden_size: int | None, notes: list[str], fill: TrainerFill) -> None:
+    """Fills "auto" like ``fill``'s HfTrainerDeepSpeedConfig; what nothing resolves stays "auto"."""
     pairs: list[tuple[tuple[str, ...], Any]] = [
         (DS_PATH["micro_batch_size"], hf(HF_ARGS["micro_batch_size"])),
         (("gradient_accumulation_steps",), hf("gradient_accumulation_steps")),
@@ -86,21 +104,12 @@ def _resolve_autos(ds: dict[str, Any], hf: _Hf, hidden_size: int | None, notes: 
         (("scheduler", "params", "warmup_min_lr"), 0),
     ]
     max_steps = hf("max_steps")
-    warmup = hf("warmup_steps")
+    steps = max_steps if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0 else None
     for path, keys in HF_DS_FILL:
         if keys == ("max_steps",):
-            pairs.append((path, max_steps if isinstance(max_steps, int) and max_steps > 0 else None))
+            pairs.append((path, steps))
         elif keys == ("warmup_steps",):
-            steps = (
-                warmup
-                if isinstance(warmup, int)
-                else (
-                    int(warmup * max_steps)
-                    if isinstance(warmup, float) and isinstance(max_steps, int) and max_steps > 0
-                    else None
-                )
-            )
-            pairs.append((path, None if steps is None else max(1, steps)))
+            pairs.append((path, fill.warmup({**HF_DEFAULTS, **hf.given}, steps)))
         else:
             value = [hf(k) for k in keys] if len(keys) > 1 else hf(keys[0])
             pairs.append((path, value))
@@ -113,7 +122,7 @@ def _resolve_autos(ds: dict[str, Any], hf: _Hf, hidden_size: int | None, notes: 
     for path, value in pairs:
         if get_path(ds, path) == AUTO and value is not None:
             set_path(ds, path, value)
-            notes.append(f"{'.'.join(path)}: 'auto' -> {value!r} (from the training args)")
+            notes.append(f"{'.'.join(path)}: 'auto' -> {value!r} (from the training args, as {fill.named} fills it)")
 
 
 def _mismatch(ds: Mapping[str, Any], hf: _Hf) -> None:
@@ -141,15 +150,18 @@ def parse_baseline(
     world_size: int | None = None,
     hidden_size: int | None = None,
     max_length: int | None = None,
+    transformers_version: str | None = None,
 ) -> Baseline:
-    """Maps a DeepSpeed config and/or training args onto the knobs. ``world_size`` (the study's) checks
+    """Maps a DeepSpeed config and/or training args onto the knobs, "auto" filled as the Trainer of
+    ``transformers_version`` fills it (None: this host's release). ``world_size`` (the study's) checks
     train_batch_size; ``hidden_size`` resolves the model-sized "auto" buckets as the Trainer would; ``max_length``
     is used when the training args name no length (max_source_length, max_seq_length, max_length); with neither, the
     default search space's max_length (noted in ``notes``). Every DeepSpeed and TrainingArguments name is read from
     tuner.interop.export.mapping's tables, the ones the exports write with."""
     ds_config, hf = _inputs(ds_config, hf_args)
     notes: list[str] = []
-    ds = _checked_ds(ds_config, hf, hidden_size, notes)
+    fill = trainer_fill(transformers_version)
+    ds = _checked_ds(ds_config, hf, hidden_size, notes, fill)
     micro, accum, world, global_batch = batch_fields(ds, world_size)
     if ds.get("train_batch_size") == AUTO and world is not None and global_batch is not None:
         ds["train_batch_size"] = global_batch
@@ -181,6 +193,8 @@ def parse_baseline(
         hf_args=hf.given,
         notes=notes,
         ds_given=copy.deepcopy(dict(ds_config)) if ds_config is not None else None,
+        transformers=fill.version,
+        fixes=[f.to_dict() for f in trainer_fixes(ds_config, hf_args if hf.present else None, fill)],
     )
 
 
@@ -203,7 +217,7 @@ def _inputs(
 
 
 def _checked_ds(
-    ds_config: Mapping[str, Any] | None, hf: _Hf, hidden_size: int | None, notes: list[str]
+    ds_config: Mapping[str, Any] | None, hf: _Hf, hidden_size: int | None, notes: list[str], fill: TrainerFill
 ) -> dict[str, Any]:
     """A copy of the user's DeepSpeed JSON, checked, its "auto" resolved from the training args; without one, the
     batch fields the training args give."""
@@ -219,7 +233,7 @@ def _checked_ds(
         return ds
     if hf.present:
         _mismatch(ds, hf)
-        _resolve_autos(ds, hf, hidden_size, notes)
+        _resolve_autos(ds, hf, hidden_size, notes, fill)
     elif auto_paths(ds):
         raise BaselineError(
             f"the DeepSpeed config has 'auto' values ({', '.join(auto_paths(ds))}) and no "

@@ -73,9 +73,11 @@ def load_baseline(
     world_size: int | None = None,
     hidden_size: int | None = None,
     max_length: int | None = None,
+    transformers_version: str | None = None,
 ) -> Baseline:
     """Reads a baseline from ``path`` (a DeepSpeed JSON or a training-args JSON, told apart by their keys) and an
-    optional second training-args file. A training-args ``deepspeed`` path is read relative to its file."""
+    optional second training-args file. A training-args ``deepspeed`` path is read relative to its file; "auto" is
+    filled as ``transformers_version``'s Trainer fills it (None: this host's)."""
     first = read_json(path, "baseline file")
     ds: dict[str, Any] | None = None
     hf: dict[str, Any] | None = None
@@ -91,4 +93,11 @@ def load_baseline(
     if hf is not None and ds is None and isinstance(hf.get("deepspeed"), str) and hf_path is not None:
         ds_path = Path(hf["deepspeed"])
         ds = read_json(ds_path if ds_path.is_absolute() else hf_path.parent / ds_path, "DeepSpeed config")
-    return parse_baseline(ds, hf, world_size=world_size, hidden_size=hidden_size, max_length=max_length)
+    return parse_baseline(
+        ds,
+        hf,
+        world_size=world_size,
+        hidden_size=hidden_size,
+        max_length=max_length,
+        transformers_version=transformers_version,
+    )

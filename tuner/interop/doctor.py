@@ -20,6 +20,7 @@ from tuner.interop.doctor_cost import Basis, Cost, bucket_cost, eval_batch_cost
 from tuner.interop.doctor_env import env_traps, visible_gpus
 from tuner.interop.doctor_finding import Finding, fixed, rank, when
 from tuner.interop.doctor_oom import qualify
+from tuner.interop.doctor_trainer import ScheduleCheck, trainer_findings
 from tuner.interop.export.mapping import auto_paths, get_path
 from tuner.job.definition import HF_MAX_LENGTH_KEYS
 from tuner.memory.oom_message import OomMessage
@@ -191,13 +192,18 @@ def diagnose(
     transformers_version: str | None = None,
     basis: Basis | None = None,
     oom: OomMessage | None = None,
+    trainer: str | None = None,
+    schedule: ScheduleCheck | None = None,
 ) -> tuple[Baseline | None, list[Finding]]:
     """The parsed setup (None when "auto" values have no training args to resolve them) and its findings, ranked
     (:func:`~tuner.interop.doctor_finding.rank`: the largest number first). A broken config (contradictory batch
     fields, unknown ZeRO keys ...) raises BaselineError. ``accepted``: the field names this host's TrainingArguments
     takes (``transformers_version`` its release), to flag the others. ``basis``: the estimate of this setup (the
     model traced), which gives the findings their bytes; without it they have none and a note says so. ``oom``: the
-    user's OOM message, which qualifies the findings (:func:`tuner.interop.doctor_oom.qualify`)."""
+    user's OOM message, which qualifies the findings (:func:`tuner.interop.doctor_oom.qualify`). ``trainer``: the
+    transformers release the user trains with (None: ``transformers_version``, else this host's): "auto" is filled
+    as its Trainer fills it, and ``schedule`` (DeepSpeed's verdict on a DeepSpeed JSON's scheduler) judges the
+    result (tuner.interop.doctor_trainer)."""
     env = dict(os.environ if env is None else env)
     ds = dict(ds_config or {})
     hf = dict(hf_args or {})
@@ -219,8 +225,10 @@ def diagnose(
         )
     else:
         # max_length=1 only lets a setup without a length parse; the no-truncation check reads the args themselves
-        baseline = parse_baseline(ds or None, hf_args, max_length=1)
+        release = trainer or transformers_version
+        baseline = parse_baseline(ds or None, hf_args, max_length=1, transformers_version=release)
     micro = baseline.knobs["micro_batch_size"] if baseline else hf.get("per_device_train_batch_size")
+    findings += trainer_findings(baseline, schedule)
     findings += _zero_traps(ds, basis)
     findings += when(
         ds.get("steps_per_print") == 1 or ds.get("wall_clock_breakdown") is True, fixed("deepspeed-logging")

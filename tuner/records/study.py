@@ -18,7 +18,18 @@ from typing import Any
 from tuner.records.probe import DEFAULT_HEADROOM
 from tuner.records.ruled_out import RecordError
 
-_JSON_PARTS = ("model", "job", "space", "objective", "baseline", "baseline_files", "host", "data", "trace")
+_JSON_PARTS = (
+    "model",
+    "job",
+    "space",
+    "objective",
+    "baseline",
+    "baseline_files",
+    "trainer",
+    "host",
+    "data",
+    "trace",
+)
 _SCALARS = ("job_changes", "world_size", "global_batch", "device_memory", "headroom", "budget_s", "finalists")
 _KNOWN = frozenset((*_JSON_PARTS, *_SCALARS, "baseline_source"))
 
@@ -58,6 +69,9 @@ class StudyDefinition:
     baseline: dict[str, Any] | None = None  # the baseline's trials.contract.Knobs as JSON
     baseline_source: Any = None  # the user's DeepSpeed JSON as the probes run it ("auto" resolved): their document
     baseline_files: dict[str, Any] | None = None  # the user's files as given (tuner.interop.export.own.UserFiles)
+    # the Trainer the baseline's "auto" was filled for: {"transformers": version, "fixes": [TrainerFix as JSON]}
+    # (tuner.interop.trainer_fill); None: a study without a baseline, or stored before
+    trainer: dict[str, Any] | None = None
     finalists: int | None = None
     host: dict[str, Any] | None = None  # tuner.session.host_record.HostRecord as JSON, once a worker recorded it
     data: dict[str, Any] | None = None  # tuner.job.length_summary.LengthSummary as JSON (a study with the user's data)
@@ -125,7 +139,7 @@ class StudyDefinition:
             "baseline_files": self.baseline_files,
             "finalists": self.finalists,
         }
-        for name in ("host", "data", "trace"):  # only once known: an older study's JSON stays as it was
+        for name in ("trainer", "host", "data", "trace"):  # only once known: an older study's JSON stays as it was
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return {**out, **self.extra}

@@ -39,8 +39,12 @@ class SearchRequest:
     headroom: float = DEFAULT_HEADROOM
     n_trials: int | None = None
     baseline: Knobs | None = None
-    baseline_source: dict[str, Any] | None = None  # the user's DeepSpeed JSON, "auto" resolved (what probes run)
+    # the user's DeepSpeed JSON, "auto" resolved as their Trainer fills it, with the fixes it needs written (what the
+    # search's probes run and the exports give: tuner.interop.baseline.Baseline.probe_source)
+    baseline_source: dict[str, Any] | None = None
     baseline_files: dict[str, Any] | None = None  # the user's files as given: {"deepspeed": ..., "training_args": ...}
+    # the Trainer the baseline was filled for and its fixes (tuner.interop.trainer_fill): trial 0 runs without them
+    trainer: dict[str, Any] | None = None
     schedule: Schedule = field(default_factory=Schedule)
     seed: int | None = None
     job: Job | None = None  # what stays fixed (tuner.job.definition); None: a study stored before the job existed
@@ -72,6 +76,7 @@ class SearchRequest:
             "baseline_source": self.baseline_source,
             "baseline_files": self.baseline_files,
             "finalists": self.schedule.finalists,
+            **({"trainer": self.trainer} if self.trainer is not None else {}),
             **data,
         }
 
@@ -170,8 +175,9 @@ def build_request(
         headroom=headroom,
         n_trials=n_trials,
         baseline=base_knobs,
-        baseline_source=base.ds_config if base is not None else None,
+        baseline_source=base.probe_source() if base is not None else None,
         baseline_files=base.files() if base is not None else None,
+        trainer=base.trainer() if base is not None else None,
         schedule=schedule if schedule is not None else Schedule(),
         seed=seed,
         job=job,
@@ -244,6 +250,7 @@ def request_from_definition(base: SearchRequest, stored: StudyDefinition | dict[
         baseline=Knobs.model_validate(d.baseline) if d.baseline else None,
         baseline_source=d.baseline_source,
         baseline_files=d.baseline_files,
+        trainer=d.trainer,
         schedule=base.schedule,
         seed=base.seed,
         job=Job.model_validate(d.job) if d.job else None,

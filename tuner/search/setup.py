@@ -42,6 +42,8 @@ class SearchSetup:
     seed: int | None = None
     job: JobSettings = field(default_factory=JobSettings)  # label/generation lengths and beams of the user's job
     deepspeed_base: Mapping[str, Any] | None = None  # the user's DeepSpeed JSON, "auto" resolved: every probe's base
+    # trial 0's: deepspeed_base as the user's Trainer fills it, without the fixes the exports write (None: the same)
+    deepspeed_given: Mapping[str, Any] | None = None
     training_args: Mapping[str, Any] | None = None  # the user's training args (the Trainer's optimizer values)
     data: DataJob | None = None  # the user's data: every probe's memory at its worst batch, timed on drawn ones
 
@@ -61,6 +63,7 @@ class SearchSetup:
             seed=request.seed,
             job=request.job.settings() if request.job is not None else JobSettings(),
             deepspeed_base=request.baseline_source,
+            deepspeed_given=as_their_trainer_runs(request.baseline_source, request.trainer),
             training_args=(request.baseline_files or {}).get("training_args"),
             data=request.data,
         )
@@ -82,9 +85,10 @@ class SearchSetup:
                 gradient_accumulation_steps=accum,
                 seed=self.seed or 0,
             )
+        given = fidelity == Fidelity.BASELINE and self.deepspeed_given is not None
         return probe_config(
             knobs=knobs,
-            baseline=self.deepspeed_base,
+            baseline=self.deepspeed_given if given else self.deepspeed_base,
             training_args=self.training_args,
             model=self.model,
             world_size=self.world_size,
@@ -111,6 +115,20 @@ class SearchSetup:
             device_memory=self.device_memory,
             headroom=self.headroom,
         )
+
+
+def as_their_trainer_runs(
+    source: Mapping[str, Any] | None, trainer: Mapping[str, Any] | None
+) -> Mapping[str, Any] | None:
+    """The probes' DeepSpeed base ``source`` as the user's own Trainer runs it: the fixes the exports write
+    (``trainer``: the study definition's part, tuner.interop.trainer_fill) taken back. Trial 0 runs this, so a config
+    their Trainer refuses is refused (tuner.probing.schedule_check); None when there is nothing to take back."""
+    if source is None or not trainer or not trainer.get("fixes"):
+        return None
+    from tuner.interop.trainer_fill import TrainerFix, apply_fixes
+
+    fixes = [TrainerFix.from_dict(f) for f in trainer["fixes"]]
+    return apply_fixes(source, fixes, "deepspeed", undo=True)
 
 
 @dataclass

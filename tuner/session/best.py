@@ -125,15 +125,9 @@ def serve_best(
 
 def checked_version(version: str | None, option: Callable[[str], str] = api_option) -> str | None:
     """A training host's transformers version as given (None: this host's); a ConfigError when it is not one."""
-    if version is None:
-        return None
-    from tuner.interop.export.own import parse_version
+    from tuner.interop.trainer_fill import checked_version as checked
 
-    if parse_version(version) is None:
-        raise ConfigError(
-            f"{option('transformers_version')} {version!r} is not a version; give your training host's, e.g. 4.46.3"
-        )
-    return version.strip()
+    return checked(version, option)
 
 
 def not_confirmed(study: str, best: Candidate) -> str:

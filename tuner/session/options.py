@@ -111,6 +111,13 @@ class SearchOptions:
         api_type=dict[str, Any] | None,
         api_help="your current HF TrainingArguments as JSON (alone or with `baseline`)",
     )
+    transformers_version: str | None = setting(
+        "the transformers release your training runs on (default: this host's): the baseline's 'auto' values are "
+        "filled as its Trainer fills them, and the exports written for it",
+        None,
+        api_help="the transformers release your training runs on (default: the worker's): the baseline's 'auto' "
+        "values are filled as its Trainer fills them, e.g. 5.17.0",
+    )
     estimate: bool | None = setting(
         "skip configs a memory trace predicts far over budget (default: on for budgets of 10 minutes or more)",
         None,
@@ -192,7 +199,12 @@ def local_baseline(o: SearchOptions, option: Callable[[str], str], loaded: list[
             f"{option('training_args')} goes with {option('baseline')} (your DeepSpeed JSON); pass both, or the "
             f"training args alone as {option('baseline')}"
         )
-    return _baseline_loader(o.baseline, o.training_args, loaded) if o.baseline is not None else None
+    from tuner.interop.trainer_fill import checked_version
+
+    version = checked_version(o.transformers_version, option)
+    if o.baseline is None:
+        return None
+    return _baseline_loader(o.baseline, o.training_args, loaded, version)
 
 
 @dataclass(frozen=True)
@@ -340,10 +352,13 @@ def _mapping(given: Mapping[str, Any], what: str) -> dict[str, Any]:
 
 
 def _baseline_loader(
-    baseline: FileOrMapping, training_args: FileOrMapping | None, loaded: list[Baseline]
+    baseline: FileOrMapping,
+    training_args: FileOrMapping | None,
+    loaded: list[Baseline],
+    transformers_version: str | None = None,
 ) -> Callable[[int | None, int], Baseline]:
     """Parses the user's files for a world size and the longest length (build_request calls it once it knows
-    them), keeping the parsed baseline in ``loaded``."""
+    them), "auto" filled as ``transformers_version``'s Trainer fills it, keeping the parsed baseline in ``loaded``."""
 
     def load(world: int | None, max_length: int) -> Baseline:
         from tuner.interop.baseline import parse_baseline
@@ -351,7 +366,8 @@ def _baseline_loader(
 
         if not isinstance(baseline, Mapping) and not isinstance(training_args, Mapping):
             args_path = Path(training_args) if training_args is not None else None
-            loaded.append(load_baseline(Path(baseline), args_path, world_size=world, max_length=max_length))
+            kw: dict[str, Any] = {"world_size": world, "max_length": max_length}
+            loaded.append(load_baseline(Path(baseline), args_path, **kw, transformers_version=transformers_version))
             return loaded[-1]
         first = (
             _mapping(baseline, "baseline")
@@ -368,7 +384,9 @@ def _baseline_loader(
         ds, hf = (first, second) if file_kind(first) == "deepspeed" else (None, first)
         if second is not None and ds is None:
             raise BaselineError("two training-args given; pass one DeepSpeed JSON and one training-args JSON")
-        loaded.append(parse_baseline(ds, hf, world_size=world, max_length=max_length))
+        loaded.append(
+            parse_baseline(ds, hf, world_size=world, max_length=max_length, transformers_version=transformers_version)
+        )
         return loaded[-1]
 
     return load

@@ -157,10 +157,13 @@ def open_search(
 
 def real_probe(settings: Settings) -> Probe:
     """The probe launcher of a real search: one tuner.probing.runner.ProbeRunner with this session's settings (an
-    unknown launcher is refused here, before the study is written)."""
+    unknown launcher is refused here, before the study is written), behind DeepSpeed's own check of each config's
+    scheduler (a config it refuses is refused before launching: tuner.probing.schedule_check)."""
     from tuner.probing.runner import ProbeRunner
+    from tuner.probing.schedule_check import ScheduleChecked
 
-    return ProbeRunner(settings)
+    runner = ProbeRunner(settings)
+    return ScheduleChecked(runner, runner.env)
 
 
 class SearchSession:

@@ -10,7 +10,6 @@ A study's best config is exported through ``best_export_args`` / ``render_best``
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,6 +21,7 @@ from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
 from tuner.interop.export.env import render_env, to_env
 from tuner.interop.export.hf import to_hf
 from tuner.interop.export.own import UserFiles, own_deepspeed, own_training_args
+from tuner.interop.trainer_fill import TrainerFix, host_transformers, trainer_fill, trainer_fixes
 from tuner.records.study import StudyDefinition
 
 FORMATS: tuple[str, ...] = ("json", "deepspeed", "hf", "accelerate", "env")
@@ -33,6 +33,7 @@ __all__ = [
     "UserFiles",
     "best_export_args",
     "deepspeed_export",
+    "export_fixes",
     "hf_export",
     "installed_transformers",
     "measured_knobs",
@@ -54,9 +55,12 @@ def deepspeed_export(
     baseline: Mapping[str, Any] | None = None,
     files: UserFiles | None = None,
     allow_auto: bool = False,
+    transformers_version: str | None = None,
 ) -> dict[str, Any]:
     """The deepspeed export: to_deepspeed (what the probes ran), as the user's own DeepSpeed file when they gave one
-    ("auto" back where they wrote it: a Trainer user's file, the Trainer fills it from the exported training args)."""
+    ("auto" back where they wrote it: a Trainer user's file, the Trainer fills it from the exported training args),
+    with the values the Trainer of ``transformers_version`` (None: this host's) needs written explicitly
+    (``trainer_fixes``)."""
     args = files.training_args if files is not None else None
     ds = to_deepspeed(
         knobs,
@@ -67,8 +71,16 @@ def deepspeed_export(
         training_args=args,
     )
     if files is not None and files.deepspeed is not None:
-        ds = own_deepspeed(ds, files.deepspeed, baseline or {})
+        ds = own_deepspeed(ds, files.deepspeed, baseline or {}, export_fixes(files, transformers_version))
     return ds
+
+
+def export_fixes(files: UserFiles | None, transformers_version: str | None) -> list[TrainerFix]:
+    """What the exports write so the user's Trainer (``transformers_version``; None: this host's) starts their files
+    (tuner.interop.trainer_fill); none without their files."""
+    if files is None:
+        return []
+    return trainer_fixes(files.deepspeed, files.training_args, trainer_fill(transformers_version))
 
 
 def hf_export(
@@ -101,6 +113,7 @@ def hf_export(
             gradient_accumulation_steps=gradient_accumulation_steps,
             baseline=baseline,
             files=files,
+            transformers_version=transformers_version,
         )
     out = own_training_args(
         files.training_args,
@@ -108,6 +121,7 @@ def hf_export(
         gradient_accumulation_steps=gradient_accumulation_steps,
         deepspeed=ds,
         transformers_version=transformers_version,
+        fixes=export_fixes(files, transformers_version),
     )
     return {**out, **generation_args(job)}
 
@@ -147,7 +161,14 @@ def to_summary(
     }
     batch = {"world_size": world_size, "gradient_accumulation_steps": gradient_accumulation_steps}
     if k.engine == "deepspeed":
-        out["deepspeed"] = deepspeed_export(k.model_dump(), **batch, baseline=baseline, files=files, allow_auto=True)
+        out["deepspeed"] = deepspeed_export(
+            k.model_dump(),
+            **batch,
+            baseline=baseline,
+            files=files,
+            allow_auto=True,
+            transformers_version=transformers_version,
+        )
     out["hf"] = hf_export(
         k.model_dump(), **batch, baseline=baseline, files=files, transformers_version=transformers_version, job=job
     )
@@ -179,7 +200,7 @@ def render(
     if fmt == "json":
         return layout.dumps(to_summary(knobs, **args, files=files, transformers_version=version, job=job))
     if fmt == "deepspeed":
-        return layout.dumps(deepspeed_export(knobs, **args, files=files))
+        return layout.dumps(deepspeed_export(knobs, **args, files=files, transformers_version=version))
     if fmt == "hf":
         return layout.dumps(hf_export(knobs, **args, files=files, transformers_version=version, job=job))
     if fmt == "accelerate":
@@ -227,10 +248,7 @@ class ExportArgs:
 
 def installed_transformers() -> str | None:
     """The installed transformers version (the exports name TrainingArguments fields as it does), None without it."""
-    try:
-        return importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return host_transformers()
 
 
 def best_export_args(
@@ -239,15 +257,17 @@ def best_export_args(
     """World size and accumulation from the config the best candidate was measured with (the study definition's
     world size, else 1, where the stored config lacks it); the baseline's DeepSpeed JSON from the study definition
     (``baseline_source``), whose optimizer, scheduler and clipping the export keeps. ``transformers_version``: the
-    training host's (the hf export names its fields as that version does); None: this host's."""
+    training host's (the hf export names its fields and fills as that version does); None: the one the study's
+    baseline was filled for (``tuner search --transformers-version``), else this host's."""
     d = StudyDefinition.of(definition)
+    stored = (d.trainer or {}).get("transformers")
     source = d.baseline_source
     return ExportArgs(
         world_size=int(best.config.get("world_size") or d.world_size or 1),
         gradient_accumulation_steps=int(best.config.get("gradient_accumulation_steps") or 1),
         baseline=source if isinstance(source, Mapping) else None,
         files=UserFiles.of(d.baseline_files),
-        transformers_version=transformers_version or installed_transformers(),
+        transformers_version=transformers_version or (str(stored) if stored else None) or installed_transformers(),
         job=d.job,
     )
 

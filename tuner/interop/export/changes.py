@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trials.contract import DS_HOST_KEYS
-from tuner.interop.export import BestLike, best_export_args, deepspeed_export, hf_export, measured_knobs
+from tuner.interop.export import BestLike, best_export_args, deepspeed_export, export_fixes, hf_export, measured_knobs
 from tuner.interop.export.own import UserFiles, checkpointing_key
 from tuner.job.objective import Objective
 from tuner.records.study import StudyDefinition
@@ -30,11 +30,12 @@ class Change:
     new: Any  # None with ``removed``
     added: bool = False
     removed: bool = False
+    why: str | None = None  # a change made for the user's Trainer, not tuned (tuner.interop.trainer_fill)
 
     def line(self) -> str:
         old = "(unset)" if self.added else repr(self.old)
         new = "(removed)" if self.removed else repr(self.new)
-        return f"{self.file}: {self.key}: {old} -> {new}"
+        return f"{self.file}: {self.key}: {old} -> {new}" + (f" (for your Trainer: {self.why})" if self.why else "")
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ def best_changes(
             baseline=args.baseline,
             files=files,
             allow_auto=True,
+            transformers_version=args.transformers_version,
         )
     job = d.job
     fixed = None
@@ -199,6 +201,8 @@ def best_changes(
         best_samples_per_s=getattr(best, "samples_per_s", None),
         tuned_without_files=tuned,
     )
+    why = {(f.file, f.key): f.why for f in export_fixes(files, args.transformers_version)}
+    found = replace(found, changes=[replace(c, why=why.get((c.file, c.key))) for c in found.changes])
     if exported["training args"] is None:
         return found
     return replace(found, written_for=written_for(args.transformers_version))

@@ -9,13 +9,13 @@ wrote it and the HF Trainer fills it the same way from the exported training arg
 from __future__ import annotations
 
 import copy
-import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trials.contract import Knobs
 from tuner.interop.export.mapping import AUTO, DS_BATCH_KEYS, HF_DS_FILL, auto_paths, get_path, set_path
+from tuner.interop.trainer_fill import TrainerFix, apply_fixes, parse_version
 
 # DeepSpeed paths whose "auto" the Trainer fills from TrainingArguments (the exported ones: consistent by construction)
 _TRAINER_FILLED: frozenset[tuple[str, ...]] = frozenset(
@@ -60,24 +60,25 @@ def checkpointing_key(transformers_version: str | None) -> str:
     return "activation_checkpointing" if parsed >= ACTIVATION_CHECKPOINTING_SINCE else "gradient_checkpointing"
 
 
-def parse_version(version: str | None) -> tuple[int, int] | None:
-    """(major, minor) of a version string such as "5.17.0" or "4.46.3"; None when it is not one."""
-    match = re.match(r"^\s*(\d+)\.(\d+)", str(version or ""))
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def own_deepspeed(tuned: Mapping[str, Any], given: Mapping[str, Any], resolved: Mapping[str, Any]) -> dict[str, Any]:
+def own_deepspeed(
+    tuned: Mapping[str, Any],
+    given: Mapping[str, Any],
+    resolved: Mapping[str, Any],
+    fixes: Sequence[TrainerFix] = (),
+) -> dict[str, Any]:
     """``tuned`` (to_deepspeed of the knobs on the user's ``resolved`` JSON) with "auto" back where the user's
     ``given`` JSON had it and the Trainer resolves it to the value probed: the TrainingArguments-filled fields always
-    (the hf export carries their values), a model-sized one when the tuned value is what "auto" resolved to."""
+    (the hf export carries their values), a model-sized one when the tuned value is what "auto" resolved to. The
+    ``fixes`` for the user's Trainer (tuner.interop.trainer_fill) are written explicitly instead."""
     out = copy.deepcopy(dict(tuned))
+    fixed = {f.key for f in fixes if f.file == "deepspeed"}
     for dotted in auto_paths(given):
         path = tuple(dotted.split("."))
-        if get_path(out, path) is None:
-            continue  # a key the tuned config dropped (e.g. a ZeRO key of a lower stage)
+        if get_path(out, path) is None or dotted in fixed:
+            continue  # a key the tuned config dropped (e.g. a ZeRO key of a lower stage), or one the fix writes
         if path in _TRAINER_FILLED or get_path(out, path) == get_path(resolved, path):
             set_path(out, path, AUTO)
-    return out
+    return apply_fixes(out, list(fixes), "deepspeed")
 
 
 def own_training_args(
@@ -87,11 +88,13 @@ def own_training_args(
     gradient_accumulation_steps: int,
     deepspeed: Mapping[str, Any] | None,
     transformers_version: str | None,
+    fixes: Sequence[TrainerFix] = (),
 ) -> dict[str, Any]:
     """The user's training args with the tuned values: micro batch, accumulation, checkpointing (under the name the
     installed transformers expects; the other spelling removed), the probed eval batch, the job's precision and
-    predict_with_generate, and ``deepspeed`` inline (the deepspeed export) or removed for a plain-PyTorch config.
-    Every other key (their script's data arguments too) stays as they wrote it."""
+    predict_with_generate, ``deepspeed`` inline (the deepspeed export) or removed for a plain-PyTorch config, and the
+    ``fixes`` their Trainer needs (tuner.interop.trainer_fill). Every other key (their script's data arguments too)
+    stays as they wrote it."""
     out = dict(given)
     out["per_device_train_batch_size"] = knobs.micro_batch_size
     out["gradient_accumulation_steps"] = gradient_accumulation_steps
@@ -106,6 +109,7 @@ def own_training_args(
         out["predict_with_generate"] = knobs.generate
     if deepspeed is not None:
         out["deepspeed"] = dict(deepspeed)
+        out = apply_fixes(out, list(fixes), "training args")
     else:
         out.pop("deepspeed", None)
     return out
