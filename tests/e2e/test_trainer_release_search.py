@@ -56,7 +56,7 @@ def test_trial_0_is_refused_as_their_trainer_and_the_search_runs_what_the_export
 
     rows = Store(url).probes("t517")
     first, rest = rows[0], rows[1:]
-    assert first.fidelity == "baseline" and first.status == "error" and not first.probe_seconds  # never launched
+    assert first.fidelity == "baseline" and first.status == "refused" and not first.probe_seconds  # never launched
     assert first.cause is not None and REFUSED in first.cause and first.cause.startswith("refused before launching")
     assert first.config["deepspeed"]["scheduler"]["params"]["warmup_num_steps"] == 0  # their Trainer's fill
     assert rest and all(r.config["deepspeed"]["scheduler"]["params"]["warmup_num_steps"] == 1 for r in rest)
@@ -67,7 +67,7 @@ def test_trial_0_is_refused_as_their_trainer_and_the_search_runs_what_the_export
     changes = tuner("best", *common, "--changes").stdout
     assert "training args: warmup_steps: (unset) -> 1 (for your Trainer: transformers 5.17.0 fills" in changes
     assert "deepspeed: scheduler.params.warmup_num_steps: 'auto' -> 1 (for your Trainer:" in changes
-    assert "your config did not complete its probe (error: refused before launching" in changes
+    assert "your config cannot start as it stands (refused before launching: deepspeed" in changes
     # for a training host whose Trainer clamps, their files stay: it fills the 1 the probes ran itself
     later = tuner("best", *common, "--changes", "--transformers-version", "5.25.0").stdout
     listed = [line for line in later.splitlines() if line.startswith(("training args:", "deepspeed:"))]

@@ -4,7 +4,7 @@ deepspeed.initialize builds the scheduler before the first step; a section it re
 as transformers <= 5.17 fills "auto" for warmup_steps 0, beside deepspeed >= 0.19.3: tuner.interop.trainer_fill)
 would cost a probe's whole fixed cost to end in a bare error. ``check_schedule`` asks the installed DeepSpeed itself
 (trials.ds_schedule, in a subprocess: the tuner's process imports neither torch nor DeepSpeed), once per distinct
-scheduler section; ``ScheduleChecked`` wraps a probe launcher so that such a config is one ERROR result with
+scheduler section; ``ScheduleChecked`` wraps a probe launcher so that such a config is one REFUSED result with
 DeepSpeed's reason, never launched. Trial 0 runs the user's files as their Trainer fills them, so it is the one that
 meets this; the search's probes run the fixed section the exports write.
 """
@@ -89,7 +89,7 @@ def refusal_cause(verdict: ScheduleVerdict, ds: Mapping[str, Any]) -> str:
 
 class ScheduleChecked:
     """A probe launcher that asks DeepSpeed about a config's scheduler before launching it (once per distinct
-    section): a refused one is an ERROR result carrying DeepSpeed's reason, launched never."""
+    section): a refused one is a REFUSED result carrying DeepSpeed's reason, launched never."""
 
     def __init__(
         self,
@@ -115,5 +115,5 @@ class ScheduleChecked:
     def __call__(self, config: ProbeConfig) -> ProbeResult:
         cause = self.refusal(config)
         if cause is not None:
-            return ProbeResult(status=Status.ERROR, cause=cause)
+            return ProbeResult(status=Status.REFUSED, cause=cause)
         return self.probe(config)

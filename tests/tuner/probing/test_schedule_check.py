@@ -43,7 +43,7 @@ def test_a_refused_config_is_one_error_result_and_never_launched() -> None:
 
     probe = ScheduleChecked(launch)
     result = probe(config(warmup(0)))
-    assert result.status == Status.ERROR and launched == []
+    assert result.status == Status.REFUSED and launched == []
     assert result.cause is not None and result.cause.startswith(
         f"refused before launching: deepspeed {DEEPSPEED} refuses the scheduler WarmupLR at deepspeed.initialize: "
         "ValueError: warmup_num_steps must be a positive integer, got 0; your Trainer fills it so"

@@ -95,6 +95,8 @@ def verdict(baseline: Any | None, best_objective: float, best_samples_per_s: flo
         need = max((r.oom_need or r.peak_allocated for r in measured.ranks), default=0)
         size = f", needing at least {format_size(need)}" if need else ""
         return f"your config ran out of memory in its {phase} step{size}; this one fits"
+    if status == "refused":  # never launched: DeepSpeed or their Trainer refuses it as it stands
+        return f"your config cannot start as it stands ({baseline.cause or 'no cause recorded'}); this one runs"
     return f"your config did not complete its probe ({status}: {baseline.cause or 'no cause recorded'})"
 
 
