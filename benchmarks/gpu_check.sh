@@ -146,8 +146,12 @@ start=$(date +%s)
 CRASH=(--model "$MODEL" --baseline "$SEED/ds_config.json" --training-args "$SEED/training_args.json" --world-size 1
   --global-batch 8 --max-length "$CRASH_LENGTH" --max-target-length "$CRASH_TARGET" --generation-max-length
   "$CRASH_TARGET" --eval-batch-size "$EVAL_BATCH" --device-memory "$CRASH_MEMORY")
+# their run started (it crashed hundreds of samples in): their Trainer filled WarmupLR's warmup >= 1, as transformers
+# >= 5.18 does; on a host whose transformers fills 0 (5.17 on the first H200) their files as this host fills them are
+# refused before launching, which the main search shows; the crash is probed as their Trainer ran it
 "$PY" -m tuner search --budget 120s --space "$WORK/crash.yaml" --storage "$DB" --study crash --n-trials 1 --seed 0 \
-  --finalists 0 --no-estimate "${CRASH[@]}" >> "$LOG" 2>&1 || say "crash study: tuner search exited $?"
+  --finalists 0 --no-estimate --transformers-version 5.18.0 "${CRASH[@]}" >> "$LOG" 2>&1 ||
+  say "crash study: tuner search exited $?"
 say "crash probe took $(( $(date +%s) - start )) s"
 "$PY" benchmarks/gpu/crash_check.py "$DB" crash "$CRASH_GIB" 2>>"$LOG" | tee -a "$LOG" || FAILED=$((FAILED + 1))
 start=$(date +%s)

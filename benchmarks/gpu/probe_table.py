@@ -3,7 +3,8 @@ rest of its time went, its timed window's spread, peaks (allocated, reserved, de
 per phase beside the measured one (uncalibrated: one trace of the study's shapes, as `tuner explain --study S --trial
 N` reads it); the baseline's verdict; the pick. Exits 1 (after printing every line) when a probe's fixed cost passes
 MAX_FIXED_S, fewer than MIN_PROBES probes measured, none ran out of memory (the space and cap are chosen so some do),
-or no config is stable.
+or no config is stable. The baseline refused before launching (their transformers fills WarmupLR's warmup 0, which
+this DeepSpeed refuses) is said with DeepSpeed's reason: it is what their Trainer would do on this host.
 
     python3 benchmarks/gpu/probe_table.py STORAGE STUDY MAX_FIXED_S [MIN_PROBES]
 """
@@ -97,9 +98,11 @@ def main() -> int:
         )
         if r.setup_s is not None and r.setup_s > max_fixed:
             failed.append(f"probe {r.trial_number}'s fixed cost {r.setup_s:.1f} s > {max_fixed:g} s ({_config(k)})")
-    best = best_stable(store.probes(study))
-    base = baseline_row(rows)
-    print(f"baseline: {'not probed' if base is None else base.status} ({len(rows)} probes measured)")
+    everything = store.probes(study)
+    best = best_stable(everything)
+    base = baseline_row(rows) or baseline_row(everything)  # a refused baseline measured nothing
+    said = "not probed" if base is None else f"{base.status}" + (f" ({base.cause})" if base.status == "refused" else "")
+    print(f"baseline: {said} ({len(rows)} probes measured)")
     if best is None:
         failed.append("no stable config")
     else:
