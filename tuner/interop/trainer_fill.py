@@ -28,6 +28,7 @@ from typing import Any
 
 from trials.contract import AUTO
 from tuner.errors import ConfigError
+from tuner.interop.export.mapping import get_path
 
 #: the first transformers release whose Trainer clamps the warmup it fills to at least 1
 WARMUP_CLAMPED_SINCE = (5, 18)
@@ -133,15 +134,6 @@ class TrainerFix:
         return cls(file, key, data.get("old"), data.get("runs"), data["new"], why)
 
 
-def _get(tree: Mapping[str, Any] | None, path: tuple[str, ...]) -> Any:
-    node: Any = tree
-    for key in path:
-        if not isinstance(node, Mapping) or key not in node:
-            return None
-        node = node[key]
-    return node
-
-
 def _why(fill: TrainerFill, filled: int, auto: bool) -> str:
     source = (
         f"{fill.named} fills warmup_num_steps 'auto' with warmup_steps"
@@ -166,7 +158,7 @@ def trainer_fixes(
     kept) with their training ``args`` (as given; None: none): where the warmup DeepSpeed would receive is below 1,
     warmup 1 in the DeepSpeed file and, with training args, ``warmup_steps: 1`` too (the Trainer checks an explicit
     DeepSpeed value against them). Empty when nothing needs it."""
-    given = _get(ds, WARMUP_PATH)
+    given = get_path(ds or {}, WARMUP_PATH)
     if given is None:
         return []
     auto = given == AUTO
