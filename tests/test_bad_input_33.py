@@ -88,8 +88,12 @@ def test_a_tokenizer_folders_code_never_runs(world: dict[str, Any], tmp_path: Pa
     folder = _wants_code(tmp_path / "tok", "tokenizer_config.json", entry, "evil_tok", marker)
     out = _tuner(world["env"], *_lengths(world, world["data"], folder), stdin="y\n")
     line = _one_line(out)
-    assert "wants its own code run (tokenizer_config.json auto_map" in line and "no flag allows it" in line, line
+    assert "wants its own code run (tokenizer_config.json auto_map" in line and "tuner --trust-remote-code" in line
     assert "[y/N]" not in out.stdout + out.stderr and not marker.exists()
+    # asked for with the flag, the folder's module runs (here it defines no tokenizer: that is one line too)
+    asked = _tuner(world["env"], "--trust-remote-code", *_lengths(world, world["data"], folder), stdin="")
+    assert marker.exists() and "[y/N]" not in asked.stdout + asked.stderr
+    assert asked.returncode == 2 and "Traceback" not in asked.stderr
 
 
 def test_a_model_folders_code_never_runs(world: dict[str, Any], tmp_path: Path) -> None:
@@ -112,9 +116,14 @@ def test_trials_models_never_runs_a_folders_code(tmp_path: Path, monkeypatch: py
     entry = {"model_type": "evil", "auto_map": {"AutoConfig": "evil_cfg.EvilConfig"}}
     folder = _wants_code(tmp_path / "model", "config.json", entry, "evil_cfg", marker)
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    monkeypatch.delenv("TUNER_TRUST_REMOTE_CODE", raising=False)
     with pytest.raises(ValueError, match="trust_remote_code"):
         load_config(ModelSpec(source=str(folder)))
     assert not marker.exists()
+    monkeypatch.setenv("TUNER_TRUST_REMOTE_CODE", "1")  # what `tuner --trust-remote-code` gives every probe
+    with pytest.raises(Exception):  # noqa: B017  (the module defines no EvilConfig: transformers' own error)
+        load_config(ModelSpec(source=str(folder)))
+    assert marker.exists()  # the consent reached the probe's loader: the folder's module was imported
 
 
 # -- §3: JSON lines that crash pyarrow are refused before it reads them ----------------------------------------------

@@ -68,6 +68,18 @@ OP_LIBRARIES: dict[str, str] = {"cpu_adam": "cpu_adam", "shm_comm": "deepspeed_s
 # loaded (DeepSpeed keeps loaded ops per process) instead of importing them inside its fixed cost.
 PRELOAD_OPS_ENV = "TUNER_PRELOAD_OPS"
 
+# The user's consent to run code a model's or tokenizer's folder ships (its auto_map: transformers imports the folder's
+# own module): `tuner --trust-remote-code COMMAND` sets it for the command and every process it starts (probes, traces,
+# op builds); without it every from_pretrained / from_config passes trust_remote_code=False and tuner refuses such a
+# folder in one line first (tuner.job.own_code). Never set by the API server, which loads no model.
+TRUST_REMOTE_CODE_ENV = "TUNER_TRUST_REMOTE_CODE"
+
+
+def trusts_remote_code(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` carries the user's consent (``TRUST_REMOTE_CODE_ENV``: 1 / true / yes / on)."""
+    return env.get(TRUST_REMOTE_CODE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 # The DeepSpeed bucket knobs, and DeepSpeed's default (elements) that a probe runs with when a bucket knob is unset
 # (None): the export writes it, the estimate and the feasibility frontier assume it.
 BUCKET_KNOBS: tuple[str, str] = ("allgather_bucket_size", "reduce_bucket_size")

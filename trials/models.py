@@ -4,6 +4,7 @@ directories."""
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +19,7 @@ from transformers import (
     T5Config,
 )
 
-from trials.contract import BUILTIN_PREFIX, BUILTIN_PRESETS, Knobs, ModelSpec
+from trials.contract import BUILTIN_PREFIX, BUILTIN_PRESETS, Knobs, ModelSpec, trusts_remote_code
 
 # Where a probe builds its model: "zero-init" partitions it across the ranks while it is built (ZeRO-3 under
 # deepspeed.zero.Init, as the HF Trainer does: no rank ever holds the whole model); "device" builds (and random-inits)
@@ -147,8 +148,14 @@ def load_config(spec: ModelSpec) -> PretrainedConfig:
                 + ", ".join(BUILTIN_PREFIX + p for p in BUILTIN_PRESETS)
             )
     else:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False)  # never a folder's own code
+        config = AutoConfig.from_pretrained(source, trust_remote_code=_consent())  # a folder's code: asked for only
     return _override(config, spec)
+
+
+def _consent() -> bool:
+    """The user's consent to run a folder's own code (trials.contract.TRUST_REMOTE_CODE_ENV); False: never, no
+    prompt (transformers raises instead)."""
+    return trusts_remote_code(os.environ)
 
 
 def _override(config: PretrainedConfig, spec: ModelSpec) -> PretrainedConfig:
@@ -168,7 +175,7 @@ def instantiate(config: PretrainedConfig, dtype: torch.dtype | None = None) -> P
     untied lm_head keeps its encoder and decoder input embeddings tied to ``shared`` (transformers 5 unties all
     three when ``tie_word_embeddings`` is False; google/flan-t5-large has one shared input embedding)."""
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-    kwargs: dict[str, Any] = {"trust_remote_code": False}  # a config's auto_map never imports a module, no prompt
+    kwargs: dict[str, Any] = {"trust_remote_code": _consent()}  # an auto_map imports only when asked for, no prompt
     if dtype is not None:
         kwargs[dtype_kwarg()] = dtype
     model = auto.from_config(config, **kwargs)
@@ -211,7 +218,7 @@ def build_model(
         hf_ds_config = HfDeepSpeedConfig(zero_config)  # transformers holds a weak reference: kept with the model
     elif where == "device" and device is not None:
         context = torch.device(device)
-    kwargs: dict[str, Any] = {dtype_kwarg(): dtype, "trust_remote_code": False}
+    kwargs: dict[str, Any] = {dtype_kwarg(): dtype, "trust_remote_code": _consent()}
     with context:
         if local and not spec.overrides:
             model = auto.from_pretrained(spec.source, config=config, **kwargs)

@@ -153,6 +153,9 @@ class Settings(BaseSettings):
     # how single-host probe ranks start: "auto" (the preloaded fork server on hosts without a GPU, else a fresh
     # interpreter), "forkserver" or "spawn"
     probe_launcher: ProbeLauncher = "auto"
+    # the user's consent to run code a model's or tokenizer's folder ships (its auto_map); `tuner --trust-remote-code`
+    # sets it (trials.contract.TRUST_REMOTE_CODE_ENV) for the command and every process it starts
+    trust_remote_code: bool = False
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """The repr (and str) show the storage URL without its password; the token is a SecretStr (shown as ***)."""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import typer
 from rich.markup import escape
 
+from trials.contract import TRUST_REMOTE_CODE_ENV
 from tuner.cli.safe_console import SafeConsole
 from tuner.errors import TunerError
 
@@ -29,6 +31,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err_console = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
+
+
+@app.callback()
+def _root(
+    trust_remote_code: bool = typer.Option(
+        False,
+        "--trust-remote-code",
+        help="run the code a model's or tokenizer's folder ships (its auto_map), here and in every probe; "
+        "without it such a folder is refused in one line",
+    ),
+) -> None:
+    """Finds the fastest training configuration that will not run out of memory, by short real probe trainings."""
+    if trust_remote_code:  # the consent reaches the settings and every process this command starts
+        os.environ[TRUST_REMOTE_CODE_ENV] = "1"
+
 
 # Command modules register themselves on `app` when imported. One line per module.
 COMMAND_MODULES = [

@@ -15,7 +15,7 @@ import numpy as np
 from tuner.errors import ConfigError
 from tuner.job import data_files
 from tuner.job.data_source import DataSource
-from tuner.job.own_code import REFUSAL, is_refusal, refuse_own_code
+from tuner.job.own_code import REFUSAL, is_refusal, refuse_own_code, trusted
 
 #: data file suffix -> the `datasets` builder that reads it
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -184,7 +184,7 @@ def load_tokenizer(tokenizer: str) -> Any:
     refuse_own_code(tokenizer, "tokenizer")
     try:
         with offline():
-            return AutoTokenizer.from_pretrained(tokenizer, local_files_only=True, trust_remote_code=False)
+            return AutoTokenizer.from_pretrained(tokenizer, local_files_only=True, trust_remote_code=trusted())
     except Exception as err:  # OSError, ValueError, ImportError ...: each becomes one line
         if is_refusal(err):
             raise ConfigError(f"tokenizer {tokenizer} wants its own code run; {REFUSAL}") from None

@@ -2,10 +2,10 @@
 
 A folder whose ``config.json`` or ``tokenizer_config.json`` has an ``auto_map`` asks transformers to import its own
 Python module; asked with the default ``trust_remote_code=None`` transformers prompts "Do you wish to run the custom
-code? [y/N]" on tuner's terminal and imports it on "y". tuner passes ``trust_remote_code=False`` on every
-``from_pretrained`` / ``from_config`` and refuses such a folder first, in one line naming what it wants. There is no
-flag that allows it: a probe builds the model from ``trials.contract.ModelSpec``, which carries no such consent, and a
-tokenizer's lengths are the same with the class transformers ships for it.
+code? [y/N]" on tuner's terminal and imports it on "y". unless the user asked for it with
+``tuner --trust-remote-code COMMAND`` (TUNER_TRUST_REMOTE_CODE=1: it reaches the probes and traces through their
+environment), tuner passes ``trust_remote_code=False`` on every ``from_pretrained`` / ``from_config`` and refuses such a
+folder first, in one line naming what it wants and the flag that allows it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,17 @@ from tuner.errors import ConfigError, TunerError
 
 #: the files transformers reads an ``auto_map`` from
 CONFIG_FILES = ("config.json", "tokenizer_config.json")
-REFUSAL = "tuner runs no code from a model's or tokenizer's folder (no flag allows it)"
+REFUSAL = (
+    "tuner runs no code from a model's or tokenizer's folder unless asked: `tuner --trust-remote-code COMMAND ...` "
+    "(or TUNER_TRUST_REMOTE_CODE=1) runs it"
+)
+
+
+def trusted() -> bool:
+    """Whether the user asked tuner to run a folder's own code (Settings.trust_remote_code)."""
+    from tuner.settings import load_settings
+
+    return load_settings().trust_remote_code
 
 
 def _short(value: object, keep: int = 80) -> str:
@@ -43,14 +53,14 @@ def wanted_code(folder: Path) -> tuple[str, object] | None:
 def refuse_own_code(source: str, what: str, error: type[TunerError] = ConfigError) -> None:
     """``error`` (one line) when ``source`` is a local folder that wants its own code run."""
     folder = Path(source).expanduser()
-    if not folder.is_dir():
+    if not folder.is_dir() or trusted():
         return
     found = wanted_code(folder)
     if found is not None:
         name, auto_map = found
         raise error(
-            f"{what} {_short(str(folder))} wants its own code run ({name} auto_map {_short(auto_map)}); {REFUSAL}: "
-            "give one whose classes transformers ships (model_type / tokenizer_class of a transformers release)"
+            f"{what} {_short(str(folder))} wants its own code run ({name} auto_map {_short(auto_map)}); {REFUSAL}, "
+            "else give one whose classes transformers ships (model_type / tokenizer_class of a transformers release)"
         )
 
 
@@ -59,4 +69,4 @@ def is_refusal(err: BaseException) -> bool:
     return "trust_remote_code" in str(err)
 
 
-__all__ = ["CONFIG_FILES", "REFUSAL", "is_refusal", "refuse_own_code", "wanted_code"]
+__all__ = ["CONFIG_FILES", "REFUSAL", "is_refusal", "refuse_own_code", "trusted", "wanted_code"]
