@@ -101,6 +101,7 @@ def _check_text(out: str) -> None:
     length = int(re.search(r"at ([0-9,]+) tokens", match).group(1).replace(",", ""))
     assert abs(length - 6352) / 6352 <= 0.05  # 2 x 16 heads x L x L x 4 bytes = 4.81 GiB
     assert "fragmentation ruled out" in out
+    assert any(line.startswith("precision traced: bf16, the module cast to bf16") for line in lines)  # issue 32
     assert re.search(r"crash: your config on your data: 1 batch in [0-9,]+ needs more than", out)
     changes = [line for line in lines if re.match(r"  [0-9]\. ", line)]
     assert any(re.search(r"truncate inputs at [0-9,]+ tokens; cuts [0-9.]+% of samples", c) for c in changes), out
@@ -109,5 +110,6 @@ def _check_text(out: str) -> None:
 
 
 def _check_json(body: dict) -> None:
+    assert "the module cast to bf16" in body["precision_traced"] and "DeepSpeed" in body["precision_traced"]
     assert body["verdict"]["phase"] == "forward_backward" and "attention matrix" in body["matches"][0]["text"]
     assert body["fragmentation"].startswith("fragmentation ruled out")
