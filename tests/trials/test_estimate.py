@@ -167,8 +167,6 @@ def test_deepspeed_bf16_is_traced_as_a_half_module_and_the_torch_engine_under_au
     assert autocast["autocast_cache_bytes"] > 0 and "autocast_cache_bytes" not in cast
     assert cast["activation_bytes"] < autocast["activation_bytes"]
     assert cast["eval_bytes"] < autocast["eval_bytes"]  # no weight copies held through the eval forward
-    largest = {a["dtype"] for a in cast["largest"]["forward_backward"][:4]}
-    assert largest == {"bfloat16"}  # the largest saved tensors are half, not the fp32 residual stream
 
 
 def test_cuda_kernels_keep_bool_dropout_masks_and_the_biased_attention_on_the_math_path() -> None:
