@@ -1,8 +1,10 @@
 """The memory trace: training steps of the model on CPU fake tensors under the live-tensor tracker.
 
 No data is computed (FakeTensorMode): a flan-t5-large-shaped T5 traces in seconds on any machine. For every point
-(micro batch, max_length, gradient checkpointing, precision) it runs two AdamW steps of plain torch at worst-case
-padded shapes, then one more forward+backward that accumulates into the step's grads, and reports, in bytes:
+(micro batch, max_length, gradient checkpointing, precision, cast_module) it runs two AdamW steps at worst-case
+padded shapes in the engine's precision mode (``cast_module``: DeepSpeed's half module with fp32 masters in the
+optimizer; else the plain torch engine's autocast over fp32 weights), then one more forward+backward that accumulates
+into the step's grads, and reports, in bytes:
 
 - ``activation_bytes``: the forward+backward peak of the second step above params + full grads + optimizer state
   (activations, saved tensors, temporaries; what every engine adds on top of its model states). The step starts with
