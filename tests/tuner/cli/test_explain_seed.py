@@ -7,7 +7,8 @@ checkpointing among the changes that fit. The model is traced at short lengths a
 
 flan-t5-large's CPU trace at those short points takes 4-10 minutes on 2 cores, more than the whole suite may spend on
 one case; so the default test reads the trace this very command recorded (tests/data/seed/flan-t5-large-trace.json,
-`trace` as `tuner explain` called it, on 2026-12-02) and runs everything after it for real, in process. The fresh
+`trace` as `tuner explain` called it, on 2026-12-02; recorded again on 2026-12-04 by this path when
+DeepSpeed's bf16 became traced as a half module, issue 32) and runs everything after it for real, in process. The fresh
 trace runs with TUNER_SEED_TRACE=1 (`TUNER_SEED_TRACE=1 scripts/test.sh tests/tuner/cli/test_explain_seed.py`) and
 checks that it still equals the recorded one, so the file cannot drift from the code that makes it."""
 
