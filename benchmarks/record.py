@@ -30,7 +30,7 @@ from trials.contract import JobSettings, LoraSpec, ModelSpec, ProbeResult
 from tuner.cli.estimate import _parse_size
 from tuner.job.batching import accumulation_steps
 from tuner.job.space import Space, config_key, load_space, space_from_dict
-from tuner.memory.estimator import trace
+from tuner.memory.estimator import trace, trace_at
 from tuner.memory.frontier import describe
 from tuner.probing.config import probe_config
 
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             rows[key] = {"config_key": key, "knobs": knobs.model_dump(mode="json"), "accum": accum, "repeats": []}
             table["rows"].append(rows[key])
     if not args.no_trace and table.get("trace") is None:
-        points = sorted({(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision) for k in configs})
+        points = sorted({trace_at(k) for k in configs})
         t0 = time.perf_counter()
         table["trace"] = trace(model, points, timeout_s=1800, lora=lora).model_dump()
         print(f"traced {len(points)} points in {time.perf_counter() - t0:.0f} s", flush=True)

@@ -1,8 +1,10 @@
 """The memory trace: training steps of the model on CPU fake tensors under the live-tensor tracker.
 
 No data is computed (FakeTensorMode): a flan-t5-large-shaped T5 traces in seconds on any machine. For every point
-(micro batch, max_length, gradient checkpointing, precision) it runs two AdamW steps of plain torch at worst-case
-padded shapes, then one more forward+backward that accumulates into the step's grads, and reports, in bytes:
+(micro batch, max_length, gradient checkpointing, precision, cast_module) it runs two AdamW steps at worst-case
+padded shapes in the engine's precision mode (``cast_module``: DeepSpeed's half module with fp32 masters in the
+optimizer; else the plain torch engine's autocast over fp32 weights), then one more forward+backward that accumulates
+into the step's grads, and reports, in bytes:
 
 - ``activation_bytes``: the forward+backward peak of the second step above params + full grads + optimizer state
   (activations, saved tensors, temporaries; what every engine adds on top of its model states). The step starts with
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -56,8 +59,10 @@ def _adapters_stay_put() -> Iterator[None]:
         torch.nn.Module.to = saved  # type: ignore[method-assign]
 
 
-def _build(spec: ModelSpec, lora: LoraSpec | None = None) -> PreTrainedModel:
-    """The model as a probe builds it: fp32, train mode, with the job's LoRA adapters (base frozen) if any."""
+def _build(spec: ModelSpec, lora: LoraSpec | None = None, cast_to: torch.dtype | None = None) -> PreTrainedModel:
+    """The model as a probe builds it: fp32, train mode, with the job's LoRA adapters (base frozen) if any;
+    ``cast_to``: every floating parameter then cast to that dtype, buffers kept, as DeepSpeed's bf16/fp16 engine casts
+    the module (deepspeed 0.19.8 ``_cast_module_mixed_precision``: params only; a rotary ``inv_freq`` stays fp32)."""
     from trials.models import instantiate, load_config
 
     model: Any = instantiate(load_config(spec), dtype=torch.float32)  # peft wraps it below
@@ -66,33 +71,100 @@ def _build(spec: ModelSpec, lora: LoraSpec | None = None) -> PreTrainedModel:
 
         with _adapters_stay_put():
             model = apply_lora(model, lora)
+    if cast_to is not None:
+        for p in model.parameters():
+            if p.is_floating_point() and p.dtype != cast_to:
+                p.data = p.data.to(cast_to)
     model.train()
     return model
 
 
+_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _Mode:
+    """How the traced engine runs the job's precision: ``cast_module`` (DeepSpeed bf16/fp16: the module itself in half
+    precision, no autocast; fp32 master weights and Adam state in its optimizer) or fp32 weights under autocast (the
+    plain torch engine, and the Trainer's eval without DeepSpeed); fp32 alike in both."""
+
+    def __init__(self, precision: str, cast_module: bool) -> None:
+        self.dtype = _HALF.get(precision)
+        self.cast_module = cast_module and self.dtype is not None
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.dtype is None or self.cast_module:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=self.dtype)
+
+
+class _MasterStep:
+    """The optimizer as the engine holds it. Plain torch: AdamW over the trained params. A cast module (DeepSpeed
+    bf16/fp16): AdamW over fp32 master copies with fp32 grads (BF16_Optimizer's / ZeRO's fp32 partition and grads),
+    the half grads copied in before each step, so the step's temporaries are fp32-sized as the engine's are."""
+
+    def __init__(self, trainable: list[torch.nn.Parameter], cast_module: bool) -> None:
+        self.trainable = trainable
+        self.masters: list[torch.Tensor] = []
+        if cast_module:
+            self.masters = [torch.zeros(p.shape, dtype=torch.float32, requires_grad=True) for p in trainable]
+            for m in self.masters:
+                m.grad = torch.zeros_like(m)
+        self.opt = torch.optim.AdamW(self.masters or trainable, lr=1e-4, foreach=True)
+
+    def step(self) -> None:
+        for m, p in zip(self.masters, self.trainable, strict=False):  # no masters: plain torch steps the params
+            if p.grad is not None and m.grad is not None:
+                m.grad.copy_(p.grad)
+        self.opt.step()
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        for p in self.trainable:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+
 @contextlib.contextmanager
 def _masks_decided_as_on_real_tensors(apply: bool) -> Iterator[None]:
-    """transformers decides whether a causal LM needs an explicit attention mask (``masking_utils.
-    _ignore_causal_mask_sdpa``): when the padding mask is all ones and the causal mask square (or one query row), it
-    passes none and SDPA runs ``is_causal``, as the real probe's all-ones batch does. It will not read a fake
-    tensor's values (``is_tracing`` counts a FakeTensor as tracing, for torch.export), so under FakeTensorMode every
-    layer got a [batch, 1, len, len] mask that SDPA's CPU kernel converts to fp32 (2 x 4 bytes x len^2 per sample on
-    a 2-layer Llama): memory the probe never allocates (the trace read 10.8% high, up to 35%, on a tiny-llama table).
-    An unpadded trace's batches hold an all-ones mask (``trials.data.worst_case_batch``; a decode extends it with
-    ones), so while tracing the decision is made as on those real values; a sliding-window (local) mask still goes
-    to transformers' own rule. ``apply`` False (real tensors, or a padded trace) keeps transformers' rule: a padded
-    batch's mask is built, as the real run builds it."""
+    """transformers decides whether a model needs an explicit attention mask (``masking_utils.
+    _ignore_causal_mask_sdpa`` for a causal LM, ``_ignore_bidirectional_mask_sdpa`` for an encoder, T5's too): when
+    the padding mask is all ones (and a causal mask square, or one query row), it passes none and SDPA runs without
+    one (``is_causal`` for a causal LM), as the real probe's all-ones batch does. It will not read a fake tensor's
+    values (``is_tracing`` counts a FakeTensor as tracing, for torch.export), so under FakeTensorMode every layer got a
+    [batch, 1, len, len] mask that SDPA's CPU kernel converts to fp32 (2 x 4 bytes x len^2 per sample on a 2-layer
+    Llama): memory the probe never allocates (the trace read 10.8% high, up to 35%, on a tiny-llama table; T5's eval
+    forward in bf16 11% high on the tiny T5). An unpadded trace's batches hold an all-ones mask
+    (``trials.data.worst_case_batch``; a decode extends it with ones), so while tracing the decision is made as on
+    those real values; a sliding-window (local) mask still goes to transformers' own rule. ``apply`` False (real
+    tensors, or a padded trace) keeps transformers' rule: a padded batch's mask is built, as the real run builds
+    it."""
     try:
         from transformers import masking_utils
     except ImportError:  # transformers < 4.53: no masking_utils (its mask helpers test jit / fx / dynamo only)
         yield
         return
-    original = getattr(masking_utils, "_ignore_causal_mask_sdpa", None)
-    if not apply or original is None:
+    saved: dict[str, Any] = {}
+    if apply:
+        for name, unpadded in (
+            ("_ignore_causal_mask_sdpa", _unpadded_causal),
+            ("_ignore_bidirectional_mask_sdpa", _unpadded_bidirectional),
+        ):
+            original = getattr(masking_utils, name, None)
+            if original is not None:
+                saved[name] = original
+                setattr(masking_utils, name, unpadded(original))
+    try:
         yield
-        return
+    finally:
+        for name, original in saved.items():
+            setattr(masking_utils, name, original)
 
-    def unpadded(
+
+def _unpadded_causal(original: Any) -> Any:
+    """``_ignore_causal_mask_sdpa`` as an all-ones padding mask decides it on real tensors."""
+
+    def decide(
         padding_mask: torch.Tensor | None,
         q_length: int,
         kv_length: int,
@@ -102,14 +174,22 @@ def _masks_decided_as_on_real_tensors(apply: bool) -> Iterator[None]:
     ) -> bool:
         local = local_attention_size
         if (local is None or kv_length < local) and (q_length == 1 or kv_length == q_length):
-            return True  # what the all-ones mask decides on real tensors
+            return True
         return bool(original(padding_mask, q_length, kv_length, q_offset, kv_offset, local))
 
-    masking_utils._ignore_causal_mask_sdpa = unpadded
-    try:
-        yield
-    finally:
-        masking_utils._ignore_causal_mask_sdpa = original
+    return decide
+
+
+def _unpadded_bidirectional(original: Any) -> Any:
+    """``_ignore_bidirectional_mask_sdpa`` (an encoder's, T5's) as an all-ones padding mask decides it on real
+    tensors."""
+
+    def decide(padding_mask: torch.Tensor | None, kv_length: int, local_attention_size: int | None = None) -> bool:
+        if local_attention_size is None or kv_length < local_attention_size:
+            return True
+        return bool(original(padding_mask, kv_length, local_attention_size))
+
+    return decide
 
 
 def _batch(
@@ -120,6 +200,83 @@ def _batch(
     vocab = int(getattr(model.config, "vocab_size", 32000))
     encdec = bool(getattr(model.config, "is_encoder_decoder", False))
     return worst_case_batch(micro, length, vocab, encoder_decoder=encdec, label_length=label_length, padded=padded)
+
+
+_SDPA_MATH_UPCAST = (torch.bfloat16, torch.float16)
+
+
+@contextlib.contextmanager
+def _cuda_kernels(apply: bool) -> Iterator[None]:
+    """The kernels a CUDA device runs where their memory differs from the CPU's, for a trace of a job that trains on
+    a GPU (``kernels="cuda"``). A fake-tensor trace runs CPU kernels; two of them keep other tensors than CUDA's:
+
+    - dropout: ATen fuses it only for a CUDA input (``is_fused_kernel_acceptable``): ``native_dropout`` keeps a bool
+      mask (1 byte an element), where the CPU keeps a noise tensor in the input's dtype (4 bytes in fp32 or
+      upcast attention, 2 in bf16); every nn.Dropout of a T5 (rate 0.1) and the attention probabilities' dropout;
+    - attention with a float bias (T5's position bias, added as SDPA's ``attn_mask``): the CPU runs its flash kernel
+      in eval (no [batch, heads, len, len] tensor), CUDA the math path (``_scaled_dot_product_attention_math``:
+      q, k, v upcast to fp32, the scores and the softmax materialised, fused dropout), as the H200 measured it
+      (flan-t5-large eval forward at batch 50: 4.33 GB allocated, 2.52 GB without the L^2 math tensors). Without a
+      float mask (a causal LM's ``is_causal``, a bool mask) both devices run a fused kernel: left as traced.
+    ``apply`` False: the CPU's own kernels (the emulated device's probes run them)."""
+    if not apply:
+        yield
+        return
+    functional = torch.nn.functional
+    dropout, sdpa = functional.dropout, functional.scaled_dot_product_attention
+
+    def fused_dropout(inp: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        if not training or p == 0.0 or not inp.is_floating_point():
+            return dropout(inp, p, training, inplace)
+        return torch.native_dropout(inp, p, True)[0]
+
+    def cuda_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        mask = kwargs.get("attn_mask", args[0] if args else None)
+        if mask is None or not mask.is_floating_point():
+            return sdpa(query, key, value, *args, **kwargs)
+        return _math_attention(
+            query, key, value, mask, *args[1:], **{k: v for k, v in kwargs.items() if k != "attn_mask"}
+        )
+
+    functional.dropout, functional.scaled_dot_product_attention = fused_dropout, cuda_sdpa  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        functional.dropout, functional.scaled_dot_product_attention = dropout, sdpa
+
+
+def _math_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """ATen's ``_scaled_dot_product_attention_math`` as CUDA runs it (the tensors it allocates and autograd keeps):
+    half inputs upcast to fp32 (``allowFP16BF16ReductionMathSDP`` off by default), the scaled q @ k^T, the float mask
+    added in place, ``_safe_softmax``, CUDA's fused dropout, @ v, cast back (with the weights' cast it returns)."""
+    origin = query.dtype
+    if origin in _SDPA_MATH_UPCAST:
+        query, key, value = query.float(), key.float(), value.float()
+    if enable_gqa and key.size(-3) != query.size(-3):
+        groups = query.size(-3) // key.size(-3)
+        key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
+    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(query.size(-1)))
+    attn = torch.matmul(query * factor, (key * factor).transpose(-2, -1))
+    if is_causal:
+        causal = torch.ones(attn.shape[-2:], dtype=torch.bool).tril()
+        attn = attn.masked_fill(causal.logical_not(), float("-inf"))
+    attn.add_(mask)
+    attn = torch.ops.aten._safe_softmax(attn, -1)
+    if dropout_p > 0.0:
+        attn = torch.native_dropout(attn, dropout_p, True)[0]
+    out = torch.matmul(attn, value).to(origin)
+    weights = attn.to(origin)  # the math path returns its weights cast back too; SDPA drops them
+    del weights, attn
+    return out
 
 
 class _FromFirstGrad:
@@ -149,15 +306,13 @@ class _FromFirstGrad:
 
 
 def _forward_backward(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], precision: str, tracker: LiveTensorTracker
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], mode: _Mode, tracker: LiveTensorTracker
 ) -> tuple[int, int]:
     """One micro-step's forward and backward (grads accumulate into whatever ``.grad`` holds); its peak live bytes,
     and the peak from the first parameter grad on (``_FromFirstGrad``)."""
     tracker.reset_peak()
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    ctx = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
     watch = _FromFirstGrad(model, tracker)
-    with ctx:
+    with mode.autocast():
         loss = model(**batch).loss
     loss.backward()
     del loss
@@ -166,13 +321,13 @@ def _forward_backward(
 
 def _step(
     model: torch.nn.Module,
-    opt: torch.optim.Optimizer,
+    opt: _MasterStep,
     batch: dict[str, torch.Tensor],
-    precision: str,
+    mode: _Mode,
     tracker: LiveTensorTracker,
 ) -> tuple[int, int]:
     """One training step; returns (fwd+bwd peak, optimizer-step peak) in live bytes."""
-    fwd_bwd, _ = _forward_backward(model, batch, precision, tracker)
+    fwd_bwd, _ = _forward_backward(model, batch, mode, tracker)
     tracker.reset_peak()
     opt.step()
     step_peak = tracker.peak
@@ -190,16 +345,22 @@ def trace_point(
     lora: LoraSpec | None = None,
     evaluation: dict[str, Any] | None = None,
     padded: bool = False,
+    cast_module: bool = False,
+    kernels: str = "cpu",
 ) -> dict[str, Any]:
     """One point; ``fake=False`` runs the same steps on real tensors (to check the trace against reality). With
     ``lora`` the model carries the job's adapters and AdamW holds the trainable (adapter) params only; with
     ``evaluation`` ({eval_batch_size, generate, generation_max_length, num_beams}) the eval phases too; ``padded``:
-    batches with the collator's padding (trials.data.worst_case_batch), as a probe of a job with data runs them."""
+    batches with the collator's padding (trials.data.worst_case_batch), as a probe of a job with data runs them;
+    ``cast_module``: a bf16/fp16 ``precision`` run as DeepSpeed runs it (the module cast, fp32 masters in the
+    optimizer; eval and generate on the cast module), else as the plain torch engine (autocast over fp32 weights);
+    ``kernels="cuda"``: the kernels a GPU runs where their memory differs from the CPU's (``_cuda_kernels``)."""
+    mode = _Mode(precision, cast_module)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
-    with fake_mode, _masks_decided_as_on_real_tensors(fake and not padded):
+    with fake_mode, _masks_decided_as_on_real_tensors(fake and not padded), _cuda_kernels(kernels == "cuda"):
         tracker = LiveTensorTracker()
         with tracker:
-            model = _build(spec, lora)
+            model = _build(spec, lora, mode.dtype if mode.cast_module else None)
             if checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             params = list(model.parameters())
@@ -207,16 +368,17 @@ def trace_point(
             trainable = [p for p in params if p.requires_grad]
             param_bytes = tracker.live
             largest = max(p.numel() for p in params)
-            opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+            opt = _MasterStep(trainable, mode.cast_module)
+            before_batch = tracker.live
             batch = _batch(model, micro, length, label_length, padded)
-            batch_bytes = tracker.live - param_bytes
-            _step(model, opt, batch, precision, tracker)  # creates the optimizer state
+            batch_bytes = tracker.live - before_batch
+            _step(model, opt, batch, mode, tracker)  # creates the optimizer state
             opt.zero_grad(set_to_none=False)
             grads_bytes = sum(p.grad.untyped_storage().nbytes() for p in params if p.grad is not None)
             opt.zero_grad(set_to_none=True)
             base = tracker.live  # params + state + batch
             tracker.largest_since(TOP)
-            fwd_bwd, fwd_bwd_after = _forward_backward(model, batch, precision, tracker)
+            fwd_bwd, fwd_bwd_after = _forward_backward(model, batch, mode, tracker)
             named = {"forward_backward": _named(tracker)}
             tracker.largest_since(TOP)
             tracker.reset_peak()
@@ -225,10 +387,10 @@ def trace_point(
             named["optimizer_step"] = _named(tracker)
             tracker.keep_largest = 0
             opt.zero_grad(set_to_none=False)  # grads resident, as in the later micro-steps of an accumulation
-            resident, resident_after = _forward_backward(model, batch, precision, tracker)
+            resident, resident_after = _forward_backward(model, batch, mode, tracker)
             opt.zero_grad(set_to_none=True)  # the Trainer evaluates after the step's zero_grad
             del batch
-            evaluated = _eval_phases(model, length, precision, tracker, evaluation or {}, label_length, padded)
+            evaluated = _eval_phases(model, length, mode, tracker, evaluation or {}, label_length, padded)
             named.update(evaluated.pop("largest"))
     with_grads = base + grads_bytes
     return {
@@ -241,6 +403,7 @@ def trace_point(
             "max_length": length,
             "gradient_checkpointing": checkpointing,
             "precision": precision,
+            "cast_module": mode.cast_module,
             "activation_bytes": max(0, fwd_bwd - with_grads + batch_bytes),
             "resident_activation_bytes": max(0, resident - with_grads + batch_bytes),
             "after_grad_activation_bytes": max(0, fwd_bwd_after - with_grads + batch_bytes),
@@ -263,7 +426,7 @@ def _named(tracker: LiveTensorTracker) -> list[dict[str, Any]]:
 def _eval_phases(
     model: Any,
     length: int,
-    precision: str,
+    mode: _Mode,
     tracker: LiveTensorTracker,
     evaluation: dict[str, Any],
     label_length: int | None,
@@ -275,22 +438,20 @@ def _eval_phases(
     size = evaluation.get("eval_batch_size")
     if size is None:
         return {"largest": {}}
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    ctx = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
     out: dict[str, Any] = {"eval_batch_size": size, "largest": {}}
     model.eval()
     before = tracker.live
     batch = _batch(model, size, length, label_length, padded)
     tracker.largest_since(TOP)
     tracker.reset_peak()
-    with torch.no_grad(), ctx:
+    with torch.no_grad(), mode.autocast():
         result = model(**batch)
         del result
         # what is still live inside the autocast region: its cache of the weights' low-precision copies (torch keeps
         # a cast of each fp32 leaf that requires grad until the region ends): batch- and length-independent
         cache = max(0, tracker.live - before)
     out["eval_bytes"] = max(0, tracker.peak - before)
-    if dtype is not None:
+    if mode.dtype is not None and not mode.cast_module:
         out["autocast_cache_bytes"] = cache
     out["largest"]["eval_forward"] = _named(tracker)
     if evaluation.get("generate"):
@@ -301,7 +462,7 @@ def _eval_phases(
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         tracker.largest_since(TOP)
         tracker.reset_peak()
-        with ctx:
+        with mode.autocast():
             _tokens, cache = fixed_length_decode(model, inputs, new_tokens, beams)
         out["generate_bytes"] = max(0, tracker.peak - before)
         out["generate_cache_bytes"] = _cache_bytes(cache)
@@ -346,6 +507,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             lora=lora,
             evaluation=request.get("evaluation"),
             padded=bool(request.get("padded")),
+            cast_module=bool(p.get("cast_module", False)),
+            kernels=str(request.get("kernels") or "cpu"),
         )
         out.update({k: got[k] for k in ("param_count", "trainable_count", "param_bytes", "largest_param")})
         out["points"].append(got["point"])
@@ -358,6 +521,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 param_bytes=sum(p.numel() * 4 for p in params),
                 largest_param=max(p.numel() for p in params),
             )
+    out["kernels"] = str(request.get("kernels") or "cpu")
     out["trace_s"] = time.perf_counter() - start
     return out
 

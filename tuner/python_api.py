@@ -226,12 +226,12 @@ def estimate(
     """
     from tuner.job.batching import GLOBAL_BATCH_KEYWORDS, validated_knobs
     from tuner.job.lora import check_lora, lora_spec
-    from tuner.memory.estimator import Estimator, trace
+    from tuner.memory.estimator import Estimator, trace, trace_at
 
     k = validated_knobs(knobs, global_batch, world_size, GLOBAL_BATCH_KEYWORDS)
     spec = resolve_model(model)
     lora = lora_spec(lora_r, lora_alpha, lora_dropout, lora_target_modules, lora_bias)
     if lora is not None:
         check_lora(spec, lora)
-    traced = trace(spec, [(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision)], lora=lora)
+    traced = trace(spec, [trace_at(k)], lora=lora)
     return Estimator(trace=traced, world_size=world_size, global_batch=global_batch).predict(k)

@@ -123,3 +123,65 @@ def test_a_padded_batch_marks_its_padding() -> None:
     assert int(batch["attention_mask"].sum()) == 3 * 16 - 1 and int(batch["labels"][-1, -1]) == -100
     assert batch_dims(batch, encoder_decoder=False).padded
     assert not batch_dims(worst_case_batch(3, 16, 512, encoder_decoder=False), encoder_decoder=False).padded
+
+
+_EXACT = (
+    "activation_bytes",
+    "resident_activation_bytes",
+    "after_grad_activation_bytes",
+    "resident_after_grad_activation_bytes",
+    "step_temp_bytes",
+    "peak_bytes",
+    "eval_bytes",
+    "generate_bytes",
+    "generate_cache_bytes",
+)
+
+
+@pytest.mark.parametrize("cast_module", [False, True])
+def test_a_bf16_trace_of_t5_matches_real_tensors_to_the_byte(cast_module: bool) -> None:
+    """Issue 32. Both precision modes of a bf16 T5, with eval and generate: the fake trace allocates what real tensors
+    do. Before: T5's encoder mask decision (``_ignore_bidirectional_mask_sdpa``) refused fake tensors, so the fake
+    eval forward built a [batch, 1, len, len] mask the real one skips (4,096 bytes here; 11% of a bf16 eval phase on
+    the tiny T5 at eval batch 8 x 64), and a cast module's fp32 master copies were counted as the batch."""
+    evaluation = {"eval_batch_size": 4, "generate": True, "generation_max_length": 8}
+    fake, real = (
+        trace_point(TINY, 2, 32, False, "bf16", fake=f, label_length=16, evaluation=evaluation, cast_module=cast_module)
+        for f in (True, False)
+    )
+    assert fake["param_bytes"] == real["param_bytes"] == (2 if cast_module else 4) * real["param_count"]
+    assert fake["point"]["cast_module"] is cast_module
+    for key in _EXACT:
+        assert fake["point"][key] == real["point"][key], key
+
+
+def test_deepspeed_bf16_is_traced_as_a_half_module_and_the_torch_engine_under_autocast() -> None:
+    """The two bf16 modes differ where the issue said: the module cast to bf16 (DeepSpeed) keeps bf16 activations
+    between the matmuls and no autocast weight copies; autocast over fp32 weights keeps the fp32 residual stream and a
+    bf16 copy of every matmul weight (``autocast_cache_bytes``)."""
+    evaluation = {"eval_batch_size": 4}
+    autocast, cast = (
+        trace_point(TINY, 4, 64, False, "bf16", label_length=16, evaluation=evaluation, cast_module=c)["point"]
+        for c in (False, True)
+    )
+    assert autocast["autocast_cache_bytes"] > 0 and "autocast_cache_bytes" not in cast
+    assert cast["activation_bytes"] < autocast["activation_bytes"]
+    assert cast["eval_bytes"] < autocast["eval_bytes"]  # no weight copies held through the eval forward
+
+
+def test_cuda_kernels_keep_bool_dropout_masks_and_the_biased_attention_on_the_math_path() -> None:
+    """Issue 32: a GPU's kernels where their memory differs from the CPU's (trials.estimate._cuda_kernels). Fused
+    dropout keeps a 1-byte mask where the CPU keeps a noise tensor of the input's dtype: less in the train step; T5's
+    biased attention runs CUDA's math path in eval (fp32 scores and softmax), where the CPU runs its flash kernel."""
+    evaluation = {"eval_batch_size": 4}
+    cpu, cuda = (
+        trace_point(TINY, 2, 32, False, "bf16", label_length=16, evaluation=evaluation, cast_module=True, kernels=k)
+        for k in ("cpu", "cuda")
+    )
+    assert cuda["point"]["activation_bytes"] < cpu["point"]["activation_bytes"]
+    assert cuda["point"]["eval_bytes"] > cpu["point"]["eval_bytes"]
+    ops = {(a["op"], a["dtype"]) for a in cuda["point"]["largest"]["eval_forward"]}
+    assert ("_safe_softmax.default", "float32") in ops
+    import torch
+
+    assert torch.nn.functional.dropout.__module__ == "torch.nn.functional"  # restored after the trace

@@ -13,6 +13,7 @@ from rich.markup import escape
 from tuner.cli.app import app
 from tuner.cli.safe_console import SafeConsole
 from tuner.errors import BaselineError, ConfigError
+from tuner.memory.precision import traced_precision
 
 if TYPE_CHECKING:
     from tuner.interop.baseline import Baseline
@@ -152,6 +153,7 @@ def _as_json(baseline: Baseline | None, findings: list[Finding], basis: Basis | 
             "per_rank": True,
             "calibrated": False,
             "not_covered": basis.estimator.breakdown(basis.knobs).not_covered,
+            "precision_traced": traced_precision(basis.knobs).line(),
         }
     return {
         "knobs": baseline.knobs if baseline else None,
@@ -175,6 +177,7 @@ def _print(baseline: Baseline | None, findings: list[Finding], basis: Basis | No
         )
     if basis is not None:
         out_console.print(f"numbers: the estimate of {basis.described} (per rank, uncalibrated)", markup=False)
+        out_console.print(traced_precision(basis.knobs).line(), markup=False)
     out_console.print("ranked by the bytes at stake, largest first; findings without a number after them")
     for f in findings:
         style = "bold yellow" if f.severity == "warn" else "cyan"

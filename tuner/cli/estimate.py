@@ -19,7 +19,8 @@ from tuner.job.lora import check_lora
 from tuner.job.model_source import resolve_model
 from tuner.job.space import KNOB_RANGES, check_job_limits
 from tuner.memory import solve as solving
-from tuner.memory.estimator import Estimator, trace
+from tuner.memory.estimator import Estimator, trace, trace_at
+from tuner.memory.precision import traced_precision
 from tuner.session.options import cli_option
 from tuner.settings import load_settings
 from tuner.units import parse_size
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 MAX_CALIBRATION_POINTS = 8
 TRACE_MAX_LENGTH = 1024  # longer configs are extrapolated from two short traced lengths (a long trace takes minutes)
 SHORT_LENGTHS = (320, 640)  # the lengths traced then: not a model dimension of the presets (the shape scaling)
+KERNELS = ("cpu", "cuda")  # whose kernels the trace runs where their memory differs (trials.estimate._cuda_kernels)
 MiB = 1 << 20
 SOLVE = ("max-length", "micro-batch")
 
@@ -112,6 +114,14 @@ def estimate(
             "batch at the length (needs --device-memory)",
         ),
     ] = None,
+    kernels: Annotated[
+        str,
+        typer.Option(
+            "--kernels",
+            help="cuda: trace the kernels a GPU runs where their memory differs (fused dropout, attention with a "
+            "float bias on the math path); cpu (default): the CPU's, as the emulated device's probes run them",
+        ),
+    ] = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """Predict the peak device memory per rank of one config, phase by phase (train forward+backward, optimizer step,
@@ -120,6 +130,8 @@ def estimate(
     --training-args, the job flags); the config's knobs are the baseline's unless an option names them."""
     if solve is not None and solve not in SOLVE:
         raise ConfigError(f"--solve {solve!r}: choose one of {', '.join(SOLVE)}")
+    if kernels not in KERNELS:
+        raise ConfigError(f"--kernels {kernels!r}: choose one of {', '.join(KERNELS)}")
     capacity = _parse_size(job["device_memory"])
     if solve is not None and capacity is None:
         raise ConfigError(f"--solve {solve} needs --device-memory (what must it fit in?)")
@@ -140,7 +152,7 @@ def estimate(
     if ej.job.lora is not None:
         check_lora(spec, ej.job.lora, cli_option)
     calib = _calibration_rows(calibrate_from_study, job["storage"], spec, ej.world_size) if calibrate_from_study else []
-    est, how = _traced(ej, calib)
+    est, how = _traced(ej, calib, kernels)
     for k, peak in calib:
         est.observe(k, peak)
     knobs = ej.knobs
@@ -167,6 +179,7 @@ def estimate(
         config=knobs.model_dump(mode="json"),
         data=tuple(ej.data_lines()),
         crash=crash,
+        precision=traced_precision(knobs).line(),
     )
     emit(shown, as_json)
 
@@ -195,19 +208,27 @@ def _data(job: dict[str, Any]) -> DataJob | None:
     return read_data(given, cli_option, None)
 
 
-def _traced(ej: EstimateJob, calib: list[tuple[Knobs, int]]) -> tuple[Estimator, str]:
+def _traced(ej: EstimateJob, calib: list[tuple[Knobs, int]], kernels: str = "cpu") -> tuple[Estimator, str]:
     """The trace of the config (two lengths, so the length curve can be fitted; long configs from two short
     lengths, extrapolated) and the calibration probes' shapes; how it was taken, in words."""
     k = ej.knobs
     long = k.max_length > TRACE_MAX_LENGTH
     lengths = SHORT_LENGTHS if long else tuple(sorted({max(1, k.max_length // 2), k.max_length}))
-    wanted = {(k.micro_batch_size, n, k.gradient_checkpointing, k.precision) for n in lengths}
-    wanted |= {(c.micro_batch_size, c.max_length, c.gradient_checkpointing, c.precision) for c, _ in calib}
+    wanted = {trace_at(k, length=n) for n in lengths}
+    wanted |= {trace_at(c) for c, _ in calib}
     labels = ej.job.max_target_length
     padded = ej.data is not None and ej.data.pads  # the data's batches as the collator pads them
-    tr = trace(ej.model, sorted(wanted), lora=ej.job.lora, label_length=labels, evaluation=ej.evaluation, padded=padded)
+    tr = trace(
+        ej.model,
+        sorted(wanted),
+        lora=ej.job.lora,
+        label_length=labels,
+        evaluation=ej.evaluation,
+        padded=padded,
+        kernels=kernels,
+    )
     est = Estimator(trace=tr, world_size=ej.world_size, global_batch=ej.global_batch)
-    how = f"traced in {tr.trace_s:.1f} s"
+    how = f"traced in {tr.trace_s:.1f} s with {tr.kernels.upper()} kernels"
     if long:
         how += (
             f"; length {k.max_length:,} extrapolated from lengths {', '.join(map(str, SHORT_LENGTHS))} "

@@ -36,6 +36,7 @@ class Shown:
     config: dict[str, Any] | None = None  # the knobs estimated (Knobs.model_dump)
     data: tuple[str, ...] = ()  # with --dataset: the data's lengths and where the job's came from
     crash: str | None = None  # with --dataset and --device-memory: when this config would crash on the data
+    precision: str = ""  # which precision mode the trace ran, and why (tuner.memory.precision)
 
 
 def verdict(shown: Shown) -> str | None:
@@ -88,6 +89,7 @@ def as_json(shown: Shown) -> str:
         ],
         "not_covered": parts.not_covered if parts else None,
         "traced": shown.traced,
+        "precision_traced": shown.precision,
         "solved": shown.solved,
         "config": shown.config,
         "data": list(shown.data),
@@ -105,6 +107,8 @@ def print_text(shown: Shown) -> None:
         lora = f", {shown.trainable_count:,} of them LoRA adapters that train"
     console = SafeConsole(highlight=False, width=110)
     console.print(f"{shown.header}\n{shown.param_count / 1e6:,.1f}M params{lora}; {shown.traced}", markup=False)
+    if shown.precision:
+        console.print(shown.precision, markup=False)
     for line in shown.data:
         console.print(line, markup=False)
     for rank in parts.ranks:

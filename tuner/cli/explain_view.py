@@ -9,6 +9,7 @@ from tuner.cli.estimate_view import phase_json
 from tuner.memory.breakdown import PARTS, PHASE_TITLES, PhaseEstimate, RankEstimate
 from tuner.memory.explain import Change, Explanation, RecordedFailure, TrialFacts
 from tuner.memory.oom_match import Landing
+from tuner.memory.precision import traced_precision
 from tuner.memory.snapshot_parts import SnapshotParts, SnapshotRead
 
 GiB = 1 << 30
@@ -203,6 +204,7 @@ def lines(e: Explanation, search: str) -> list[str]:
             "the fitted a*L + b*L^2 per sample (extrapolated)"
             + ("; eval phases traced at 1 sample a batch, scaled per sample" if e.config.eval_batch_size else "")
         )
+    out.append(traced_precision(e.config).line())
     out.append(e.not_covered)
     return out
 
@@ -233,6 +235,7 @@ def as_json(e: Explanation) -> str:
         "fragmentation": e.fragmentation,
         "changes": [{**c.__dict__, "text": c.line()} for c in e.changes],
         "traced_lengths": list(e.traced_lengths),
+        "precision_traced": traced_precision(e.config).line(),
         "not_covered": e.not_covered,
         "trial": None if e.trial is None else _trial_json(e.trial, e.breakdown.worst),
     }

@@ -43,7 +43,7 @@ from tuner.memory.states import (
     zero_order_sound,
     zero_stage_need,
 )
-from tuner.memory.trace import Evaluation, Trace, TracePoint, trace
+from tuner.memory.trace import Evaluation, Trace, TracePoint, same_mode, trace, trace_at
 from tuner.memory.traced import named, traced
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "TracePoint",
     "model_state_bytes",
     "trace",
+    "trace_at",
     "zero_order_sound",
     "zero_stage_need",
 ]
@@ -140,7 +141,8 @@ class Estimator:
         and length, so it is taken out of every phase's bytes before they are scaled and added back here."""
         if knobs.engine != "torch" or knobs.precision not in ("bf16", "fp16"):
             return 0
-        return max((_copies(p) for p in self.trace.points if p.precision == knobs.precision), default=0)
+        points = [p for p in self.trace.points if p.precision == knobs.precision and same_mode(p, False)]
+        return max((_copies(p) for p in points), default=0)
 
     def step_temporaries(self, knobs: Knobs) -> int:
         """The optimizer step's temporaries: the traced AdamW's for plain torch, ZeRO-0 and ZeRO-3; none beyond the

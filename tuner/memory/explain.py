@@ -30,6 +30,7 @@ from tuner.memory.crash import CrashOdds, crash_odds
 from tuner.memory.estimator import Estimator
 from tuner.memory.oom_match import Attribution, Match, attribute, match_failed
 from tuner.memory.oom_message import OomMessage, fragmentation
+from tuner.memory.precision import traced_precision
 from tuner.memory.snapshot_parts import SnapshotRead
 from tuner.memory.solve import largest
 
@@ -226,7 +227,10 @@ def explain(i: Inputs, oom: OomMessage | None = None) -> Explanation:
         if k.eval_batch_size:
             batches |= {EVAL_FORWARD: k.eval_batch_size, GENERATE: k.eval_batch_size}
         longest = worst.input_length
-        matches = tuple(match_failed(est.trace, oom.failed, batches, longest, k.gradient_checkpointing, k.precision))
+        cast = traced_precision(k).cast_module
+        matches = tuple(
+            match_failed(est.trace, oom.failed, batches, longest, k.gradient_checkpointing, k.precision, cast)
+        )
         frag = fragmentation(oom)[1]
     return Explanation(
         config=k,

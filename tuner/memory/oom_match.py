@@ -30,7 +30,7 @@ from tuner.memory.breakdown import (
     Breakdown,
     PhaseEstimate,
 )
-from tuner.memory.trace import Trace, TracedAllocation
+from tuner.memory.trace import Trace, TracedAllocation, same_mode, trace_at
 
 TOLERANCE = 0.05
 
@@ -107,12 +107,23 @@ def _candidate(
 
 
 def match_failed(
-    trace: Trace, failed: int, batches: Mapping[str, int], longest: int, ckpt: bool, precision: str
+    trace: Trace,
+    failed: int,
+    batches: Mapping[str, int],
+    longest: int,
+    ckpt: bool,
+    precision: str,
+    cast_module: bool = False,
 ) -> list[Match]:
     """The traced allocations that reach ``failed`` bytes at some length up to ``longest`` (the data's longest
     padded input), per phase of ``batches`` (phase -> its batch: the micro batch, the eval batch) in their order,
-    the nearest first within a phase; the longest traced point of the config's checkpointing and precision is read."""
-    points = [p for p in trace.points if p.gradient_checkpointing == ckpt and p.precision == precision]
+    the nearest first within a phase; the longest traced point of the config's checkpointing and precision (in its
+    engine's precision mode, ``cast_module``: tuner.memory.precision) is read."""
+    points = [
+        p
+        for p in trace.points
+        if p.gradient_checkpointing == ckpt and p.precision == precision and same_mode(p, cast_module)
+    ]
     out: list[Match] = []
     for phase, batch in batches.items():
         having = [p for p in points if p.largest.get(phase)]
@@ -190,7 +201,7 @@ class Attribution:
 
 def _exact(trace: Trace, failed: FailedAllocation, phase: str, knobs: Knobs) -> Match | None:
     """The traced allocation of the failure's op, dtype and shape at the config's own traced shape."""
-    point = trace.find(knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)
+    point = trace.find(*trace_at(knobs))
     if point is None or failed.op is None:
         return None
     for a in point.largest.get(phase, []):

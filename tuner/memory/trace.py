@@ -13,8 +13,24 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trials.contract import LoraSpec, ModelSpec
+from trials.contract import Knobs, LoraSpec, ModelSpec
 from tuner.errors import ConfigError, ModelSourceError
+from tuner.memory.precision import traced_precision
+
+#: one traced shape: (micro batch, max_length, gradient checkpointing, precision, cast_module); cast_module: the
+#: module itself in the half precision (DeepSpeed bf16/fp16), else fp32 weights under autocast (tuner.memory.precision)
+TraceAt = tuple[int, int, bool, str, bool]
+
+
+def trace_at(knobs: Knobs, micro: int | None = None, length: int | None = None) -> TraceAt:
+    """The traced shape of a config, in the precision mode its engine runs (at ``micro`` / ``length`` if given)."""
+    return (
+        knobs.micro_batch_size if micro is None else micro,
+        knobs.max_length if length is None else length,
+        knobs.gradient_checkpointing,
+        knobs.precision,
+        traced_precision(knobs).cast_module,
+    )
 
 
 class TracedAllocation(BaseModel):
@@ -44,6 +60,9 @@ class TracePoint(BaseModel):
     max_length: int = Field(ge=1)
     gradient_checkpointing: bool = False
     precision: str = "fp32"
+    # bf16/fp16 run as DeepSpeed runs them (the module cast; True) or as the plain torch engine (fp32 weights under
+    # autocast; False); None: traced before the field (autocast, the only mode then)
+    cast_module: bool | None = None
     activation_bytes: int = 0  # fwd+bwd peak above params + full grads + optimizer state, grads built during it
     resident_activation_bytes: int | None = None  # the same with the grads resident (an accumulation micro-step)
     # the two peaks above counted from the backward's first parameter grad on (when ZeRO-1/2's hooks allocate their
@@ -73,43 +92,57 @@ class Trace(BaseModel):
     param_bytes: int  # as built (fp32)
     largest_param: int  # elements of the largest parameter tensor (ZeRO-3 gathers at least this)
     points: list[TracePoint] = Field(default_factory=list)
+    # whose kernels the trace ran where their memory differs: "cpu" (the emulated device's probes) or "cuda" (fused
+    # dropout, the math path of attention with a float bias: trials.estimate._cuda_kernels)
+    kernels: str = "cpu"
     trace_s: float = 0.0
 
-    def find(self, micro: int, length: int, ckpt: bool, precision: str) -> TracePoint | None:
+    def find(self, micro: int, length: int, ckpt: bool, precision: str, cast_module: bool = False) -> TracePoint | None:
+        """The point of that shape and precision mode (a trace older than ``cast_module``: its autocast point)."""
         for p in self.points:
             if (p.micro_batch_size, p.max_length, p.gradient_checkpointing, p.precision) == (
                 micro,
                 length,
                 ckpt,
                 precision,
-            ):
+            ) and same_mode(p, cast_module):
                 return p
         return None
 
 
+def same_mode(point: TracePoint, cast_module: bool) -> bool:
+    """Whether a traced point ran the precision mode wanted (fp32 points serve both; a point traced before the field
+    ran autocast, the only mode then, and serves a cast module too: older stored traces read as before)."""
+    return point.precision not in ("bf16", "fp16") or point.cast_module is None or point.cast_module == cast_module
+
+
 def trace(
     model: ModelSpec,
-    points: Sequence[tuple[int, int, bool, str]],
+    points: Sequence[TraceAt],
     timeout_s: float = 600.0,
     python: str | None = None,
     label_length: int | None = None,
     lora: LoraSpec | None = None,
     evaluation: Evaluation | None = None,
     padded: bool = False,
+    kernels: str = "cpu",
 ) -> Trace:
-    """Traces one training step per (micro, max_length, checkpointing, precision) on CPU fake tensors; seq2seq
+    """Traces one training step per (micro, max_length, checkpointing, precision, cast_module) (``trace_at``) on CPU
+    fake tensors, in the precision mode of the engine (tuner.memory.precision); seq2seq
     labels at ``label_length`` (the job's; None: max_length), as the probe pads them; with the job's ``lora``
     adapters on the model as every probe of a LoRA job runs it; with ``evaluation`` the eval forward and generate
-    of each point too; ``padded``: batches with the collator's padding (a job with data), as its probes run them."""
+    of each point too; ``padded``: batches with the collator's padding (a job with data), as its probes run them;
+    ``kernels``: "cuda" for a job that trains on a GPU (its kernels where their memory differs from the CPU's)."""
     request = {
         "model": model.model_dump(),
         "label_length": label_length,
         "lora": lora.model_dump(mode="json") if lora is not None else None,
         "evaluation": evaluation.model_dump() if evaluation is not None else None,
         "padded": padded,
+        "kernels": kernels,
         "points": [
-            {"micro_batch_size": m, "max_length": s, "gradient_checkpointing": c, "precision": p}
-            for m, s, c, p in points
+            {"micro_batch_size": m, "max_length": s, "gradient_checkpointing": c, "precision": p, "cast_module": cast}
+            for m, s, c, p, cast in points
         ],
     }
     env = dict(os.environ)

@@ -13,17 +13,22 @@ from collections.abc import Callable
 from trials.contract import Knobs
 from tuner.errors import ConfigError
 from tuner.memory.breakdown import Allocation
-from tuner.memory.trace import Trace, TracePoint
+from tuner.memory.precision import traced_precision
+from tuner.memory.trace import Trace, TracePoint, same_mode
 
 SHOWN = 3  # allocations named per phase, the largest at the config's shape (the trace keeps more, for the scaling)
 _ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1}
 
 
 def _same(trace: Trace, knobs: Knobs) -> list[TracePoint]:
+    """The points traced with the config's checkpointing and precision, in its engine's precision mode."""
+    cast = traced_precision(knobs).cast_module
     return [
         p
         for p in trace.points
-        if p.gradient_checkpointing == knobs.gradient_checkpointing and p.precision == knobs.precision
+        if p.gradient_checkpointing == knobs.gradient_checkpointing
+        and p.precision == knobs.precision
+        and same_mode(p, cast)
     ]
 
 
@@ -41,9 +46,10 @@ def traced(
     want = knobs.micro_batch_size if wanted is None else wanted
     same = _same(trace, knobs)
     if not same:
+        mode = " (the module cast, as DeepSpeed runs it)" if traced_precision(knobs).cast_module else ""
         raise ConfigError(
             "the trace has no point with gradient_checkpointing="
-            f"{knobs.gradient_checkpointing} precision={knobs.precision}; trace one first"
+            f"{knobs.gradient_checkpointing} precision={knobs.precision}{mode}; trace one first"
         )
     have = [(p, v) for p in same if (v := value(p)) is not None]
     for p, v in have:

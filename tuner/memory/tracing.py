@@ -12,6 +12,8 @@ from trials.contract import LoraSpec, ModelSpec
 from tuner.errors import TunerError
 from tuner.job.space import Space
 from tuner.memory.estimator import Estimator, Evaluation, trace, zero_stage_need
+from tuner.memory.precision import casts_module
+from tuner.memory.trace import TraceAt
 
 ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a share of the budget
 
@@ -39,20 +41,27 @@ class TraceShapes:
 DATA_TRACE_CAP = 2048
 
 
-def trace_points(space: Space) -> list[tuple[int, int, bool, str]]:
-    """The smallest and largest micro batch per (max_length, checkpointing, precision): the estimator scales
-    activations linearly in the micro batch and fits the length curve, so these few points cover the space."""
+def trace_points(space: Space) -> list[TraceAt]:
+    """The smallest and largest micro batch per (max_length, checkpointing, precision, the precision mode of each of
+    the space's engines): the estimator scales activations linearly in the micro batch and fits the length curve, so
+    these few points cover the space."""
     micros = sorted({min(space.micro_batch_size), max(space.micro_batch_size)})
+    modes = sorted({(prec, cast) for prec in space.precision for cast in _casts(space, prec)})
     return [
-        (m, length, ckpt, prec)
+        (m, length, ckpt, prec, cast)
         for m in micros
         for length in space.max_length
         for ckpt in space.gradient_checkpointing
-        for prec in space.precision
+        for prec, cast in modes
     ]
 
 
-def shape_points(shapes: TraceShapes) -> list[tuple[int, int, bool, str]]:
+def _casts(space: Space, precision: str) -> set[bool]:
+    """The precision modes the space's engines run ``precision`` in (tuner.memory.precision)."""
+    return {casts_module(engine, precision) for engine in space.engine}
+
+
+def shape_points(shapes: TraceShapes) -> list[TraceAt]:
     """``trace_points`` of the space, its lengths at most ``length_cap``, plus each of ``extra_lengths`` shorter than
     that at the smallest micro batch, so the estimator fits how activations grow with length."""
     points = trace_points(shapes.space)
@@ -60,9 +69,9 @@ def shape_points(shapes: TraceShapes) -> list[tuple[int, int, bool, str]]:
         return points
     cap = shapes.length_cap or max(p[1] for p in points)
     micro = min(p[0] for p in points)
-    out = {(m, min(length, cap), ckpt, prec) for m, length, ckpt, prec in points}
+    out = {(m, min(length, cap), ckpt, prec, cast) for m, length, ckpt, prec, cast in points}
     for n in shapes.extra_lengths:
-        out |= {(micro, n, ckpt, prec) for _, length, ckpt, prec in points if n < min(length, cap)}
+        out |= {(micro, n, ckpt, prec, cast) for _, length, ckpt, prec, cast in points if n < min(length, cap)}
     return sorted(out)
 
 

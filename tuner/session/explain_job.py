@@ -5,7 +5,7 @@ lengths and collation, and when evaluation first runs (tuner.memory.explain take
 from __future__ import annotations
 
 from tuner.errors import ConfigError
-from tuner.memory.estimator import Estimator, Evaluation, trace
+from tuner.memory.estimator import Estimator, Evaluation, trace, trace_at
 from tuner.memory.explain import Inputs
 from tuner.search.request import SearchRequest
 from tuner.session.memory import evaluation
@@ -31,7 +31,11 @@ def explain_inputs(request: SearchRequest) -> Inputs:
     )
     longest = job.max_length
     lengths = SHORT_LENGTHS if longest > TRACE_MAX_LENGTH else tuple(sorted({max(1, longest // 2), longest}))
-    points = [(config.micro_batch_size, n, ckpt, config.precision) for n in lengths for ckpt in (False, True)]
+    points = [
+        trace_at(config.model_copy(update={"gradient_checkpointing": ckpt}), length=n)
+        for n in lengths
+        for ckpt in (False, True)
+    ]
     tr = trace(
         request.model,
         points,

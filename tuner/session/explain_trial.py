@@ -17,7 +17,7 @@ from typing import Any
 
 from trials.contract import DataBatches, JobSettings, Knobs, ModelSpec
 from tuner.errors import ConfigError
-from tuner.memory.estimator import Estimator, Evaluation, trace
+from tuner.memory.estimator import Estimator, Evaluation, trace, trace_at
 from tuner.memory.explain import Inputs, MeasuredTrial
 from tuner.memory.snapshot_child import read as read_snapshot
 from tuner.records.probe import ProbeRow
@@ -101,8 +101,8 @@ def trial_inputs(store: Store, study: str | None, trial: int | None) -> TrialInp
     if not capacity:
         raise ConfigError(f"trial {trial} of study {name!r} stored no device memory to explain against")
     calib = _calibration(rows, row)
-    shapes = {(knobs.micro_batch_size, knobs.max_length, ckpt, knobs.precision) for ckpt in (False, True)}
-    shapes |= {(k.micro_batch_size, k.max_length, k.gradient_checkpointing, k.precision) for k, _ in calib}
+    shapes = {trace_at(knobs.model_copy(update={"gradient_checkpointing": ckpt})) for ckpt in (False, True)}
+    shapes |= {trace_at(k) for k, _ in calib}
     tr = trace(
         model,
         sorted(shapes),

@@ -7,7 +7,8 @@ checkpointing among the changes that fit. The model is traced at short lengths a
 
 flan-t5-large's CPU trace at those short points takes 4-10 minutes on 2 cores, more than the whole suite may spend on
 one case; so the default test reads the trace this very command recorded (tests/data/seed/flan-t5-large-trace.json,
-`trace` as `tuner explain` called it, on 2026-12-02) and runs everything after it for real, in process. The fresh
+`trace` as `tuner explain` called it, on 2026-12-02; recorded again on 2026-12-04 by this path when
+DeepSpeed's bf16 became traced as a half module, issue 32) and runs everything after it for real, in process. The fresh
 trace runs with TUNER_SEED_TRACE=1 (`TUNER_SEED_TRACE=1 scripts/test.sh tests/tuner/cli/test_explain_seed.py`) and
 checks that it still equals the recorded one, so the file cannot drift from the code that makes it."""
 
@@ -101,6 +102,7 @@ def _check_text(out: str) -> None:
     length = int(re.search(r"at ([0-9,]+) tokens", match).group(1).replace(",", ""))
     assert abs(length - 6352) / 6352 <= 0.05  # 2 x 16 heads x L x L x 4 bytes = 4.81 GiB
     assert "fragmentation ruled out" in out
+    assert any(line.startswith("precision traced: bf16, the module cast to bf16") for line in lines)  # issue 32
     assert re.search(r"crash: your config on your data: 1 batch in [0-9,]+ needs more than", out)
     changes = [line for line in lines if re.match(r"  [0-9]\. ", line)]
     assert any(re.search(r"truncate inputs at [0-9,]+ tokens; cuts [0-9.]+% of samples", c) for c in changes), out
@@ -109,5 +111,6 @@ def _check_text(out: str) -> None:
 
 
 def _check_json(body: dict) -> None:
+    assert "the module cast to bf16" in body["precision_traced"] and "DeepSpeed" in body["precision_traced"]
     assert body["verdict"]["phase"] == "forward_backward" and "attention matrix" in body["matches"][0]["text"]
     assert body["fragmentation"].startswith("fragmentation ruled out")

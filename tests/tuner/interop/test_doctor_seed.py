@@ -74,9 +74,13 @@ def test_the_seed_findings_carry_the_estimates_numbers_ranked(monkeypatch, tmp_p
     assert all(f["number"].startswith("no number") for f in doctor["findings"] if f["nbytes"] is None)
     assert {"no-truncation", "logging-every-step", "skipped-gpu-checks"} <= set(by_code)
     assert doctor["estimate"]["not_covered"] == estimate["not_covered"] and doctor["estimate"]["calibrated"] is False
+    # which precision mode was traced, and why: their DeepSpeed bf16 (issue 32), the same line as tuner estimate's
+    assert doctor["estimate"]["precision_traced"] == estimate["precision_traced"]
+    assert estimate["precision_traced"].startswith("precision traced: bf16, the module cast to bf16 (the job trains")
 
     text = _run(monkeypatch, tmp_path, "doctor", "--ds-config", str(SEED / "ds_config.json"), *FILES, *JOB)
     assert f"ZeRO buffers {buckets / MiB:,.1f} MiB" in text and estimate["not_covered"] in text
+    assert estimate["precision_traced"] in text.replace("\n", " ")
     # the buckets (1.18 GiB) before the eval batch: generate at eval batch 50 is 50 x its per-sample bytes, autocast's
     # weight copies not among them (a DeepSpeed bf16 module has none; counted per sample they made it 17.4 GiB)
     order = [text.index(f"({code})") for code in ("overlap-comm-buckets", "eval-batch-generate", "no-truncation")]

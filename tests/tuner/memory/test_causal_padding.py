@@ -31,7 +31,7 @@ def test_a_padded_worst_batch_needs_its_mask_and_the_padded_trace_says_so(tmp_pa
         assert result.memory_shape is not None and result.memory_shape.padded == padded
         assert result.peak_allocated is not None
         peaks[padded] = result.peak_allocated
-        point = (4, 256, False, "fp32")
+        point = (4, 256, False, "fp32", False)
         est = Estimator(trace(LLAMA, [point], padded=padded), world_size=1, global_batch=8)
         assert abs(est.predict(knobs).raw / result.peak_allocated - 1) < 0.01, (padded, result.peak_allocated)
     assert peaks[True] >= peaks[False] + 4 * 256 * 256  # at least the bool mask [4, 1, 256, 256]

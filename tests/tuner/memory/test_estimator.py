@@ -252,7 +252,7 @@ def test_cli_estimate_reads_the_job_like_search_and_prints_every_phase() -> None
     tuner = Path(sys.executable).with_name("tuner")
     args = [str(tuner), "estimate", "--model", "builtin:tiny-t5", "--baseline", str(SEED / "ds_config.json")]
     args += ["--training-args", str(SEED / "training_args.json"), "--world-size", "4", "--max-length", "2048"]
-    args += ["--max-target-length", "32", "--generation-max-length", "8", "--device-memory", "4GiB"]
+    args += ["--max-target-length", "32", "--generation-max-length", "8", "--device-memory", "1GiB"]
     done = subprocess.run([*args, "--solve", "max-length", "--json"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -271,7 +271,8 @@ def test_cli_estimate_reads_the_job_like_search_and_prints_every_phase() -> None
     cache = [part for part in phases["generate"]["parts"] if part["name"] == "generation cache"]
     assert cache and cache[0]["bytes"] > 0
     solved = re.search(r"fits at micro batch 2: ([\d,]+)", out["solved"] or "")
-    assert solved is not None and 0 < int(solved.group(1).replace(",", "")) < 2048  # 2048 is over 4 GiB
+    # 2048 is over 1 GiB: the ZeRO-2 buckets alone are 763 MiB in bf16 (4 GiB fitted once the module was traced in bf16)
+    assert solved is not None and 0 < int(solved.group(1).replace(",", "")) < 2048
     assert out["verdict"] == "over budget"
     bad = subprocess.run([*args, "--solve", "everything"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--solve" in bad.stderr

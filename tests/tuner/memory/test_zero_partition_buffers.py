@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trials.contract import Knobs, ModelSpec
-from tuner.memory.estimator import Estimator, trace
+from tuner.memory.estimator import Estimator, trace, trace_at
 from tuner.probing.config import probe_config
 from tuner.probing.runner import run_probe
 
@@ -77,7 +77,7 @@ def _estimated_and_measured(
     result = run_probe(cfg, tmp_path)
     assert result.status == "ok", result.cause
     assert result.peak_allocated is not None
-    point = (knobs.micro_batch_size, knobs.max_length, knobs.gradient_checkpointing, knobs.precision)
+    point = trace_at(knobs)
     est = Estimator(trace(model, [point]), world_size=1, global_batch=knobs.micro_batch_size * accumulation)
     return est.predict(knobs).raw, result.peak_allocated
 
@@ -105,7 +105,7 @@ def test_zero2_eval_holds_no_reduce_bucket(tmp_path: Path) -> None:
     assert result.status == "ok", result.cause
     measured = result.ranks[0].phases
     evaluation = Evaluation(eval_batch_size=8, generate=True, generation_max_length=16)
-    est = Estimator(trace(llama, [(4, 128, False, "fp32")], evaluation=evaluation), world_size=1, global_batch=8)
+    est = Estimator(trace(llama, [(4, 128, False, "fp32", False)], evaluation=evaluation), world_size=1, global_batch=8)
     phases = {p.phase: p for p in est.breakdown(knobs).ranks[0].phases}
     for name in ("eval_forward", "generate"):
         assert phases[name].part("ZeRO buffers") == 0

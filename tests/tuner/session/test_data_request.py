@@ -136,12 +136,12 @@ def test_with_data_the_trace_adds_the_median_length_and_caps_the_longest(files):
     ckpt = (False, True)  # the default space's gradient checkpointing choices
     traced = shapes(r)
     assert traced.extra_lengths == (median,) and traced.length_cap == 2048
-    assert shape_points(traced) == sorted((2, n, c, "fp32") for n in (median, r.job.max_length) for c in ckpt)
+    assert shape_points(traced) == sorted((2, n, c, "fp32", False) for n in (median, r.job.max_length) for c in ckpt)
     capped = dataclasses.replace(traced, length_cap=100)  # the data's longest input is past it: traced at 100
-    assert shape_points(capped) == sorted((2, n, c, "fp32") for n in (median, 100) for c in ckpt)
+    assert shape_points(capped) == sorted((2, n, c, "fp32", False) for n in (median, 100) for c in ckpt)
     r.data = None
     assert shapes(r).extra_lengths == () and shape_points(shapes(r)) == sorted(
-        (2, r.job.max_length, c, "fp32") for c in ckpt
+        (2, r.job.max_length, c, "fp32", False) for c in ckpt
     )
 
 
