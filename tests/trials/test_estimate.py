@@ -170,7 +170,7 @@ def test_deepspeed_bf16_is_traced_as_a_half_module_and_the_torch_engine_under_au
 
 
 def test_cuda_kernels_keep_bool_dropout_masks_and_the_biased_attention_on_the_math_path() -> None:
-    """Issue 32: a GPU's kernels where their memory differs from the CPU's (trials.estimate._cuda_kernels). Fused
+    """Issue 32: a GPU's kernels where their memory differs from the CPU's (trials.trace_modes.cuda_kernels). Fused
     dropout keeps a 1-byte mask where the CPU keeps a noise tensor of the input's dtype: less in the train step; T5's
     biased attention runs CUDA's math path in eval (fp32 scores and softmax), where the CPU runs its flash kernel."""
     evaluation = {"eval_batch_size": 4}

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 MAX_CALIBRATION_POINTS = 8
 TRACE_MAX_LENGTH = 1024  # longer configs are extrapolated from two short traced lengths (a long trace takes minutes)
 SHORT_LENGTHS = (320, 640)  # the lengths traced then: not a model dimension of the presets (the shape scaling)
-KERNELS = ("cpu", "cuda")  # whose kernels the trace runs where their memory differs (trials.estimate._cuda_kernels)
+KERNELS = ("cpu", "cuda")  # whose kernels the trace runs where their memory differs (trials.trace_modes.cuda_kernels)
 MiB = 1 << 20
 SOLVE = ("max-length", "micro-batch")
 

@@ -93,7 +93,7 @@ class Trace(BaseModel):
     largest_param: int  # elements of the largest parameter tensor (ZeRO-3 gathers at least this)
     points: list[TracePoint] = Field(default_factory=list)
     # whose kernels the trace ran where their memory differs: "cpu" (the emulated device's probes) or "cuda" (fused
-    # dropout, the math path of attention with a float bias: trials.estimate._cuda_kernels)
+    # dropout, the math path of attention with a float bias: trials.trace_modes.cuda_kernels)
     kernels: str = "cpu"
     trace_s: float = 0.0
 
