@@ -78,6 +78,11 @@ class TimedWindow:
         return len(self.times) >= self.max_cycles or (self.spread or 0.0) <= self.tolerance
 
     @property
+    def past_minimum(self) -> bool:
+        """The measured cycles are run: what follows is the extension a noisy host gets."""
+        return len(self.times) >= self.min_cycles
+
+    @property
     def spread(self) -> float | None:
         last = self.times[-max(2, self.min_cycles) :]
         if len(last) < 2:

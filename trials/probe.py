@@ -177,7 +177,9 @@ class Probe:
             micro, boundary = split_steps(durations, boundaries)
             self.micro_times += micro
             self.boundary_times += boundary
-            done = self._all_done(window.record(sum(durations)) or not self._may_extend(sum(durations)))
+            cycle_s = sum(durations)
+            done = window.record(cycle_s) or (window.past_minimum and not self._may_extend(cycle_s))
+            done = self._all_done(done)
         self.window = window
 
     def _timed_window(self, cycles: int, accum: int) -> TimedWindow:

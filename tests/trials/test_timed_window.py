@@ -31,6 +31,17 @@ def test_noisy_cycles_measure_longer_until_they_agree_or_the_most() -> None:
     assert capped.spread == pytest.approx(1.0 / 1.5)  # said, not hidden
 
 
+def test_the_minimum_is_never_cut_short() -> None:
+    """The extension past the measured steps is what a deadline may cut; the measured steps themselves run (a probe
+    asked for 10^7 steps runs until its timeout, as tests/tuner/probing/test_runner.py's timeout test needs)."""
+    window = TimedWindow(min_cycles=3, max_cycles=6, tolerance=0.0)
+    window.record(1.0)
+    assert not window.past_minimum
+    window.record(1.0)
+    window.record(2.0)
+    assert window.past_minimum
+
+
 def test_drawn_batches_run_their_cycles_once() -> None:
     window = TimedWindow(min_cycles=3, max_cycles=3, tolerance=math.inf)
     assert [window.record(t) for t in (1.0, 3.0, 2.0)] == [False, False, True]
