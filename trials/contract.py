@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 # The contract's other halves, re-exported: tuner/ imports the contract from this module alone.
 from trials.contract_batches import BatchDims, DataBatches, Strict, probe_accum, timed_micro_steps  # noqa: F401
@@ -49,7 +49,11 @@ from trials.status import (  # noqa: F401  (re-exported: the contract's status v
 )
 
 Precision = Literal["fp32", "bf16", "fp16"]
-Engine = Literal["torch", "deepspeed"]
+Engine = Literal["torch", "deepspeed", "fsdp2"]
+# The FSDP2 knobs (engine "fsdp2" only): a Knobs dump of another engine leaves them out, so the keys of configs stored
+# before FSDP2 existed do not change (tuner.job.space.knobs_key / config_key hash the dump).
+FSDP_KNOBS: tuple[str, ...] = ("reshard_after_forward", "offload_params")
+FsdpWrap = Literal["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
 
 BUILTIN_PREFIX = "builtin:"
 # Built-in model presets (random init from a config, no download); trials/models.py holds their shapes: T5 (seq2seq)
@@ -164,6 +168,11 @@ class Knobs(Strict):
     alloc_conf: str | None = None
     eval_batch_size: int | None = Field(None, ge=1)
     generate: bool = False
+    # FSDP2 (engine "fsdp2"): free each block's gathered parameters after its forward (accelerate's
+    # fsdp_reshard_after_forward; False keeps them to the backward: less communication, more memory) and CPU offload
+    # of the sharded parameters, their gradients and the optimizer step (fsdp_offload_params: CPUOffloadPolicy)
+    reshard_after_forward: bool = True
+    offload_params: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> Knobs:
@@ -171,7 +180,30 @@ class Knobs(Strict):
             raise ValueError("engine 'torch' has no ZeRO stage or optimizer offload; use engine 'deepspeed'")
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError("offload_optimizer needs zero_stage >= 1")
+        if self.engine == "fsdp2":
+            deepspeed_only = self.zero_stage or self.offload_optimizer or self.overlap_comm
+            if deepspeed_only or self.allgather_bucket_size or self.reduce_bucket_size:
+                raise ValueError(
+                    "engine 'fsdp2' has no ZeRO stage, DeepSpeed buckets, overlap_comm or optimizer offload; "
+                    "its offload is offload_params (parameters, gradients and the optimizer step on the host)"
+                )
+        elif not self.reshard_after_forward or self.offload_params:
+            raise ValueError("reshard_after_forward and offload_params are FSDP2 knobs; use engine 'fsdp2'")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The FSDP knobs only in an FSDP2 config's dump (another engine's keys stay as they were before FSDP2)."""
+        data: dict[str, Any] = handler(self)
+        if self.engine != "fsdp2":
+            for name in FSDP_KNOBS:
+                data.pop(name, None)
+        return data
+
+    @property
+    def sharded(self) -> bool:
+        """Whether parameters are sharded over the ranks (ZeRO-3 or FSDP2)."""
+        return self.engine == "fsdp2" or (self.engine == "deepspeed" and self.zero_stage == 3)
 
 
 class ModelSpec(Strict):
@@ -228,6 +260,21 @@ class JobSettings(Strict):
         return self.generation_max_length or self.label_length(max_length)
 
 
+class FsdpSettings(Strict):
+    """The user's own FSDP2 settings a search holds fixed (their accelerate ``fsdp_config`` / TrainingArguments'
+    ``fsdp_config``, without the tuned knobs): how blocks are wrapped, and what moves save memory, not training."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    auto_wrap_policy: FsdpWrap = Field("TRANSFORMER_BASED_WRAP", description="accelerate's fsdp_auto_wrap_policy")
+    transformer_layer_cls_to_wrap: tuple[str, ...] = Field(
+        (), description="block classes each sharded on their own; empty: the model's _no_split_modules"
+    )
+    min_num_params: int = Field(100_000_000, ge=0, description="SIZE_BASED_WRAP's threshold (accelerate's default)")
+    state_dict_type: str = Field("SHARDED_STATE_DICT", description="held as given: it moves save memory only")
+    cpu_ram_efficient_loading: bool = Field(True, description="rank 0 loads, others get its weights (host memory)")
+
+
 class ProbeConfig(Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     knobs: Knobs
@@ -236,6 +283,8 @@ class ProbeConfig(Strict):
     # knobs and the user's own DeepSpeed settings, the one function the export uses too. The probe runs it as is but
     # for trials.engine.probe_deepspeed_config's documented adaptations (its accumulation, no profiler files ...).
     deepspeed: dict[str, Any] | None = None
+    # the user's FSDP2 settings (engine fsdp2; None: accelerate's defaults), held as they are
+    fsdp: FsdpSettings | None = None
     world_size: int = Field(1, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
     warmup_steps: int = Field(2, ge=1, description="micro-steps before measuring, at least one optimizer step")

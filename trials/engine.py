@@ -329,5 +329,9 @@ def hidden_size_of_config(config: Any, name: str = "the model") -> int:
 def build_engine(
     model: torch.nn.Module, config: ProbeConfig, accum: int, device: torch.device, world_size: int
 ) -> Engine:
+    if config.knobs.engine == "fsdp2":
+        from trials.fsdp import FsdpEngine
+
+        return FsdpEngine(model, config, accum, device, world_size)
     cls = DeepSpeedEngine if config.knobs.engine == "deepspeed" else TorchEngine
     return cls(model, config, accum, device, world_size)

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from trials.contract import FAILED_OP_CHARS, FAILED_SHAPE_DIMS, FailedAllocation, Stage, Status
+from trials.fsdp_storage import counted_resizes
 
 MiB = 1 << 20
 
@@ -62,6 +63,7 @@ class LiveTensorTracker(TorchDispatchMode):
         self._forward_depth = 0  # modules whose forward is running (global module hooks, while the mode is active)
         self._stepping = 0  # torch optimizers whose step is running (global optimizer hooks)
         self._hooks: list[Any] = []
+        self._resizes: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
     # -- accounting -------------------------------------------------------------------------------------------------
     def track(self, tensors: Iterable[Any]) -> None:
@@ -130,6 +132,11 @@ class LiveTensorTracker(TorchDispatchMode):
             self._host.discard(key)
             self.live -= self._sizes.pop(key, 0)
 
+    def resized(self, t: torch.Tensor) -> None:
+        """Recounts ``t``'s storage after a resize outside the dispatcher (FSDP2's, trials.fsdp_storage)."""
+        if not self._paused:
+            self._add(t)
+
     def mark_host(self, tensors: Iterable[Any]) -> int:
         """Takes tensors off the device (host memory, e.g. an offloaded optimizer's state); returns the bytes freed."""
         freed = 0
@@ -182,6 +189,8 @@ class LiveTensorTracker(TorchDispatchMode):
         def leave_step(*_: Any) -> None:
             self._stepping = max(0, self._stepping - 1)
 
+        self._resizes = counted_resizes(self.resized)
+        self._resizes.__enter__()
         self._hooks = [
             module.register_module_forward_pre_hook(enter_forward),
             module.register_module_forward_hook(leave_forward, always_call=True),
@@ -196,6 +205,7 @@ class LiveTensorTracker(TorchDispatchMode):
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        self._resizes.__exit__(None, None, None)
 
     def reset_peak(self) -> None:
         self.peak = self.live

@@ -53,8 +53,8 @@ def dtype_kwarg() -> str:
 
 def placement(knobs: Knobs, device_type: str) -> Placement:
     """Where to build the model for these knobs on this device type (see ``Placement``)."""
-    if device_type != "cuda":
-        return "host"
+    if device_type != "cuda" or knobs.engine == "fsdp2":
+        return "host"  # FSDP2: accelerate shards a host model, fully_shard moving each group's shard to the device
     if knobs.engine == "deepspeed" and knobs.zero_stage == 3:
         return "zero-init"
     return "device"

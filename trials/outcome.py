@@ -30,6 +30,11 @@ class DeviceBusy(RuntimeError):
     """The rank's GPU is in use by another process (see trials.contract.device_busy)."""
 
 
+class ConfigRefused(RuntimeError):
+    """The config cannot run with this model and these libraries as it stands, said with the reason (an FSDP2 model
+    the installed accelerate cannot shard): status "refused", no memory verdict."""
+
+
 def classify(exc: BaseException, *, cuda: bool = False, device_full: bool = False) -> tuple[Status, int]:
     """The status and exit code of a rank that raised ``exc`` (trials.memory.memory_failure for memory failures). An
     interrupt (SIGINT: the runner never sends one, its ranks run in their own sessions) is an outside stop: "killed"."""
@@ -42,6 +47,8 @@ def _status(exc: BaseException, *, cuda: bool, device_full: bool) -> Status:
         return Status.KILLED
     if isinstance(exc, DeviceBusy):
         return Status.DEVICE_BUSY
+    if isinstance(exc, ConfigRefused):
+        return Status.REFUSED
     kind = memory.memory_failure(exc, cuda=cuda, device_full=device_full, frames=memory.traceback_frames(exc))
     if kind is not None:
         return kind

@@ -105,7 +105,7 @@ class Probe:
 
     # -- setup ------------------------------------------------------------------------------------------------------
     def _setup_dist(self) -> None:
-        needs = self.world_size > 1 or self.config.knobs.engine == "deepspeed"
+        needs = self.world_size > 1 or self.config.knobs.engine != "torch"  # DeepSpeed, FSDP2: a process group
         if not needs or torch.distributed.is_initialized():
             return
         os.environ.setdefault("RANK", str(self.rank))
@@ -241,7 +241,7 @@ class Probe:
                 self._mark("eval_forward", self.run_phases)
                 if knobs.generate:
                     self.phase = "generate"
-                    zero3 = knobs.engine == "deepspeed" and knobs.zero_stage == 3 and self.world_size > 1
+                    synced = knobs.sharded and self.world_size > 1  # the Trainer's synced_gpus (ZeRO-3, FSDP)
                     model.generate(  # type: ignore[operator]  # engine.module is typed as a plain Module
                         input_ids=batch["input_ids"],
                         attention_mask=batch["attention_mask"],
@@ -250,7 +250,7 @@ class Probe:
                         do_sample=False,
                         num_beams=job.num_beams,
                         use_cache=True,
-                        synced_gpus=zero3,
+                        synced_gpus=synced,
                     )
                     self.dev.peaks.end("generate")
                     self._mark("generate", self.run_phases)

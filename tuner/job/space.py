@@ -3,7 +3,8 @@
 Every knob is a list of choices. A file may write a knob as a list, a single value (fixed), or an integer range
 ``{low: 1, high: 64, scale: pow2}`` (``scale: linear`` with ``step`` for evenly spaced values). Knobs left out keep the
 built-in default's choices. Conditional knobs are only sampled where they apply: ZeRO settings only for the DeepSpeed
-engine; bucket sizes, overlap_comm, contiguous_gradients and offload only for ZeRO stage >= 1.
+engine; bucket sizes, overlap_comm, contiguous_gradients and offload only for ZeRO stage >= 1; reshard_after_forward
+and offload_params only for the FSDP2 engine.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from trials.contract import Engine, Knobs, Precision
+from trials.contract import FSDP_KNOBS, Engine, Knobs, Precision
 from tuner.bounded import MAX_DEPTH, ShapeError, check_shape, read_text_file
 from tuner.errors import LimitError, SpaceError
 
@@ -145,6 +146,8 @@ class Space(BaseModel):
     alloc_conf: list[str | None] = Field(default=[None], min_length=1)
     eval_batch_size: list[int | None] = Field(default=[None], min_length=1)
     generate: list[bool] = Field(default=[False], min_length=1)
+    reshard_after_forward: list[bool] = Field(default=[True], min_length=1)
+    offload_params: list[bool] = Field(default=[False], min_length=1)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -209,10 +212,11 @@ class Space(BaseModel):
         zero_rest = n(self.reduce_bucket_size) * n(self.overlap_comm) * n(self.contiguous_gradients)
         zero_rest *= n(self.offload_optimizer)
         per_stage = {0: 1, 1: n(self.allgather_bucket_size) * zero_rest, 3: zero_rest}
-        engines = sum(
-            sum(per_stage.get(stage, per_stage[1]) for stage in self.zero_stage) if engine == "deepspeed" else 1
-            for engine in self.engine
-        )
+        per_engine = {
+            "deepspeed": sum(per_stage.get(stage, per_stage[1]) for stage in self.zero_stage),
+            "fsdp2": n(self.reshard_after_forward) * n(self.offload_params),
+        }
+        engines = sum(per_engine.get(engine, 1) for engine in self.engine)
         evals = sum(1 if e is None else n(self.generate) for e in self.eval_batch_size)
         return engines * common * n(self.alloc_conf) * evals
 
@@ -230,6 +234,9 @@ class Space(BaseModel):
             values[name] = self._pick(trial, name)
         if values["engine"] == "deepspeed":
             values["zero_stage"] = self._pick(trial, "zero_stage")
+        if values["engine"] == "fsdp2":
+            for name in FSDP_KNOBS:
+                values[name] = self._pick(trial, name)
         if values.get("zero_stage", 0) >= 1:
             for name in ZERO_KNOBS:
                 if name == "allgather_bucket_size" and values["zero_stage"] == 3:
