@@ -122,6 +122,9 @@ class RankResult(Strict):
     # step's in order); empty at a fixed shape
     memory_shape: BatchDims | None = None
     timed_shapes: list[BatchDims] = Field(default_factory=list)
+    # FSDP2: whether every parameter came back from the engine's preparation as a shard (a DTensor); None: an engine
+    # that does not shard them this way
+    sharded: bool | None = None
 
 
 class RankReason(Strict):
@@ -159,6 +162,7 @@ class ProbeResult(Strict):
     setup_phases: dict[str, float] = Field(default_factory=dict)  # of the slowest rank (RankResult.setup_phases)
     run_phases: dict[str, float] = Field(default_factory=dict)  # of that rank (RankResult.run_phases)
     attempts: int = 1  # launches it took: a transient failure (an outside kill, a launch failure) is retried once
+    sharded: bool | None = None  # FSDP2: every rank's parameters were shards (RankResult.sharded); None: not FSDP2
 
     @property
     def memory_need(self) -> int | None:

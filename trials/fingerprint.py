@@ -16,7 +16,8 @@ from trials.contract import alloc_conf_in_force
 @functools.cache
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "torch": torch.__version__}
-    for dist in ("deepspeed", "transformers"):
+    # accelerate prepares FSDP2 (its fp32 upcast of trainable parameters under mixed precision holds from 1.14)
+    for dist in ("deepspeed", "transformers", "accelerate"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

@@ -130,6 +130,9 @@ class FsdpEngine:
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.module = shard(model, config, device, rank)
         self.parts: dict[str, float] = {"shard": time.monotonic() - start}
+        self.sharded = sharded(self.module)  # RankResult.sharded: what the Trainer runs is sharded, not replicated
+        if not self.sharded:
+            raise RuntimeError("accelerate's FSDP2 preparation left parameters unsharded (not DTensor shards)")
         trainable = [p for p in self.module.parameters() if p.requires_grad]
         # the Trainer builds its optimizer after FSDP2 preparation, on the sharded parameters; offloaded shards live on
         # the host, where fused AdamW does not run

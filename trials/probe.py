@@ -315,6 +315,7 @@ class Probe:
             run_phases=self.run_phases,
             memory_shape=self.memory_shape,
             timed_shapes=self.timed_shapes,
+            sharded=getattr(engine, "sharded", None),
         )
 
     def _setup_s(self) -> float | None:

@@ -15,6 +15,8 @@ allgather/reduce       larger or equal; compared only when *both* configs run Ze
 bucket sizes           ``None`` means DeepSpeed's default, 5e8 elements.
 eval_batch_size        larger or equal; ``None`` (no eval pass) needs the least
 generate               on, or equal (generation runs on top of the eval forward)
+reshard_after_forward  off, or equal (FSDP2 keeps each block's gathered parameters to its backward)
+offload_params         off, or equal (FSDP2 keeps the sharded parameters, gradients and optimizer on the host)
 everything else        equal: engine, overlap_comm, contiguous_gradients, precision, alloc_conf
 ====================== ===================================================================================
 
@@ -64,6 +66,8 @@ DEFAULT_ORDER: dict[str, Direction] = {
     "reduce_bucket_size": "up",
     "eval_batch_size": "up",
     "generate": "up",
+    "reshard_after_forward": "down",  # FSDP2: keeping the gathered blocks to the backward needs more
+    "offload_params": "down",
     "engine": "equal",
     "overlap_comm": "equal",
     "contiguous_gradients": "equal",

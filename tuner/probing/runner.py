@@ -29,6 +29,14 @@ from tuner.settings import Settings, load_settings
 
 LAUNCHERS = ("auto", "spawn", "forkserver")
 MAX_ATTEMPTS = 2
+# a rank's cause that refuses the engine for the model, whatever the knobs (trials.fsdp.FsdpRefusal): the runner says it
+# once, and refuses that engine's next configs of the model without launching them
+ENGINE_REFUSALS = ("FsdpRefusal:",)
+
+
+def engine_key(config: ProbeConfig) -> str:
+    """What an engine refusal holds for: the engine and the model (its source and overrides)."""
+    return f"{config.knobs.engine} {config.model.model_dump_json(exclude={'vocab_size'})}"
 
 
 def choose_launcher(launcher: str | None, settings: Settings) -> str:
@@ -67,6 +75,7 @@ class ProbeRunner:
         self.explicit = (launcher or settings.probe_launcher) == "forkserver"
         choose_launcher(launcher, settings)  # refuses an unknown launcher now
         sweep_once()  # what a killed run (kill -9) left in the temp dir
+        self.engine_refused: dict[str, str] = {}  # engine_key -> the refusal its first probe said
 
     def env(self, world_size: int) -> dict[str, str]:
         return probe_env(world_size, settings=self.settings)
@@ -79,6 +88,9 @@ class ProbeRunner:
         refused = ops_refusal(ensure_ops(config, self.env(config.world_size)))
         if refused is not None:  # its ranks would compile inside the probe's clock, or fail at their first step
             return ProbeResult(status=Status.REFUSED, cause=refused)
+        said = self.engine_refused.get(engine_key(config))
+        if said is not None:
+            return ProbeResult(status=Status.REFUSED, cause=f"{said} (said by an earlier probe; not launched)")
         own = workdir is None
         work = Path(workdir) if workdir is not None else owned_dir("tuner-probe-")
         work.mkdir(parents=True, exist_ok=True)
@@ -88,6 +100,7 @@ class ProbeRunner:
                 result = tried.result.model_copy(update={"attempts": attempt})
                 result = snapshots.keep(result, snapshots.snapshot_dir(self.settings.storage, self.settings.cache_dir))
                 if not tried.transient or attempt == MAX_ATTEMPTS:
+                    self._remember(config, result)
                     return result
                 if how == "forkserver" and tried.rank_fault:
                     how = "spawn"  # the server's process had touched CUDA: fresh interpreters from here on
@@ -96,6 +109,11 @@ class ProbeRunner:
         finally:
             if own:
                 shutil.rmtree(work, ignore_errors=True)
+
+    def _remember(self, config: ProbeConfig, result: ProbeResult) -> None:
+        cause = result.cause or ""
+        if result.status == Status.REFUSED and cause.startswith(ENGINE_REFUSALS):
+            self.engine_refused[engine_key(config)] = cause
 
     def _server(self, how: str) -> launch_forkserver.ForkServer | None:
         if how != "forkserver":

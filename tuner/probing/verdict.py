@@ -158,6 +158,7 @@ def merge(
         setup_s=slowest.setup_s if slowest else None,
         setup_phases=slowest.setup_phases if slowest else {},
         run_phases=slowest.run_phases if slowest else {},
+        sharded=_sharded([res for res in results if res is not None]),
     )
     if timed_out and all(s == Status.TIMEOUT for _, s, _ in failures):
         nccl = next((said for r in ranks if "NCCL:" in (said := said_tail(r.err))), "")
@@ -179,6 +180,12 @@ def merge(
         steps=steps,
         **common,
     )
+
+
+def _sharded(results: Sequence[RankResult]) -> bool | None:
+    """FSDP2: True when every rank that said so held only shards; None when no rank says (another engine)."""
+    said = [res.sharded for res in results if res.sharded is not None]
+    return all(said) if said else None
 
 
 def _drawn(config: ProbeConfig, results: Sequence[RankResult], common: dict[str, Any]) -> ProbeResult:
