@@ -1,6 +1,6 @@
 """The "user's config" the batch-size finders start from: the longest max_length, the lowest ZeRO stage present, no
-gradient checkpointing (the Trainer defaults), the other knobs at the grid's first values. Only the micro batch
-moves."""
+gradient checkpointing (the Trainer defaults; under FSDP2 accelerate's: reshard after forward, no offload), the other
+knobs at the grid's first values. Only the micro batch moves."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ def micro_ladder(env: Env, zero_stage: int | None = None) -> list[Knobs]:
     out: dict[int, Knobs] = {}
     for k in configs:
         if k.max_length != length or k.zero_stage != stage or k.gradient_checkpointing:
+            continue
+        if not k.reshard_after_forward or k.offload_params:
             continue
         same_rest = all(
             getattr(k, f) == getattr(first, f)

@@ -33,7 +33,7 @@ class Featurizer:
 
     def __init__(self, configs: Sequence[Knobs], sizes: Sequence[str] = ()) -> None:
         dumps = [k.model_dump(mode="json") for k in configs]
-        names = sorted(dumps[0]) if dumps else []
+        names = sorted(set().union(*dumps))  # an engine's own knobs are in its configs' dumps only (FSDP2's)
         self.numeric = [n for n in NUMERIC if len({d[n] for d in dumps}) > 1]
         self.sizes = {
             n: float(min(set_values)) for n in sizes if len(set_values := {d[n] for d in dumps if d.get(n)}) > 1
