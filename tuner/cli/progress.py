@@ -40,7 +40,7 @@ def compact(knobs: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> s
         elif value == "False" and name in _FLAGS:
             parts.append(f"no-{short}")
         else:
-            parts.append(f"{short}{'' if name == 'zero_stage' else '='}{value}")  # z2, micro=4
+            parts.append(value if name == "engine" else f"{short}{'' if name == 'zero_stage' else '='}{value}")
     return " ".join(_merge_buckets(parts))
 
 
@@ -62,8 +62,18 @@ _SHORT = {
     "offload_optimizer": "offload",
     "gradient_checkpointing": "ckpt",
     "eval_batch_size": "eval",
+    "reshard_after_forward": "reshard",
+    "offload_params": "offload-params",
 }
-_FLAGS = ("overlap_comm", "contiguous_gradients", "offload_optimizer", "gradient_checkpointing", "generate")
+_FLAGS = (
+    "overlap_comm",
+    "contiguous_gradients",
+    "offload_optimizer",
+    "gradient_checkpointing",
+    "generate",
+    "reshard_after_forward",
+    "offload_params",
+)
 
 
 def fmt_num(value: float | None) -> str:

@@ -235,7 +235,7 @@ class Frontier:
 
 def describe(knobs: Mapping[str, Any]) -> str:
     """A short human label of the knobs that differ from the defaults."""
-    defaults = Knobs(micro_batch_size=1, max_length=1).model_dump()
+    defaults = Knobs(micro_batch_size=1, max_length=1, engine="fsdp2").model_dump() | {"engine": "deepspeed"}
     parts = [f"micro={knobs.get('micro_batch_size')}", f"len={knobs.get('max_length')}"]
     for name, value in knobs.items():
         if name in ("micro_batch_size", "max_length") or defaults.get(name) == value:
