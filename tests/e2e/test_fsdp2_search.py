@@ -1,0 +1,59 @@
+"""A real FSDP2 search from `tuner search` (issue 31): builtin:tiny-llama on 2 gloo ranks sharded by accelerate's own
+FSDP2 preparation, real OOMs pruned, a stable pick; every measured probe says its ranks held shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TUNER = str(Path(sys.executable).with_name("tuner"))
+SPACE = """engine: [fsdp2]
+micro_batch_size: [2, 4, 8]
+max_length: [128]
+reshard_after_forward: [true, false]
+offload_params: [false]
+gradient_checkpointing: [false]
+"""
+
+
+def tuner(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([TUNER, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):  # type: ignore[no-untyped-def]
+    d = tmp_path_factory.mktemp("fsdp2")
+    space = d / "space.yaml"
+    space.write_text(SPACE)
+    db = d / "tuner.db"
+    url = f"sqlite:///{db}"
+    # 12 MiB per rank: micro 2 and 4 fit (3.9 / 10.1 MiB), micro 8 runs out
+    args = ["--budget", "2m", "--model", "builtin:tiny-llama", "--world-size", "2", "--device-memory", "12MiB"]
+    done = tuner("search", *args, "--space", str(space), "--global-batch", "16", "--storage", url, "--study", "f")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return url, db, d, done
+
+
+@pytest.mark.slow
+def test_fsdp2_search_prunes_real_ooms_and_picks_a_sharded_stable_config(searched) -> None:  # type: ignore[no-untyped-def]
+    url, db, _, done = searched
+    with sqlite3.connect(db) as con:
+        rows = [
+            (status, json.loads(knobs), json.loads(result) if result else None, stable)
+            for status, knobs, result, stable in con.execute("select status, knobs, result, stable from tuner_probes")
+        ]
+    measured = [(s, k, r, st) for s, k, r, st in rows if r is not None]
+    assert any(s == "oom" and k["micro_batch_size"] == 8 for s, k, _, _ in measured)
+    ok = [(k, r) for s, k, r, st in measured if s == "ok" and st]
+    assert ok and all(k["engine"] == "fsdp2" for k, _ in ok)
+    assert all(r["sharded"] is True for _, r in ok)  # sharded on every rank, never a replicated model
+    assert "the pick: " in done.stdout and "fsdp2" in done.stdout.split("the pick: ")[1].splitlines()[0]
+    best = json.loads(tuner("best", "--storage", url, "--study", "f").stdout)
+    assert best["knobs"]["engine"] == "fsdp2" and best["knobs"]["micro_batch_size"] in (2, 4)
