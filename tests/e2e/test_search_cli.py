@@ -232,6 +232,7 @@ def test_the_motivating_teams_files_fix_the_job_every_probe_runs(tmp_path):
         "3",
         "--finalists",
         "0",
+        "--no-estimate",  # the job every probe runs is the subject here (the estimate of their job: test_bf16_probes)
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "your job (held fixed): bf16, length 32 -> labels 16, eval batch 50 + generate 16 tokens" in done.stdout
