@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
 
 from trials.contract import AUTO, DS_HOST_KEYS, ProbeConfig, auto_paths, needed_ops
+from trials.optim import client_optimizer
 
 
 class Engine(Protocol):
@@ -183,12 +184,6 @@ def probe_deepspeed_config(
     if left:
         raise ValueError(f"the DeepSpeed config leaves {', '.join(left)} as 'auto' and nothing resolves it")
     return ds
-
-
-def client_optimizer(params: Iterable[torch.nn.Parameter], lr: float, cuda: bool) -> torch.optim.Optimizer:
-    """The optimizer the HF Trainer builds when the job names none (TrainingArguments.optim's default
-    adamw_torch_fused; the fused kernel on CUDA, the plain one where fused does not run)."""
-    return torch.optim.AdamW(params, lr=lr, fused=True if cuda else None)
 
 
 # ZeRO optimizer attributes that live in host memory when the optimizer is offloaded (stages 1-2 and 3)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from trials.contract import FsdpSettings, ProbeConfig
+from trials.optim import client_optimizer
 from trials.outcome import ConfigRefused
 
 # what the installed accelerate says when a model shares one Parameter between modules it puts in two FSDP groups
@@ -120,8 +121,6 @@ class FsdpEngine:
     def __init__(
         self, model: torch.nn.Module, config: ProbeConfig, accum: int, device: torch.device, world_size: int
     ) -> None:
-        from trials.engine import client_optimizer
-
         knobs = config.knobs
         cuda = device.type == "cuda"
         if knobs.precision == "fp16" and not cuda:
