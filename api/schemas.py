@@ -167,6 +167,8 @@ class ChangesOut(BaseModel):
     fixed: str | None = Field(None, description="the job, held fixed")
     not_probed: list[str] = Field(default_factory=list, description="keys of the user's files carried, not probed")
     verdict: str | None = Field(None, description="against the user's config: the speed-up, or where it ran out")
+    written_for: str | None = Field(None, description="which transformers the training-args export names fields for")
+    engine: str | None = Field(None, description="the pick's engine in words, and the user's when it differs")
     lines: list[str] = Field(default_factory=list, description="the same, as `tuner best --changes` prints it")
 
 
@@ -192,6 +194,9 @@ class BestConfigOut(BaseModel):
     trial_number: int | None
     config_key: str
     knobs: dict[str, Any]
+    engine: str = Field(
+        "deepspeed", description="deepspeed | fsdp2 | torch: what the exports configure (fsdp2: no DeepSpeed JSON)"
+    )
     world_size: int
     gradient_accumulation_steps: int
     global_batch: int

@@ -277,6 +277,7 @@ def best_config(store: Store, name: str, fmt: str, found: Ranked) -> BestConfigO
         trial_number=best.trial_number,
         config_key=best.config_key,
         knobs=best.knobs,
+        engine=str(best.knobs.get("engine", "deepspeed")),
         world_size=world,
         gradient_accumulation_steps=accum,
         global_batch=int(best.knobs.get("micro_batch_size", 1)) * accum * world,

@@ -44,8 +44,8 @@ def export(
 ) -> None:
     """Export the best stable config of a study. With --format accelerate -o FILE the DeepSpeed JSON it points at is
     written next to FILE as FILE-stem.deepspeed.json."""
-    from tuner.interop.export import deepspeed_export, layout, measured_knobs
-    from tuner.interop.export.accelerate import render_yaml, to_accelerate
+    from tuner.interop.export import accelerate_export, deepspeed_export, layout, measured_knobs
+    from tuner.interop.export.accelerate import render_yaml
     from tuner.session.best import serve_best
     from tuner.session.options import cli_option
     from tuner.settings import load_settings
@@ -75,8 +75,12 @@ def export(
             transformers_version=export.transformers_version,
         )
         _write(ds_path, layout.dumps(ds))
-        acc = to_accelerate(
-            knobs, world_size=world, gradient_accumulation_steps=accum, deepspeed_config_file=str(ds_path)
+        acc = accelerate_export(
+            knobs,
+            world_size=world,
+            gradient_accumulation_steps=accum,
+            files=export.files,
+            deepspeed_config_file=str(ds_path),
         )
         _write(output, render_yaml(acc, str(ds_path)))
         written.append(ds_path)

@@ -316,10 +316,8 @@ def summary_table(summary: SearchSummary, objective: Objective, job: Mapping[str
             f"{format_size(best.capacity)}"
         )
         lines.append(f"  {fmt_num(best.objective)} {objective.unit}{_evidence(best)}")
-        lines.append(
-            f"next: tuner best --study {summary.study_name} --changes   (then --format deepspeed|hf|accelerate|env "
-            "-o FILE)"
-        )
+        formats = "accelerate|hf|env" if best.knobs.get("engine") == "fsdp2" else "deepspeed|hf|accelerate|env"
+        lines.append(f"next: tuner best --study {summary.study_name} --changes   (then --format {formats} -o FILE)")
     else:
         lines.append("the pick: no stable config yet")
     return Group(*(Text(line) for line in lines))

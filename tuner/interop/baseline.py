@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from trials.contract import BUCKET_KNOBS, Knobs
 from tuner.errors import BaselineError
+from tuner.interop.baseline_fsdp import NO_BATCH_IN_ACCELERATE, fsdp_import
 from tuner.interop.ds_json import as_bool, as_int, batch_fields, check_ds_keys, dotted, ds_value
 from tuner.interop.export.mapping import (
     AUTO,
@@ -52,10 +53,16 @@ class Baseline:
     ds_given: dict[str, Any] | None = None  # the user's DeepSpeed JSON as given ("auto" kept)
     transformers: str | None = None  # the release whose Trainer filled ds_config (tuner.interop.trainer_fill)
     fixes: list[dict[str, Any]] = field(default_factory=list)  # TrainerFix as JSON: what the exports write
+    # an FSDP2 baseline (knobs engine fsdp2): the settings every probe holds (trials.contract.FsdpSettings as JSON),
+    # and the user's accelerate config as given when that is where they wrote them
+    fsdp: dict[str, Any] | None = None
+    accelerate_given: dict[str, Any] | None = None
 
     def files(self) -> dict[str, Any]:
-        """The user's files as given, what an export starts from: {"deepspeed": ..., "training_args": ...}."""
-        return {"deepspeed": self.ds_given, "training_args": self.hf_args or None}
+        """The user's files as given, what an export starts from: {"deepspeed": ..., "training_args": ...}, and
+        "accelerate" when they gave an accelerate config."""
+        files = {"deepspeed": self.ds_given, "training_args": self.hf_args or None}
+        return {**files, "accelerate": self.accelerate_given} if self.accelerate_given is not None else files
 
     def trainer_fixes(self) -> list[TrainerFix]:
         return [TrainerFix.from_dict(f) for f in self.fixes]
@@ -151,16 +158,27 @@ def parse_baseline(
     hidden_size: int | None = None,
     max_length: int | None = None,
     transformers_version: str | None = None,
+    accelerate: Mapping[str, Any] | None = None,
 ) -> Baseline:
     """Maps a DeepSpeed config and/or training args onto the knobs, "auto" filled as the Trainer of
     ``transformers_version`` fills it (None: this host's release). ``world_size`` (the study's) checks
     train_batch_size; ``hidden_size`` resolves the model-sized "auto" buckets as the Trainer would; ``max_length``
     is used when the training args name no length (max_source_length, max_seq_length, max_length); with neither, the
     default search space's max_length (noted in ``notes``). Every DeepSpeed and TrainingArguments name is read from
-    tuner.interop.export.mapping's tables, the ones the exports write with."""
+    tuner.interop.export.mapping's tables, the ones the exports write with. An FSDP2 setup (training args with
+    ``fsdp``, or ``accelerate``: the user's accelerate config with an ``fsdp_config``, beside their training args)
+    is read by tuner.interop.baseline_fsdp: engine fsdp2 and the settings every probe holds."""
+    if accelerate is not None and not isinstance(accelerate, Mapping):
+        raise BaselineError(f"the accelerate config must be a mapping, got {type(accelerate).__name__}")
+    if accelerate is not None and hf_args is None:
+        raise BaselineError(NO_BATCH_IN_ACCELERATE)
     ds_config, hf = _inputs(ds_config, hf_args)
     notes: list[str] = []
     fill = trainer_fill(transformers_version)
+    fsdp = fsdp_import(accelerate, hf.given if hf.present else None, ds_config is not None)
+    if fsdp is not None:
+        notes += fsdp.notes
+        world_size = _fsdp_world(world_size, fsdp.world_size)
     ds = _checked_ds(ds_config, hf, hidden_size, notes, fill)
     micro, accum, world, global_batch = batch_fields(ds, world_size)
     if ds.get("train_batch_size") == AUTO and world is not None and global_batch is not None:
@@ -177,6 +195,9 @@ def parse_baseline(
         "engine": "deepspeed" if ds_config is not None else "torch",
         "alloc_conf": None,
     }
+    if fsdp is not None:  # the training args' own precision wins over the accelerate config's, as in TrainingArguments
+        precision = knobs["precision"] if knobs["precision"] != "fp32" else fsdp.precision or "fp32"
+        knobs = {**knobs, **fsdp.knobs, "engine": "fsdp2", "precision": precision}
     try:
         knobs = Knobs.model_validate(knobs).model_dump()
     except ValidationError as err:
@@ -195,7 +216,19 @@ def parse_baseline(
         ds_given=copy.deepcopy(dict(ds_config)) if ds_config is not None else None,
         transformers=fill.version,
         fixes=[f.to_dict() for f in trainer_fixes(ds_config, hf_args if hf.present else None, fill)],
+        fsdp=fsdp.held.model_dump(mode="json") if fsdp is not None else None,
+        accelerate_given=copy.deepcopy(dict(accelerate)) if accelerate is not None else None,
     )
+
+
+def _fsdp_world(study: int | None, config: int | None) -> int | None:
+    """The world size: the study's, else the accelerate config's num_processes; both given, they must agree."""
+    if study is not None and config is not None and study != config:
+        raise BaselineError(
+            f"the world size {study} contradicts your accelerate config's num_processes {config}; make them equal "
+            "or leave the world size out"
+        )
+    return study or config
 
 
 def _inputs(

@@ -1,6 +1,6 @@
-"""The user's baseline files: read (one clear line for an unreadable or non-object JSON), told apart (a DeepSpeed
-config or training args, by their keys), and parsed by tuner.interop.baseline.parse_baseline. A training-args file's
-``deepspeed`` path is read relative to that file."""
+"""The user's baseline files: read (one clear line for an unreadable or non-object JSON / YAML), told apart (a DeepSpeed
+config, training args or an accelerate config, by their keys), and parsed by tuner.interop.baseline.parse_baseline. A
+training-args file's ``deepspeed`` / ``fsdp_config`` path is read relative to that file."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tuner.bounded import loads_json, read_text_file
+from tuner.bounded import MAX_DEPTH, ShapeError, check_shape, loads_json, read_text_file
 from tuner.errors import BaselineError
 from tuner.interop.baseline import Baseline, parse_baseline
 from tuner.job.definition import HF_MAX_LENGTH_KEYS
@@ -44,17 +44,43 @@ HF_ONLY = {
 }
 
 
+YAML_SUFFIXES = (".yaml", ".yml")  # an accelerate config (`accelerate config` writes YAML; JSON ones read as JSON)
+# the key every accelerate config has (accelerate's load_config_from_file refuses one without it)
+ACCELERATE_KEY = "distributed_type"
+
+
 def read_json(path: Path, what: str) -> dict[str, Any]:
-    """The JSON object in the regular file ``path`` (a few MiB at most, nesting and size bounded: tuner.bounded)."""
+    """The JSON object in the regular file ``path`` (a few MiB at most, nesting and size bounded: tuner.bounded); a
+    ``.yaml`` / ``.yml`` file is read as YAML (an accelerate config), bounded the same way."""
     text = read_text_file(Path(path), what, error=BaselineError)
-    data = loads_json(text, f"{what} {str(path)!r}", error=BaselineError)
+    if Path(path).suffix.lower() in YAML_SUFFIXES:
+        data = _loads_yaml(text, f"{what} {str(path)!r}")
+    else:
+        data = loads_json(text, f"{what} {str(path)!r}", error=BaselineError)
     if not isinstance(data, dict):
         raise BaselineError(f"the {what} {str(path)!r} must hold a JSON object, got {type(data).__name__}")
     return data
 
 
+def _loads_yaml(text: str, what: str) -> Any:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        first = str(err).strip().splitlines()[0]
+        raise BaselineError(f"the {what} is not valid YAML: {first}") from None
+    except RecursionError:
+        raise ShapeError(f"the {what} nests deeper than {MAX_DEPTH} levels") from None
+    check_shape(data, what)
+    return data
+
+
 def file_kind(data: Mapping[str, Any]) -> str:
-    """'deepspeed' or 'hf' for a lone baseline file."""
+    """'deepspeed', 'hf' or 'accelerate' (an accelerate config: it names its distributed_type) for a lone baseline
+    file."""
+    if ACCELERATE_KEY in data:
+        return "accelerate"
     ds, hf = bool(DS_ONLY & set(data)), bool(HF_ONLY & set(data))
     if isinstance(data.get("fp16"), dict) or isinstance(data.get("bf16"), dict):
         ds = True
@@ -75,24 +101,29 @@ def load_baseline(
     max_length: int | None = None,
     transformers_version: str | None = None,
 ) -> Baseline:
-    """Reads a baseline from ``path`` (a DeepSpeed JSON or a training-args JSON, told apart by their keys) and an
-    optional second training-args file. A training-args ``deepspeed`` path is read relative to its file; "auto" is
-    filled as ``transformers_version``'s Trainer fills it (None: this host's)."""
+    """Reads a baseline from ``path`` (a DeepSpeed JSON, a training-args JSON or an accelerate config, told apart by
+    their keys) and an optional second training-args file. A training-args ``deepspeed`` or ``fsdp_config`` path is
+    read relative to its file; "auto" is filled as ``transformers_version``'s Trainer fills it (None: this host's)."""
     first = read_json(path, "baseline file")
     ds: dict[str, Any] | None = None
     hf: dict[str, Any] | None = None
+    accelerate: dict[str, Any] | None = None
     hf_path: Path | None = None
-    if file_kind(first) == "deepspeed":
+    kind = file_kind(first)
+    if kind == "deepspeed":
         ds = first
+    elif kind == "accelerate":
+        accelerate = first
     else:
         hf, hf_path = first, Path(path)
     if training_args is not None:
         if hf is not None:
             raise BaselineError("two training-args files given; pass one DeepSpeed JSON and one training-args JSON")
         hf, hf_path = read_json(training_args, "training-args file"), Path(training_args)
-    if hf is not None and ds is None and isinstance(hf.get("deepspeed"), str) and hf_path is not None:
-        ds_path = Path(hf["deepspeed"])
-        ds = read_json(ds_path if ds_path.is_absolute() else hf_path.parent / ds_path, "DeepSpeed config")
+    if hf is not None and hf_path is not None:
+        hf = _named_files(hf, hf_path)
+        if ds is None and isinstance(hf.get("deepspeed"), str):
+            ds = read_json(_beside(hf_path, hf["deepspeed"]), "DeepSpeed config")
     return parse_baseline(
         ds,
         hf,
@@ -100,4 +131,20 @@ def load_baseline(
         hidden_size=hidden_size,
         max_length=max_length,
         transformers_version=transformers_version,
+        accelerate=accelerate,
     )
+
+
+def _beside(args_path: Path, named: str) -> Path:
+    """A file the training args name, read relative to the training-args file (as their script's working copy)."""
+    found = Path(named)
+    return found if found.is_absolute() else args_path.parent / found
+
+
+def _named_files(hf: dict[str, Any], hf_path: Path) -> dict[str, Any]:
+    """The training args with the FSDP config file they name (``fsdp_config: PATH``, as TrainingArguments opens it)
+    read in: the exports write it back inline."""
+    named = hf.get("fsdp_config")
+    if not isinstance(named, str):
+        return hf
+    return {**hf, "fsdp_config": read_json(_beside(hf_path, named), "FSDP config")}

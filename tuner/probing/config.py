@@ -1,4 +1,5 @@
-"""The probe config of one configuration: the knobs, the job, and the DeepSpeed JSON the user would run with them.
+"""The probe config of one configuration: the knobs, the job, and the DeepSpeed JSON (or FSDP2 settings) the user would
+run with them.
 
 The DeepSpeed JSON comes from tuner.interop.export.to_deepspeed, the function every export uses, with the user's own
 DeepSpeed settings (the baseline's, "auto" resolved from their training args): so trial 0 runs exactly the user's
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trials.contract import Knobs, ProbeConfig
+from trials.contract import FsdpSettings, Knobs, ProbeConfig
 from tuner.interop.export.deepspeed import to_deepspeed
 
 
@@ -20,11 +21,13 @@ def probe_config(
     knobs: Knobs,
     baseline: Mapping[str, Any] | None = None,
     training_args: Mapping[str, Any] | None = None,
+    fsdp: FsdpSettings | None = None,
     **fields: Any,
 ) -> ProbeConfig:
     """A ProbeConfig for ``knobs`` (``fields``: the other ProbeConfig fields), its ``deepspeed`` JSON written from
-    ``baseline`` (the user's DeepSpeed JSON) and ``training_args`` the way the export writes it."""
-    config = ProbeConfig(knobs=knobs, **fields)
+    ``baseline`` (the user's DeepSpeed JSON) and ``training_args`` the way the export writes it; an fsdp2 config
+    holds the user's FSDP2 settings ``fsdp`` (what the exports write beside the tuned knobs)."""
+    config = ProbeConfig(knobs=knobs, fsdp=fsdp if knobs.engine == "fsdp2" else None, **fields)
     if knobs.engine != "deepspeed":
         return config
     ds = to_deepspeed(

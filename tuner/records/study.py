@@ -26,6 +26,7 @@ _JSON_PARTS = (
     "baseline",
     "baseline_files",
     "trainer",
+    "fsdp",
     "host",
     "data",
     "trace",
@@ -72,6 +73,8 @@ class StudyDefinition:
     # the Trainer the baseline's "auto" was filled for: {"transformers": version, "fixes": [TrainerFix as JSON]}
     # (tuner.interop.trainer_fill); None: a study without a baseline, or stored before
     trainer: dict[str, Any] | None = None
+    # the user's FSDP2 settings every fsdp2 probe held (trials.contract.FsdpSettings as JSON); None: accelerate's
+    fsdp: dict[str, Any] | None = None
     finalists: int | None = None
     host: dict[str, Any] | None = None  # tuner.session.host_record.HostRecord as JSON, once a worker recorded it
     data: dict[str, Any] | None = None  # tuner.job.length_summary.LengthSummary as JSON (a study with the user's data)
@@ -122,7 +125,8 @@ class StudyDefinition:
         return definition if isinstance(definition, StudyDefinition) else cls.from_json(definition)
 
     def to_json(self) -> dict[str, Any]:
-        """The stored JSON (what SearchRequest.definition writes; ``host``, ``data`` and ``trace`` only when set)."""
+        """The stored JSON (what SearchRequest.definition writes; ``trainer``, ``fsdp``, ``host``, ``data`` and
+        ``trace`` only when set)."""
         out: dict[str, Any] = {
             "model": self.model,
             "job": self.job,
@@ -139,7 +143,7 @@ class StudyDefinition:
             "baseline_files": self.baseline_files,
             "finalists": self.finalists,
         }
-        for name in ("trainer", "host", "data", "trace"):  # only once known: an older study's JSON stays as it was
+        for name in ("trainer", "fsdp", "host", "data", "trace"):  # only once known: an older study's JSON stays
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return {**out, **self.extra}

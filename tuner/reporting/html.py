@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from tuner.errors import ConfigError, StudyNotFound
 from tuner.files import write_atomic
+from tuner.interop.export.changes import engine_name
 from tuner.memory.imbalance import rank_imbalance
 from tuner.records import Candidate, Fidelity, ProbeRow, StudyDefinition, baseline_row
 from tuner.reporting import figures as figs
@@ -64,7 +65,10 @@ def _exports(best: Candidate, definition: StudyDefinition) -> dict[str, str]:
     from tuner.interop.export import render_best
 
     out: dict[str, str] = {}
-    for fmt in ("deepspeed", "hf", "accelerate", "env", "json"):
+    order = ("deepspeed", "hf", "accelerate", "env", "json")
+    if best.knobs.get("engine") == "fsdp2":  # no DeepSpeed JSON (its tab says so): the accelerate config first
+        order = ("accelerate", "hf", "env", "json", "deepspeed")
+    for fmt in order:
         try:
             out[fmt] = render_best(fmt, best, definition)
         except (TypeError, ValueError, KeyError, ConfigError) as err:  # a stored config the export cannot map
@@ -185,6 +189,7 @@ def _best_section(data: ReportData) -> str:
     if best.capacity:
         peak += f" ({best.peak_allocated / best.capacity:.0%} of capacity)"
     facts: list[list[Any]] = [
+        ["engine", engine_name(best.knobs)],
         ["objective", f"{best.objective:,.2f}"],
         ["samples/s", f"{best.samples_per_s:,.2f}"],
         ["peak allocated", peak],

@@ -45,6 +45,8 @@ class SearchRequest:
     baseline_files: dict[str, Any] | None = None  # the user's files as given: {"deepspeed": ..., "training_args": ...}
     # the Trainer the baseline was filled for and its fixes (tuner.interop.trainer_fill): trial 0 runs without them
     trainer: dict[str, Any] | None = None
+    # the user's FSDP2 settings every fsdp2 probe holds (trials.contract.FsdpSettings as JSON; from an FSDP2 baseline)
+    fsdp: dict[str, Any] | None = None
     schedule: Schedule = field(default_factory=Schedule)
     seed: int | None = None
     job: Job | None = None  # what stays fixed (tuner.job.definition); None: a study stored before the job existed
@@ -77,6 +79,7 @@ class SearchRequest:
             "baseline_files": self.baseline_files,
             "finalists": self.schedule.finalists,
             **({"trainer": self.trainer} if self.trainer is not None else {}),
+            **({"fsdp": self.fsdp} if self.fsdp is not None else {}),
             **data,
         }
 
@@ -178,6 +181,7 @@ def build_request(
         baseline_source=base.probe_source() if base is not None else None,
         baseline_files=base.files() if base is not None else None,
         trainer=base.trainer() if base is not None else None,
+        fsdp=base.fsdp if base is not None else None,
         schedule=schedule if schedule is not None else Schedule(),
         seed=seed,
         job=job,
@@ -190,7 +194,7 @@ def build_request(
 #: definition keys a resumed study must agree on: they decide which configs exist and what they measure
 ESSENTIAL = ("model", "job", "space", "world_size", "global_batch", "device_memory", "objective")
 #: an option that sets several stored fields: each must agree
-FIELDS_OF = {"baseline": ("baseline", "baseline_source", "baseline_files")}
+FIELDS_OF = {"baseline": ("baseline", "baseline_source", "baseline_files", "fsdp")}
 
 
 def check_resume(name: str, stored: dict[str, Any], wanted: dict[str, Any], explicit: set[str]) -> None:
@@ -251,6 +255,7 @@ def request_from_definition(base: SearchRequest, stored: StudyDefinition | dict[
         baseline_source=d.baseline_source,
         baseline_files=d.baseline_files,
         trainer=d.trainer,
+        fsdp=d.fsdp,
         schedule=base.schedule,
         seed=base.seed,
         job=Job.model_validate(d.job) if d.job else None,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
-from trials.contract import JobSettings, Knobs, ModelSpec, ProbeConfig, ProbeResult
+from trials.contract import FsdpSettings, JobSettings, Knobs, ModelSpec, ProbeConfig, ProbeResult
 from tuner.job.batching import accumulation_steps
 from tuner.job.objective import Objective
 from tuner.job.space import Space
@@ -46,6 +46,7 @@ class SearchSetup:
     deepspeed_given: Mapping[str, Any] | None = None
     training_args: Mapping[str, Any] | None = None  # the user's training args (the Trainer's optimizer values)
     data: DataJob | None = None  # the user's data: every probe's memory at its worst batch, timed on drawn ones
+    fsdp: FsdpSettings | None = None  # the user's FSDP2 settings every fsdp2 probe holds (None: accelerate's)
 
     @classmethod
     def of(cls, request: SearchRequest) -> SearchSetup:
@@ -66,6 +67,7 @@ class SearchSetup:
             deepspeed_given=as_their_trainer_runs(request.baseline_source, request.trainer),
             training_args=(request.baseline_files or {}).get("training_args"),
             data=request.data,
+            fsdp=FsdpSettings.model_validate(request.fsdp) if request.fsdp is not None else None,
         )
 
     def probe_config(self, knobs: Knobs, fidelity: Fidelity, timeout_s: float) -> ProbeConfig:
@@ -100,6 +102,7 @@ class SearchSetup:
             seed=self.seed or 0,
             job=self.job,
             batches=batches,
+            fsdp=self.fsdp,
         )
 
     def row_for(self, proposal: Proposal, result: ProbeResult) -> ProbeRow:

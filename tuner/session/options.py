@@ -91,7 +91,7 @@ class SearchOptions:
     )
     n_trials: int | None = setting("stop exploring after this many probes", None, faces=_LOCAL)
     baseline: FileOrMapping | None = setting(
-        "your current DeepSpeed / HF training-args JSON; probed first",
+        "your current DeepSpeed JSON, HF training-args JSON or accelerate config (FSDP); probed first",
         None,
         faces=_ESTIMATED,
         cli_type=Path,
@@ -104,7 +104,7 @@ class SearchOptions:
     finalists: int = setting("best stable configs re-probed longer before the pick", 2, faces=_LOCAL)
     seed: int | None = setting("sampler seed", None, faces=_LOCAL)
     training_args: FileOrMapping | None = setting(
-        "your training-args JSON, with --baseline DS_JSON (or name it inside)",
+        "your training-args JSON, with --baseline DS_JSON (or name it inside) or an accelerate config",
         None,
         faces=_ESTIMATED,
         cli_type=Path,
@@ -196,8 +196,8 @@ def local_baseline(o: SearchOptions, option: Callable[[str], str], loaded: list[
     """The baseline of `tuner search` and ``tuner.tune``: the user's own files (or their contents as mappings)."""
     if o.training_args is not None and o.baseline is None:
         raise BaselineError(
-            f"{option('training_args')} goes with {option('baseline')} (your DeepSpeed JSON); pass both, or the "
-            f"training args alone as {option('baseline')}"
+            f"{option('training_args')} goes with {option('baseline')} (your DeepSpeed JSON or accelerate config); "
+            f"pass both, or the training args alone as {option('baseline')}"
         )
     from tuner.interop.trainer_fill import checked_version
 
@@ -381,12 +381,14 @@ def _baseline_loader(
                 if isinstance(training_args, Mapping)
                 else read_json(Path(training_args), "training-args file")
             )
-        ds, hf = (first, second) if file_kind(first) == "deepspeed" else (None, first)
-        if second is not None and ds is None:
+        kind = file_kind(first)
+        ds, hf = (first, second) if kind == "deepspeed" else (None, second) if kind == "accelerate" else (None, first)
+        if second is not None and kind == "hf":
             raise BaselineError("two training-args given; pass one DeepSpeed JSON and one training-args JSON")
-        loaded.append(
-            parse_baseline(ds, hf, world_size=world, max_length=max_length, transformers_version=transformers_version)
-        )
+        accelerate = first if kind == "accelerate" else None
+        version = transformers_version
+        kw = {"world_size": world, "max_length": max_length, "transformers_version": version}
+        loaded.append(parse_baseline(ds, hf, **kw, accelerate=accelerate))
         return loaded[-1]
 
     return load

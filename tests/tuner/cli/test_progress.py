@@ -1,5 +1,6 @@
 """The live display's content (rendered to text) and the final summary table."""
 
+import dataclasses
 import io
 import types
 
@@ -121,6 +122,27 @@ def test_summary_table_shows_best_and_baseline_speedup():
     assert "the pick: trial 4, micro=4 len=128 accum=8, peak 50.0 MiB of 160.0 MiB" in text
     assert all(len(line) <= 100 for line in text.splitlines()), text
     assert "refused" not in text
+
+
+def test_summary_table_offers_no_deepspeed_export_for_an_fsdp2_pick():
+    row = _row("ok", 12.5, True, micro=4)
+    knobs = Knobs(micro_batch_size=4, max_length=128, engine="fsdp2", reshard_after_forward=False)
+    rows = [dataclasses.replace(row, knobs=knobs.model_dump(mode="json"))]
+    summary = SearchSummary(
+        study_name="demo",
+        run_id=1,
+        elapsed_s=10,
+        stop_reason="budget",
+        counts={"ok": 1},
+        best=best_stable(rows),
+        baseline=None,
+        probes_run=1,
+        probe_seconds=5,
+        trials=1,
+    )
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(summary_table(summary, Objective()))
+    assert "(then --format accelerate|hf|env -o FILE)" in out.getvalue() and "deepspeed|" not in out.getvalue()
 
 
 def test_summary_table_counts_refused_configs_apart():

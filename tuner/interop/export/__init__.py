@@ -2,7 +2,8 @@
 
 ``render(fmt, knobs, world_size=, gradient_accumulation_steps=, baseline=)`` returns the text a user saves; the
 ``to_*`` functions return the structures. Pure functions: no torch import. ``baseline`` is the user's DeepSpeed JSON
-(``tuner.interop.baseline.Baseline.ds_config``), whose optimizer/scheduler/clipping the exports keep.
+(``tuner.interop.baseline.Baseline.ds_config``), whose optimizer/scheduler/clipping the exports keep; ``fsdp`` the
+user's held FSDP2 settings (an FSDP2 pick: accelerate / hf / env, no DeepSpeed JSON).
 
 A study's best config is exported through ``best_export_args`` / ``render_best`` only (`tuner search`'s summary,
 `tuner export`, `tuner best`, the HTML report, ``GET /best-config``), so every one hands out the same file.
@@ -16,9 +17,10 @@ from typing import Any, Protocol
 
 from tuner.errors import ConfigError
 from tuner.interop.export import layout
-from tuner.interop.export.accelerate import render_yaml, to_accelerate
+from tuner.interop.export.accelerate import DEFAULT_DS_FILE, render_yaml, to_accelerate
 from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
 from tuner.interop.export.env import render_env, to_env
+from tuner.interop.export.fsdp import NO_DEEPSPEED_JSON, held
 from tuner.interop.export.hf import to_hf
 from tuner.interop.export.own import UserFiles, own_deepspeed, own_training_args
 from tuner.interop.trainer_fill import TrainerFix, host_transformers, trainer_fill, trainer_fixes
@@ -31,6 +33,7 @@ __all__ = [
     "BestLike",
     "ExportArgs",
     "UserFiles",
+    "accelerate_export",
     "best_export_args",
     "deepspeed_export",
     "export_fixes",
@@ -61,6 +64,8 @@ def deepspeed_export(
     ("auto" back where they wrote it: a Trainer user's file, the Trainer fills it from the exported training args),
     with the values the Trainer of ``transformers_version`` (None: this host's) needs written explicitly
     (``trainer_fixes``)."""
+    if validate_knobs(knobs).engine == "fsdp2":
+        raise ConfigError(NO_DEEPSPEED_JSON)
     args = files.training_args if files is not None else None
     ds = to_deepspeed(
         knobs,
@@ -92,9 +97,11 @@ def hf_export(
     files: UserFiles | None = None,
     transformers_version: str | None = None,
     job: Mapping[str, Any] | None = None,
+    fsdp: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The hf export: the user's own training args with the tuned values when they gave them, else to_hf; with
-    the study's ``job``, its generation settings (what the eval generate was probed with)."""
+    the study's ``job``, its generation settings (what the eval generate was probed with); ``fsdp``: the user's held
+    FSDP2 settings (an FSDP2 config's fsdp_config)."""
     if files is None or files.training_args is None:
         out = to_hf(
             knobs,
@@ -102,6 +109,7 @@ def hf_export(
             gradient_accumulation_steps=gradient_accumulation_steps,
             baseline=baseline,
             transformers_version=transformers_version,
+            fsdp=fsdp,
         )
         return {**out, **generation_args(job)}
     k = validate_knobs(knobs)
@@ -122,8 +130,32 @@ def hf_export(
         deepspeed=ds,
         transformers_version=transformers_version,
         fixes=export_fixes(files, transformers_version),
+        fsdp=held(fsdp),
+        # their FSDP lives in their accelerate config unless their args set it (the Trainer's plugin then wins)
+        fsdp_in_args=files.accelerate is None or bool(files.training_args.get("fsdp")),
     )
     return {**out, **generation_args(job)}
+
+
+def accelerate_export(
+    knobs: Mapping[str, Any],
+    *,
+    world_size: int,
+    gradient_accumulation_steps: int,
+    files: UserFiles | None = None,
+    fsdp: Mapping[str, Any] | None = None,
+    deepspeed_config_file: str = DEFAULT_DS_FILE,
+) -> dict[str, Any]:
+    """The accelerate export: the user's own accelerate config when they gave one (their other keys kept), else
+    accelerate's local-machine defaults, with the engine, world size and precision of ``knobs``."""
+    return to_accelerate(
+        knobs,
+        world_size=world_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        deepspeed_config_file=deepspeed_config_file,
+        fsdp=fsdp,
+        given=files.accelerate if files is not None else None,
+    )
 
 
 def generation_args(job: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -148,10 +180,11 @@ def to_summary(
     files: UserFiles | None = None,
     transformers_version: str | None = None,
     job: Mapping[str, Any] | None = None,
+    fsdp: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The json format: the flat knobs, the batch arithmetic and every other export in one document. A LoRA job's
-    adapters are listed under ``held_fixed`` (every probe trained them; no export sets them, the user's script builds
-    them with peft)."""
+    """The json format: the flat knobs, the batch arithmetic and every other export in one document (an FSDP2
+    config's accelerate config in place of a DeepSpeed JSON). A LoRA job's adapters are listed under ``held_fixed``
+    (every probe trained them; no export sets them, the user's script builds them with peft)."""
     k = validate_knobs(knobs)
     out: dict[str, Any] = {
         "knobs": k.model_dump(),
@@ -169,10 +202,19 @@ def to_summary(
             allow_auto=True,
             transformers_version=transformers_version,
         )
+    if k.engine == "fsdp2":
+        out["accelerate"] = accelerate_export(
+            k.model_dump(),
+            world_size=world_size,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            files=files,
+            fsdp=fsdp,
+        )
+    version = transformers_version
     out["hf"] = hf_export(
-        k.model_dump(), **batch, baseline=baseline, files=files, transformers_version=transformers_version, job=job
+        k.model_dump(), **batch, baseline=baseline, files=files, transformers_version=version, job=job, fsdp=fsdp
     )
-    out["env"] = to_env(k.model_dump(), **batch, baseline=baseline)
+    out["env"] = to_env(k.model_dump(), **batch, baseline=baseline, fsdp=fsdp)
     if job and job.get("lora"):
         out["held_fixed"] = {"lora": dict(job["lora"])}
     return out
@@ -188,9 +230,12 @@ def render(
     files: UserFiles | None = None,
     transformers_version: str | None = None,
     job: Mapping[str, Any] | None = None,
+    fsdp: Mapping[str, Any] | None = None,
 ) -> str:
     """The export of ``knobs`` in format ``fmt`` as text (JSON, YAML or shell), ending in a newline. With the user's
-    ``files`` the deepspeed and hf formats are their own files with only the tuned knobs changed."""
+    ``files`` the deepspeed, hf and accelerate formats are their own files with only the tuned knobs changed;
+    ``fsdp``: the user's held FSDP2 settings, which an FSDP2 config's exports write beside the tuned knobs. An FSDP2
+    config has no DeepSpeed JSON: the deepspeed format is a ConfigError saying which formats it has."""
     args: dict[str, Any] = {
         "world_size": world_size,
         "gradient_accumulation_steps": gradient_accumulation_steps,
@@ -198,15 +243,16 @@ def render(
     }
     version = transformers_version
     if fmt == "json":
-        return layout.dumps(to_summary(knobs, **args, files=files, transformers_version=version, job=job))
+        return layout.dumps(to_summary(knobs, **args, files=files, transformers_version=version, job=job, fsdp=fsdp))
     if fmt == "deepspeed":
         return layout.dumps(deepspeed_export(knobs, **args, files=files, transformers_version=version))
     if fmt == "hf":
-        return layout.dumps(hf_export(knobs, **args, files=files, transformers_version=version, job=job))
+        return layout.dumps(hf_export(knobs, **args, files=files, transformers_version=version, job=job, fsdp=fsdp))
     if fmt == "accelerate":
-        return render_yaml(to_accelerate(knobs, **args))
+        batch = {k: v for k, v in args.items() if k != "baseline"}
+        return render_yaml(accelerate_export(knobs, **batch, files=files, fsdp=fsdp))
     if fmt == "env":
-        return render_env(to_env(knobs, **args))
+        return render_env(to_env(knobs, **args, fsdp=fsdp))
     raise ConfigError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
@@ -234,6 +280,7 @@ class ExportArgs:
     files: UserFiles | None = None
     transformers_version: str | None = None
     job: Mapping[str, Any] | None = None  # the study's job (tuner.job.definition.Job as stored)
+    fsdp: Mapping[str, Any] | None = None  # the user's held FSDP2 settings (trials.contract.FsdpSettings as JSON)
 
     def kwargs(self) -> dict[str, Any]:
         return {
@@ -243,6 +290,7 @@ class ExportArgs:
             "files": self.files,
             "transformers_version": self.transformers_version,
             "job": self.job,
+            "fsdp": self.fsdp,
         }
 
 
@@ -269,6 +317,7 @@ def best_export_args(
         files=UserFiles.of(d.baseline_files),
         transformers_version=transformers_version or (str(stored) if stored else None) or installed_transformers(),
         job=d.job,
+        fsdp=d.fsdp,
     )
 
 

@@ -1,4 +1,5 @@
-"""Knobs -> an `accelerate launch --config_file` YAML (DeepSpeed plugin pointing at the deepspeed export)."""
+"""Knobs -> an `accelerate launch --config_file` YAML: the DeepSpeed plugin pointing at the deepspeed export, or
+FSDP2 (``distributed_type: FSDP``, ``fsdp_config`` with ``fsdp_version: 2`` and every tuned key explicit)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ from typing import Any
 
 import yaml
 
+from trials.contract import FsdpSettings
 from tuner.interop.export.deepspeed import check_batch, validate_knobs
+from tuner.interop.export.fsdp import accelerate_block, held
+from tuner.interop.fsdp_names import PRECISION_MIXED
 
 DEFAULT_DS_FILE = "ds_config.json"
-_MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+# the engine-specific sections a config holds (replaced by the exported engine's)
+_ENGINE_KEYS = ("deepspeed_config", "fsdp_config", "mixed_precision")
 
 
 def to_accelerate(
@@ -20,13 +25,18 @@ def to_accelerate(
     gradient_accumulation_steps: int,
     baseline: Mapping[str, Any] | None = None,
     deepspeed_config_file: str = DEFAULT_DS_FILE,
+    fsdp: FsdpSettings | Mapping[str, Any] | None = None,
+    given: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The accelerate config (ClusterConfig fields) for ``knobs``.
+    """The accelerate config (ClusterConfig fields) for ``knobs``: ``given`` (the user's own accelerate config) with
+    its world size, engine and precision set, or accelerate's local-machine defaults.
 
     A DeepSpeed run points ``deepspeed_config.deepspeed_config_file`` at the deepspeed export (bucket sizes,
     overlap_comm and the rest have no accelerate-config spelling, and accelerate forbids mixing a config file with
     its own zero_stage/offload keys). ``tuner export --format accelerate -o FILE`` writes that JSON next to FILE.
-    ``baseline`` is accepted for a uniform signature; it only shapes the DeepSpeed JSON.
+    An FSDP2 run is ``distributed_type: FSDP`` with its ``fsdp_config`` (tuner.interop.export.fsdp: the tuned knobs
+    and ``fsdp``, the user's held FSDP2 settings) and its mixed precision. ``baseline`` is accepted for a uniform
+    signature; it only shapes the DeepSpeed JSON.
     """
     k = validate_knobs(knobs)
     check_batch(world_size, gradient_accumulation_steps)
@@ -45,6 +55,9 @@ def to_accelerate(
         "same_network": True,
         "use_cpu": False,
     }
+    if given is not None:  # their file: only the engine, world size and precision change
+        config = {key: value for key, value in given.items() if key not in _ENGINE_KEYS}
+    config["num_processes"] = world_size
     if k.engine == "deepspeed":
         # no mixed_precision key: with a deepspeed_config_file accelerate refuses one (the JSON's bf16/fp16 rule)
         config["distributed_type"] = "DEEPSPEED"
@@ -53,10 +66,13 @@ def to_accelerate(
             "deepspeed_multinode_launcher": "standard",
             "zero3_init_flag": k.zero_stage == 3,
         }
+    elif k.engine == "fsdp2":
+        config["distributed_type"] = "FSDP"
+        config["mixed_precision"] = PRECISION_MIXED[k.precision]
+        config["fsdp_config"] = accelerate_block(k, held(fsdp), (given or {}).get("fsdp_config"))
     else:
-        config["mixed_precision"] = _MIXED[k.precision]
-        if world_size > 1:
-            config["distributed_type"] = "MULTI_GPU"
+        config["mixed_precision"] = PRECISION_MIXED[k.precision]
+        config["distributed_type"] = "MULTI_GPU" if world_size > 1 else "NO"
     return config
 
 
@@ -67,4 +83,6 @@ def render_yaml(config: Mapping[str, Any], deepspeed_config_file: str = DEFAULT_
             f"# needs the DeepSpeed JSON at {deepspeed_config_file}: "
             f"tuner export --format deepspeed -o {deepspeed_config_file}\n"
         )
+    if config.get("distributed_type") == "FSDP":
+        header += "# FSDP2 (fully_shard) as tuner probed it: every tuned fsdp_config key is set explicitly\n"
     return header + yaml.safe_dump(dict(config), sort_keys=True)

@@ -13,18 +13,27 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trials.contract import DS_HOST_KEYS
-from tuner.interop.export import BestLike, best_export_args, deepspeed_export, export_fixes, hf_export, measured_knobs
+from tuner.interop.export import (
+    BestLike,
+    accelerate_export,
+    best_export_args,
+    deepspeed_export,
+    export_fixes,
+    hf_export,
+    measured_knobs,
+)
 from tuner.interop.export.own import UserFiles, checkpointing_key
 from tuner.job.objective import Objective
 from tuner.records.study import StudyDefinition
 from tuner.units import format_size
 
 _UNSET = object()
+DROPPED_DEEPSPEED = "(your DeepSpeed config)"  # what a pick on another engine removes from their training args
 
 
 @dataclass(frozen=True)
 class Change:
-    file: str  # "training args" | "deepspeed"
+    file: str  # "training args" | "deepspeed" | "accelerate config" | "knobs"
     key: str  # dotted path in that file
     old: Any  # None with ``added``: the key was not in the user's file
     new: Any  # None with ``removed``
@@ -45,9 +54,11 @@ class Changes:
     not_probed: list[str] = field(default_factory=list)  # the user's keys the export carries but no probe ran
     verdict: str | None = None  # against the baseline probe
     written_for: str | None = None  # which transformers the training-args export names its fields for
+    engine: str | None = None  # the pick's engine, and the user's when it differs (engine_line)
 
     def lines(self) -> list[str]:
-        out = [c.line() for c in self.changes] or ["no change to your files"]
+        out = [self.engine] if self.engine else []
+        out += [c.line() for c in self.changes] or ["no change to your files"]
         if self.fixed:
             out.append(f"held fixed (your job): {self.fixed}")
         if self.not_probed:
@@ -110,9 +121,9 @@ def changes_of(
     best_samples_per_s: float | None,
     tuned_without_files: Sequence[Change] = (),
 ) -> Changes:
-    """The changes of the user's ``files`` to the ``exported`` ones ({"training args": ..., "deepspeed": ...}; the
-    training args' inline deepspeed section is compared as the deepspeed file). Without files (no baseline):
-    ``tuned_without_files``."""
+    """The changes of the user's ``files`` to the ``exported`` ones ({"training args": ..., "deepspeed": ...,
+    "accelerate": ...}; the training args' inline deepspeed section is compared as the deepspeed file, and listed as
+    removed when the pick runs another engine). Without files (no baseline): ``tuned_without_files``."""
     changes: list[Change] = []
     not_probed: list[str] = []
     if files is None:
@@ -122,8 +133,12 @@ def changes_of(
             old_args = {k: v for k, v in files.training_args.items() if k != "deepspeed"}
             new_args = {k: v for k, v in dict(exported["training args"] or {}).items() if k != "deepspeed"}
             changes += diff(old_args, new_args, "training args")
+            if "deepspeed" in files.training_args and "deepspeed" not in dict(exported["training args"] or {}):
+                changes.append(Change("training args", "deepspeed", DROPPED_DEEPSPEED, None, removed=True))
         if exported.get("deepspeed") is not None:
             changes += diff(files.deepspeed or {}, exported["deepspeed"], "deepspeed")
+        if files.accelerate is not None and exported.get("accelerate") is not None:
+            changes += diff(files.accelerate, exported["accelerate"], "accelerate config")
         not_probed = sorted(k for k in (files.deepspeed or {}) if k in DS_HOST_KEYS)
     return Changes(
         changes=changes,
@@ -151,7 +166,7 @@ def best_changes(
     args = best_export_args(best, d, transformers_version)
     knobs = measured_knobs(best)
     world, accum, files = args.world_size, args.gradient_accumulation_steps, args.files
-    exported: dict[str, Mapping[str, Any] | None] = {"training args": None, "deepspeed": None}
+    exported: dict[str, Mapping[str, Any] | None] = {"training args": None, "deepspeed": None, "accelerate": None}
     if files is not None and files.training_args is not None:
         exported["training args"] = hf_export(
             knobs,
@@ -161,6 +176,11 @@ def best_changes(
             files=files,
             transformers_version=args.transformers_version,
             job=args.job,
+            fsdp=args.fsdp,
+        )
+    if files is not None and files.accelerate is not None:
+        exported["accelerate"] = accelerate_export(
+            knobs, world_size=world, gradient_accumulation_steps=accum, files=files, fsdp=args.fsdp
         )
     if knobs.get("engine", "deepspeed") == "deepspeed":
         exported["deepspeed"] = deepspeed_export(
@@ -205,9 +225,30 @@ def best_changes(
     )
     why = {(f.file, f.key): f.why for f in export_fixes(files, args.transformers_version)}
     found = replace(found, changes=[replace(c, why=why.get((c.file, c.key))) for c in found.changes])
+    found = replace(found, engine=engine_line(knobs, d.baseline))
     if exported["training args"] is None:
         return found
     return replace(found, written_for=written_for(args.transformers_version))
+
+
+def engine_name(knobs: Mapping[str, Any]) -> str:
+    """The engine of a config in words: DeepSpeed ZeRO-n, FSDP2 through accelerate, or plain PyTorch."""
+    engine = knobs.get("engine", "deepspeed")
+    if engine == "fsdp2":
+        return "FSDP2 (PyTorch fully_shard through accelerate, fsdp_version 2)"
+    if engine == "deepspeed":
+        return f"DeepSpeed ZeRO-{int(knobs.get('zero_stage') or 0)}"
+    return "plain PyTorch (DDP)"
+
+
+def engine_line(knobs: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> str:
+    """The pick's engine, and the user's config's when it runs another one (whose files the exports then leave)."""
+    line = f"engine: {engine_name(knobs)}"
+    if baseline and baseline.get("engine", "deepspeed") != knobs.get("engine", "deepspeed"):
+        line += f"; your config runs {engine_name(baseline)}"
+        if knobs.get("engine") == "fsdp2":
+            line += ": no DeepSpeed JSON for this pick (its training args and accelerate config configure FSDP2)"
+    return line
 
 
 def written_for(transformers_version: str | None) -> str:

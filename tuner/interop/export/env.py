@@ -6,13 +6,14 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from trials.contract import ALLOC_CONF_ENV
+from trials.contract import ALLOC_CONF_ENV, FsdpSettings
 from tuner.errors import ConfigError
 from tuner.interop.export.deepspeed import check_batch, validate_knobs
+from tuner.interop.export.fsdp import fsdp_env, held
+from tuner.interop.fsdp_names import PRECISION_MIXED
 from tuner.job.space import ALLOC_CONF_SYNTAX
 
 _ALLOC_CONF = ALLOC_CONF_SYNTAX  # one syntax, checked when the space is read (tuner.job.space) and here
-_MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
 def to_env(
@@ -21,9 +22,14 @@ def to_env(
     world_size: int,
     gradient_accumulation_steps: int,
     baseline: Mapping[str, Any] | None = None,
+    fsdp: FsdpSettings | Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """Variable -> value. The allocator config goes to both names PyTorch reads; ACCELERATE_MIXED_PRECISION is what
-    ``Accelerator()`` picks up by default; TUNER_* carry every tuned value for a training script to read."""
+    ``Accelerator()`` picks up by default; TUNER_* carry every tuned value for a training script to read. An FSDP2
+    config adds the ACCELERATE_USE_FSDP / FSDP_* variables `accelerate launch` would set for its fsdp_config
+    (``fsdp``: the user's held FSDP2 settings), so ``Accelerator()`` under torchrun builds the same FSDP2 plugin; its
+    checkpointing is FSDP's own (FSDP_ACTIVATION_CHECKPOINTING), so TUNER_GRADIENT_CHECKPOINTING stays 0 (the Trainer
+    refuses both) and the ZeRO values are left out."""
     k = validate_knobs(knobs)
     check_batch(world_size, gradient_accumulation_steps)
     env: dict[str, str] = {}
@@ -35,7 +41,7 @@ def to_env(
             )
         for name in ALLOC_CONF_ENV:
             env[name] = k.alloc_conf
-    env["ACCELERATE_MIXED_PRECISION"] = _MIXED[k.precision]
+    env["ACCELERATE_MIXED_PRECISION"] = PRECISION_MIXED[k.precision]
     values: dict[str, Any] = {
         "MICRO_BATCH_SIZE": k.micro_batch_size,
         "GRADIENT_ACCUMULATION_STEPS": gradient_accumulation_steps,
@@ -50,6 +56,15 @@ def to_env(
         "EVAL_BATCH_SIZE": k.eval_batch_size or k.micro_batch_size,
         "PREDICT_WITH_GENERATE": int(k.generate),
     }
+    if k.engine == "fsdp2":
+        for name in ("ZERO_STAGE", "OFFLOAD_OPTIMIZER"):
+            values.pop(name)
+        values.update(
+            GRADIENT_CHECKPOINTING=0,
+            RESHARD_AFTER_FORWARD=int(k.reshard_after_forward),
+            OFFLOAD_PARAMS=int(k.offload_params),
+        )
+        env.update(fsdp_env(k, held(fsdp)))
     env.update({f"TUNER_{name}": str(value) for name, value in values.items()})
     return env
 

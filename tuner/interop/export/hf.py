@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from trials.contract import FsdpSettings
 from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
+from tuner.interop.export.fsdp import held
 from tuner.interop.export.mapping import AUTO, DS_BATCH_KEYS, HF_ARGS, HF_DS_FILL, get_path, set_path
-from tuner.interop.export.own import checkpointing_key
+from tuner.interop.export.own import checkpointing_key, fsdp_args
 
 
 def to_hf(
@@ -17,6 +19,7 @@ def to_hf(
     gradient_accumulation_steps: int,
     baseline: Mapping[str, Any] | None = None,
     transformers_version: str | None = None,
+    fsdp: FsdpSettings | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """TrainingArguments kwargs for ``knobs``; ``Seq2SeqTrainingArguments(**to_hf(...), output_dir=...)`` builds.
 
@@ -26,7 +29,10 @@ def to_hf(
     the Trainer's "DeepSpeed config values that mismatch TrainingArguments" check can never fire. ``world_size`` is
     the launcher's business (the Trainer reads it from the process group); it only sizes the DeepSpeed section.
     ``max_length`` is not a TrainingArguments field: truncate the tokenizer to it (the json and env exports carry it).
-    Gradient checkpointing is spelled as ``transformers_version`` expects it (tuner.interop.export.own).
+    Gradient checkpointing is spelled as ``transformers_version`` expects it (tuner.interop.export.own). An FSDP2
+    config is ``fsdp=True`` with its ``fsdp_config`` (tuner.interop.export.fsdp; ``fsdp``: the user's held FSDP2
+    settings), checkpointing FSDP's own (``fsdp_config.activation_checkpointing``) and the training argument false:
+    the Trainer refuses both.
     """
     k = validate_knobs(knobs)
     kwargs: dict[str, Any] = {
@@ -41,6 +47,8 @@ def to_hf(
     }
     if k.generate:
         kwargs[HF_ARGS["generate"]] = True  # a Seq2SeqTrainingArguments field
+    if k.engine == "fsdp2":
+        return {**kwargs, **fsdp_args(k, held(fsdp), None, transformers_version)}
     if k.engine != "deepspeed":
         return kwargs
     ds = to_deepspeed(
@@ -50,6 +58,13 @@ def to_hf(
         baseline=baseline,
         allow_auto=True,
     )
+    kwargs["deepspeed"] = _trainer_filled(ds, kwargs)
+    return kwargs
+
+
+def _trainer_filled(ds: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The DeepSpeed section with "auto" wherever the Trainer fills it from the kwargs, the baseline's explicit values
+    for those moved into ``kwargs``."""
     for key in DS_BATCH_KEYS:
         ds[key] = AUTO
     for block in ("bf16", "fp16"):
@@ -67,5 +82,4 @@ def to_hf(
             else:
                 continue  # a shape the Trainer would not fill either: leave it as the user wrote it
         set_path(ds, path, AUTO)
-    kwargs["deepspeed"] = ds
-    return kwargs
+    return ds

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trials.contract import Knobs
+from trials.contract import FsdpSettings, Knobs
+from tuner.interop.export.fsdp import trainer_block
 from tuner.interop.export.mapping import AUTO, DS_BATCH_KEYS, HF_DS_FILL, auto_paths, get_path, set_path
 from tuner.interop.trainer_fill import TrainerFix, apply_fixes, parse_version
 
@@ -35,15 +36,17 @@ class UserFiles:
 
     deepspeed: Mapping[str, Any] | None = None
     training_args: Mapping[str, Any] | None = None
+    accelerate: Mapping[str, Any] | None = None  # their accelerate config (an FSDP2 baseline's)
 
     @classmethod
     def of(cls, stored: Any) -> UserFiles | None:
         """From a study definition's ``baseline_files``; None for a study without a baseline (or stored before)."""
         if not isinstance(stored, Mapping):
             return None
-        ds, args = stored.get("deepspeed"), stored.get("training_args")
-        files = cls(ds if isinstance(ds, Mapping) else None, args if isinstance(args, Mapping) else None)
-        return files if files.deepspeed is not None or files.training_args is not None else None
+        found = [stored.get(name) for name in ("deepspeed", "training_args", "accelerate")]
+        files = cls(*(part if isinstance(part, Mapping) else None for part in found))
+        given = (files.deepspeed, files.training_args, files.accelerate)
+        return files if any(part is not None for part in given) else None
 
 
 # the first transformers whose TrainingArguments has ``activation_checkpointing`` (5.0-5.22 and 4.x only know
@@ -81,6 +84,20 @@ def own_deepspeed(
     return apply_fixes(out, list(fixes), "deepspeed")
 
 
+def fsdp_args(
+    knobs: Knobs, settings: FsdpSettings, given: Mapping[str, Any] | None, transformers_version: str | None
+) -> dict[str, Any]:
+    """The TrainingArguments fields of an FSDP2 config: ``fsdp`` on, its ``fsdp_config`` (``given``: the user's own
+    block, kept but for the FSDP2 keys) and the training argument's checkpointing false, FSDP's own checkpointing
+    being in the block (the Trainer refuses both on)."""
+    block = given if isinstance(given, Mapping) else None
+    return {
+        "fsdp": True,
+        "fsdp_config": trainer_block(knobs, settings, block),
+        checkpointing_key(transformers_version): False,
+    }
+
+
 def own_training_args(
     given: Mapping[str, Any],
     knobs: Knobs,
@@ -89,12 +106,15 @@ def own_training_args(
     deepspeed: Mapping[str, Any] | None,
     transformers_version: str | None,
     fixes: Sequence[TrainerFix] = (),
+    fsdp: FsdpSettings | None = None,
+    fsdp_in_args: bool = True,
 ) -> dict[str, Any]:
     """The user's training args with the tuned values: micro batch, accumulation, checkpointing (under the name the
     installed transformers expects; the other spelling removed), the probed eval batch, the job's precision and
-    predict_with_generate, ``deepspeed`` inline (the deepspeed export) or removed for a plain-PyTorch config, and the
-    ``fixes`` their Trainer needs (tuner.interop.trainer_fill). Every other key (their script's data arguments too)
-    stays as they wrote it."""
+    predict_with_generate, ``deepspeed`` inline (the deepspeed export) or removed for a plain-PyTorch config, ``fsdp``
+    and ``fsdp_config`` for an FSDP2 config (``fsdp``: the held FSDP2 settings; removed for another engine; not added
+    without ``fsdp_in_args``, when their accelerate config carries them), and the ``fixes`` their Trainer needs
+    (tuner.interop.trainer_fill). Every other key (their script's data arguments too) stays as they wrote it."""
     out = dict(given)
     out["per_device_train_batch_size"] = knobs.micro_batch_size
     out["gradient_accumulation_steps"] = gradient_accumulation_steps
@@ -112,4 +132,10 @@ def own_training_args(
         out = apply_fixes(out, list(fixes), "training args")
     else:
         out.pop("deepspeed", None)
+    if knobs.engine == "fsdp2":
+        found = fsdp_args(knobs, fsdp or FsdpSettings(), given.get("fsdp_config"), transformers_version)
+        out.update(found if fsdp_in_args else {key: found[key]})  # FSDP's checkpointing: the argument false
+    else:
+        out.pop("fsdp", None)
+        out.pop("fsdp_config", None)
     return out
