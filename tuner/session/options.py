@@ -230,6 +230,14 @@ def _space(space: FileOrMapping | None) -> tuple[Space, set[str]]:
     return load_space(space), space_file_knobs(space)
 
 
+def engine_of_baseline(space: Space, listed: set[str], baseline: Mapping[str, Any] | None) -> Space:
+    """The engine is the user's (their FSDP settings are part of the job): an FSDP2 baseline searches FSDP2 unless the
+    space names its engines."""
+    if baseline is None or "engine" in listed or baseline.get("engine") != "fsdp2":
+        return space
+    return space.restrict(engine=["fsdp2"])
+
+
 def prepare_request(
     options: SearchOptions, storage: str, face: Face = PYTHON, cache_dir: Path | None = None
 ) -> tuple[SearchRequest, set[str]]:
@@ -244,6 +252,7 @@ def prepare_request(
     loaded: list[Baseline] = []
     baseline = face.baseline(o, option, loaded)
     parsed_space, listed = _space(o.space)
+    parsed_space = engine_of_baseline(parsed_space, listed, loaded[-1].knobs if loaded else None)
     lengths = o.lengths
     lens = load_lengths(lengths) if isinstance(lengths, (str, Path)) else list(lengths) if lengths is not None else None
     request = build_search_request(

@@ -3,10 +3,12 @@ the expected probe count and time, before any device is used. Writes nothing, pr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trials.contract import Knobs
+from trials.contract import FSDP_KNOBS, Knobs
+from tuner.job.space import ZERO_KNOBS
 from tuner.search.request import SearchRequest
 
 MiB = 1 << 20
@@ -111,8 +113,15 @@ def searched(request: SearchRequest) -> tuple[str, ...]:
     return tuple(
         f"{name}: {', '.join('default' if v is None else str(v) for v in values)}"
         for name, values in space.items()
-        if isinstance(values, list) and len(values) > 1
+        if isinstance(values, list) and len(values) > 1 and _sampled(name, request.space.engine)
     )
+
+
+def _sampled(name: str, engines: Sequence[str]) -> bool:
+    """Whether the space samples knob ``name`` for any of its engines (ZeRO knobs: DeepSpeed; FSDP ones: FSDP2)."""
+    if name == "zero_stage" or name in ZERO_KNOBS:
+        return "deepspeed" in engines
+    return name not in FSDP_KNOBS or "fsdp2" in engines
 
 
 def baseline_phases(estimator: Any, baseline: Knobs | None, capacity: int | None) -> tuple[str, ...]:

@@ -87,3 +87,12 @@ def test_progress_names_fsdp_configs_briefly() -> None:
     knobs = {"micro_batch_size": 4, "max_length": 128, "engine": "fsdp2", "reshard_after_forward": False}
     assert compact({**knobs, "offload_params": True}) == "micro=4 len=128 fsdp2 no-reshard offload-params"
     assert compact({**knobs, "reshard_after_forward": True}) == "micro=4 len=128 fsdp2"
+
+
+def test_an_fsdp2_baseline_searches_fsdp2_unless_the_space_names_engines() -> None:
+    from tuner.session.options import engine_of_baseline
+
+    space = inline_space(None)
+    assert engine_of_baseline(space, set(), {"engine": "fsdp2"}).engine == ["fsdp2"]
+    assert engine_of_baseline(space, {"engine"}, {"engine": "fsdp2"}).engine == space.engine
+    assert engine_of_baseline(space, set(), {"engine": "deepspeed"}) is space

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from trials.contract import DS_HOST_KEYS
+from trials.contract import DS_HOST_KEYS, FSDP_KNOBS
 from tuner.interop.export import (
     BestLike,
     accelerate_export,
@@ -24,6 +24,7 @@ from tuner.interop.export import (
 )
 from tuner.interop.export.own import UserFiles, checkpointing_key
 from tuner.job.objective import Objective
+from tuner.job.space import ZERO_KNOBS
 from tuner.records.study import StudyDefinition
 from tuner.units import format_size
 
@@ -212,7 +213,7 @@ def best_changes(
     tuned = [  # without a baseline to compare with: the knobs the search chose (those the space gave a choice)
         Change("knobs", name, None, value, added=True)
         for name, value in knobs.items()
-        if value is not None and _searched(space.get(name))
+        if value is not None and _searched(space.get(name)) and applies(name, knobs)
     ]
     found = changes_of(
         args.files,
@@ -229,6 +230,15 @@ def best_changes(
     if exported["training args"] is None:
         return found
     return replace(found, written_for=written_for(args.transformers_version))
+
+
+def applies(name: str, knobs: Mapping[str, Any]) -> bool:
+    """Whether knob ``name`` means anything for the config's engine (the space samples ZeRO knobs for DeepSpeed only,
+    the FSDP ones for FSDP2 only: a space listing them gave no choice to another engine's pick)."""
+    engine = knobs.get("engine", "deepspeed")
+    if name == "zero_stage" or name in ZERO_KNOBS:
+        return engine == "deepspeed"
+    return name not in FSDP_KNOBS or engine == "fsdp2"
 
 
 def engine_name(knobs: Mapping[str, Any]) -> str:
