@@ -57,3 +57,21 @@ def test_fsdp2_search_prunes_real_ooms_and_picks_a_sharded_stable_config(searche
     assert "the pick: " in done.stdout and "fsdp2" in done.stdout.split("the pick: ")[1].splitlines()[0]
     best = json.loads(tuner("best", "--storage", url, "--study", "f").stdout)
     assert best["knobs"]["engine"] == "fsdp2" and best["knobs"]["micro_batch_size"] in (2, 4)
+
+
+@pytest.mark.slow
+def test_the_fsdp2_pick_exports_an_accelerate_fsdp2_config_and_no_deepspeed_json(searched) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    url, _, d, _ = searched
+    out = d / "accelerate.yaml"
+    done = tuner("best", "--storage", url, "--study", "f", "--format", "accelerate", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    config = yaml.safe_load(out.read_text())
+    best = json.loads(tuner("best", "--storage", url, "--study", "f").stdout)["knobs"]
+    fsdp = config["fsdp_config"]
+    assert config["distributed_type"] == "FSDP" and config["num_processes"] == 2 and fsdp["fsdp_version"] == 2
+    assert fsdp["fsdp_reshard_after_forward"] is best["reshard_after_forward"]  # explicit, as probed
+    assert fsdp["fsdp_offload_params"] is False and fsdp["fsdp_activation_checkpointing"] is False
+    ds = tuner("best", "--storage", url, "--study", "f", "--format", "deepspeed")
+    assert ds.returncode == 2 and len(ds.stderr.strip().splitlines()) == 1 and "fsdp2" in ds.stderr
