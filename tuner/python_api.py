@@ -187,6 +187,7 @@ def best_config(study: str | None = None, storage: str | None = None, format: st
         (2, 16)
         >>> for line in best.changes:  # `tuner best --changes`: without --baseline, the knobs it sets
         ...     print(line)
+        engine: DeepSpeed ZeRO-0
         knobs: micro_batch_size: (unset) -> 2
         knobs: overlap_comm: (unset) -> False
         knobs: offload_optimizer: (unset) -> False
