@@ -24,6 +24,7 @@ import torch
 
 from trials.contract import FsdpSettings, ProbeConfig
 from trials.optim import client_optimizer
+from trials.memory import local_shard
 from trials.outcome import ConfigRefused
 
 # what the installed accelerate says when a model shares one Parameter between modules it puts in two FSDP groups
@@ -107,12 +108,6 @@ def sharded(module: torch.nn.Module) -> bool:
 
     params = list(module.parameters())
     return bool(params) and all(isinstance(p, DTensor) for p in params)
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (the tensor whose storage holds this rank's bytes); any other tensor itself."""
-    inner = getattr(t, "_local_tensor", None)
-    return inner if isinstance(inner, torch.Tensor) else t
 
 
 class FsdpEngine:
@@ -202,13 +197,13 @@ class FsdpEngine:
         if not self.offload:
             return
         for p in self.module.parameters():
-            yield local(p)
+            yield local_shard(p)
             if p.grad is not None:
-                yield local(p.grad)
+                yield local_shard(p.grad)
         for state in self.optimizer.state.values():
             for v in state.values():
                 if isinstance(v, torch.Tensor):
-                    yield local(v)
+                    yield local_shard(v)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()  # the mixed precision policy casts; accelerate adds no autocast under FSDP2

@@ -38,6 +38,14 @@ class Allocation:
     nbytes: int
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, the tensor whose storage holds this rank's bytes; any other tensor itself. A DTensor is
+    a wrapper whose own storage has the GLOBAL size (a 1024 x 256 fp32 parameter sharded over 2 ranks: 1 MiB, its
+    shard 0.5 MiB): FSDP2's parameters, gradients and AdamW states are counted by their shards."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if isinstance(inner, torch.Tensor) else t
+
+
 class LiveTensorTracker(TorchDispatchMode):
     """Counts the bytes of live tensor storages created while it is active (or registered with :meth:`track`).
 
@@ -90,6 +98,7 @@ class LiveTensorTracker(TorchDispatchMode):
     def _add(self, t: torch.Tensor, check: bool = True, inputs: frozenset[int] = frozenset(), func: Any = None) -> int:
         """Counts ``t``'s storage if new (or grown); returns the bytes it added. One past the capacity is refused:
         ``refused`` records it (the op ``func`` that asked, ``t``'s shape, the bytes live at that instant)."""
+        t = local_shard(t)
         if t.layout is not torch.strided or t.device.type not in ("cpu", "cuda"):
             return 0  # meta tensors (shapes only, e.g. DeepSpeed ZeRO-1/2's round_robin_bit16_meta) hold no memory
         try:
@@ -144,7 +153,7 @@ class LiveTensorTracker(TorchDispatchMode):
             if not isinstance(t, torch.Tensor):
                 continue
             try:
-                storage = t.untyped_storage()
+                storage = local_shard(t).untyped_storage()
             except (RuntimeError, NotImplementedError):
                 continue
             key = id(storage)

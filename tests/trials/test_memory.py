@@ -93,6 +93,32 @@ def test_works_under_fake_tensor_mode() -> None:
     assert tracker.live == 0
 
 
+def test_a_dtensor_counts_its_local_shard_not_its_global_size() -> None:
+    """FSDP2's parameters, gradients and AdamW states are DTensors whose own (wrapper) storage has the global size: on
+    2 ranks each holds half. Counted by the wrapper, an FSDP2 probe of tiny-llama on 2 ranks read 3.57 MB instead of
+    3.07 MB (micro 2 x 64)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        weight = distribute_tensor(torch.randn(1024, 256), mesh, [Shard(0)])
+        assert weight.untyped_storage().nbytes() == 1 << 20  # the wrapper: global
+        tracker = LiveTensorTracker()
+        tracker.track([weight])
+        assert tracker.live == 1 << 19  # the shard
+        with tracker:
+            doubled = weight * 2  # a DTensor result: its shard is what this rank allocates
+            assert tracker.live == 1 << 20
+            assert tracker.mark_host([doubled]) == 1 << 19  # offloaded by its shard
+        assert tracker.live == 1 << 19
+        del doubled
+    finally:
+        dist.destroy_process_group()
+
+
 def test_oom_predicate() -> None:
     assert is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert is_oom(MemoryError())
