@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from trials.contract import FsdpSettings, ProbeConfig
-from trials.optim import client_optimizer
 from trials.memory import local_shard
+from trials.optim import client_optimizer
 from trials.outcome import ConfigRefused
 
 # what the installed accelerate says when a model shares one Parameter between modules it puts in two FSDP groups
