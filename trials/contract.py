@@ -201,6 +201,15 @@ class Knobs(Strict):
         return data
 
     @property
+    def engine_label(self) -> str:
+        """The engine in a few words: "ZeRO-2", "torch", "FSDP2 resharded" / "FSDP2 kept gathered" (+ ", offload
+        params")."""
+        if self.engine == "fsdp2":
+            held = "resharded" if self.reshard_after_forward else "kept gathered"
+            return f"FSDP2 {held}" + (", offload params" if self.offload_params else "")
+        return self.engine if self.engine == "torch" else f"ZeRO-{self.zero_stage}"
+
+    @property
     def sharded(self) -> bool:
         """Whether parameters are sharded over the ranks (ZeRO-3 or FSDP2)."""
         return self.engine == "fsdp2" or (self.engine == "deepspeed" and self.zero_stage == 3)

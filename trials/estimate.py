@@ -29,7 +29,6 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,55 +36,12 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trials.contract import LoraSpec, ModelSpec
-from trials.data import worst_case_batch
 from trials.memory import LiveTensorTracker
+from trials.trace_model import build, cache_bytes, worst_batch
 from trials.trace_modes import MasterStep, Mode, cuda_kernels, masks_decided_as_on_real_tensors
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
-
-@contextlib.contextmanager
-def _adapters_stay_put() -> Iterator[None]:
-    """peft moves each new adapter (and the module it wraps) to its base layer's device; in the trace everything is
-    already there (CPU, fp32), and under FakeTensorMode a move swaps fake parameters, which torch refuses: so
-    ``Module.to`` is a no-op while the adapters are injected."""
-    saved = torch.nn.Module.to
-    torch.nn.Module.to = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.nn.Module.to = saved  # type: ignore[method-assign]
-
-
-def _build(spec: ModelSpec, lora: LoraSpec | None = None, cast_to: torch.dtype | None = None) -> PreTrainedModel:
-    """The model as a probe builds it: fp32, train mode, with the job's LoRA adapters (base frozen) if any;
-    ``cast_to``: every floating parameter then cast to that dtype, buffers kept, as DeepSpeed's bf16/fp16 engine casts
-    the module (deepspeed 0.19.8 ``_cast_module_mixed_precision``: params only; a rotary ``inv_freq`` stays fp32)."""
-    from trials.models import instantiate, load_config
-
-    model: Any = instantiate(load_config(spec), dtype=torch.float32)  # peft wraps it below
-    if lora is not None:
-        from trials.lora import apply_lora
-
-        with _adapters_stay_put():
-            model = apply_lora(model, lora)
-    if cast_to is not None:
-        for p in model.parameters():
-            if p.is_floating_point() and p.dtype != cast_to:
-                p.data = p.data.to(cast_to)
-    model.train()
-    return model
-
-
-def _batch(
-    model: torch.nn.Module, micro: int, length: int, label_length: int | None, padded: bool = False
-) -> dict[str, torch.Tensor]:
-    """The probe's worst-case batch (trials.data): seq2seq labels at the job's label length; ``padded``: with the
-    padding the user's collator adds (a job with data whose samples differ in length), as the probe builds it."""
-    vocab = int(getattr(model.config, "vocab_size", 32000))
-    encdec = bool(getattr(model.config, "is_encoder_decoder", False))
-    return worst_case_batch(micro, length, vocab, encoder_decoder=encdec, label_length=label_length, padded=padded)
+    pass
 
 
 class _FromFirstGrad:
@@ -169,7 +125,7 @@ def trace_point(
     with fake_mode, masks_decided_as_on_real_tensors(fake and not padded), cuda_kernels(kernels == "cuda"):
         tracker = LiveTensorTracker()
         with tracker:
-            model = _build(spec, lora, mode.dtype if mode.cast_module else None)
+            model = build(spec, lora, mode.dtype if mode.cast_module else None)
             if checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             params = list(model.parameters())
@@ -179,7 +135,7 @@ def trace_point(
             largest = max(p.numel() for p in params)
             opt = MasterStep(trainable, mode.cast_module)
             before_batch = tracker.live
-            batch = _batch(model, micro, length, label_length, padded)
+            batch = worst_batch(model, micro, length, label_length, padded)
             batch_bytes = tracker.live - before_batch
             _step(model, opt, batch, mode, tracker)  # creates the optimizer state
             opt.zero_grad(set_to_none=False)
@@ -250,7 +206,7 @@ def _eval_phases(
     out: dict[str, Any] = {"eval_batch_size": size, "largest": {}}
     model.eval()
     before = tracker.live
-    batch = _batch(model, size, length, label_length, padded)
+    batch = worst_batch(model, size, length, label_length, padded)
     tracker.largest_since(TOP)
     tracker.reset_peak()
     with torch.no_grad(), mode.autocast():
@@ -274,30 +230,12 @@ def _eval_phases(
         with mode.autocast():
             _tokens, cache = fixed_length_decode(model, inputs, new_tokens, beams)
         out["generate_bytes"] = max(0, tracker.peak - before)
-        out["generate_cache_bytes"] = _cache_bytes(cache)
+        out["generate_cache_bytes"] = cache_bytes(cache)
         out["generation_length"], out["num_beams"] = new_tokens, beams
         out["largest"]["generate"] = _named(tracker)
     tracker.keep_largest = 0
     model.train()
     return out
-
-
-def _cache_bytes(cache: Any) -> int:
-    """The bytes of the generation cache's tensors (each storage once)."""
-    seen: dict[int, int] = {}
-    stack = [cache]
-    while stack:
-        obj = stack.pop()
-        if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            seen[id(storage)] = storage.nbytes()
-        elif isinstance(obj, (list, tuple)):
-            stack.extend(obj)
-        elif obj is not None and hasattr(obj, "__dict__"):
-            stack.extend(
-                v for v in vars(obj).values() if isinstance(v, (torch.Tensor, list, tuple)) or hasattr(v, "layers")
-            )
-    return sum(seen.values())
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
@@ -321,9 +259,10 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         )
         out.update({k: got[k] for k in ("param_count", "trainable_count", "param_bytes", "largest_param")})
         out["points"].append(got["point"])
+    out["fsdp_points"] = [_fsdp_point(spec, p, request, lora) for p in request.get("fsdp_points") or []]
     if "param_count" not in out:  # no point asked: the model stats alone
         with FakeTensorMode():
-            params = list(_build(spec, lora).parameters())
+            params = list(build(spec, lora).parameters())
             out.update(
                 param_count=sum(p.numel() for p in params),
                 trainable_count=sum(p.numel() for p in params if p.requires_grad),
@@ -333,6 +272,40 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     out["kernels"] = str(request.get("kernels") or "cpu")
     out["trace_s"] = time.perf_counter() - start
     return out
+
+
+def _fsdp_point(spec: ModelSpec, p: dict[str, Any], request: dict[str, Any], lora: LoraSpec | None) -> dict[str, Any]:
+    """One FSDP2 point (trials.trace_fsdp): the config's shape and FSDP2 knobs on its world size, accumulating or
+    not."""
+    from trials.contract import FsdpSettings
+    from trials.outcome import ConfigRefused
+    from trials.trace_fsdp import trace_fsdp_point
+
+    knobs = {
+        "micro_batch_size": int(p["micro_batch_size"]),
+        "max_length": int(p["max_length"]),
+        "gradient_checkpointing": bool(p.get("gradient_checkpointing", False)),
+        "precision": str(p.get("precision", "fp32")),
+        "reshard_after_forward": bool(p.get("reshard_after_forward", True)),
+        "offload_params": bool(p.get("offload_params", False)),
+    }
+    world, accumulates = int(p["world_size"]), bool(p.get("accumulates", False))
+    held = request.get("fsdp")
+    try:
+        got = trace_fsdp_point(
+            spec,
+            knobs,
+            world,
+            2 if accumulates else 1,  # the probe's accumulation: min(real, 2)
+            fsdp=FsdpSettings.model_validate(held) if held else None,
+            label_length=request.get("label_length"),
+            lora=lora,
+            evaluation=request.get("evaluation"),
+            padded=bool(request.get("padded")),
+        )
+    except ConfigRefused as refusal:  # e.g. T5's shared parameter: said by the estimate of every FSDP2 config
+        got = {"refused": str(refusal)}
+    return {**knobs, "world_size": world, "accumulates": accumulates, **got}
 
 
 def main(argv: list[str] | None = None) -> int:

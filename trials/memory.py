@@ -171,6 +171,15 @@ class LiveTensorTracker(TorchDispatchMode):
                 freed += size
         return freed
 
+    def device_bytes(self, t: torch.Tensor) -> int:
+        """The bytes of ``t``'s storage (a DTensor's shard) counted on the device now (0: on the host, or not seen)."""
+        try:
+            key = id(local_shard(t).untyped_storage())
+        except (RuntimeError, NotImplementedError):
+            return 0
+        with self._lock:
+            return 0 if key in self._host else self._sizes.get(key, 0)
+
     # -- where in a step an allocation is asked for ----------------------------------------------------------------
     def stage(self) -> Stage | None:
         """The stage of a train step running now: the backward (autograd is running a node: a checkpointed
@@ -277,6 +286,25 @@ def _storage_ids(leaves: Iterable[Any]) -> Iterator[int]:
 def module_tensors(module: torch.nn.Module) -> Iterator[torch.Tensor]:
     yield from module.parameters()
     yield from module.buffers()
+
+
+def host_offload(engine: Any, tracker: LiveTensorTracker | None) -> None:
+    """An engine's offloaded optimizer state lives in host memory: taken off the emulated device, its step paused
+    (the probe after every micro-step, and the FSDP2 trace the same way)."""
+    host = engine.host_optimizer()
+    if host is None or tracker is None:
+        return
+    tracker.mark_host(optimizer_tensors(host))
+    tracker.mark_host(engine.host_tensors())
+    if not getattr(host, "_tuner_paused", False):
+        step = host.step
+
+        def paused_step(*args: Any, **kwargs: Any) -> Any:
+            with tracker.paused():
+                return step(*args, **kwargs)
+
+        host.step = paused_step
+        host._tuner_paused = True
 
 
 def optimizer_tensors(optimizer: Any) -> Iterator[torch.Tensor]:

@@ -204,21 +204,7 @@ class Probe:
 
     def _host_offload(self, engine: Engine) -> None:
         """Offloaded optimizer state lives in host memory: take it off the emulated device, pause its step."""
-        host = engine.host_optimizer()
-        tracker = self.dev.tracker
-        if host is None or tracker is None:
-            return
-        tracker.mark_host(memory.optimizer_tensors(host))
-        tracker.mark_host(engine.host_tensors())
-        if not getattr(host, "_tuner_paused", False):
-            step = host.step
-
-            def paused_step(*args: Any, **kwargs: Any) -> Any:
-                with tracker.paused():
-                    return step(*args, **kwargs)
-
-            host.step = paused_step
-            host._tuner_paused = True
+        memory.host_offload(engine, self.dev.tracker)
 
     def _settle(self) -> None:
         """After the first real optimizer step every lazily built buffer exists (AdamW state, ZeRO's offload buffers

@@ -167,12 +167,13 @@ def _as_json(baseline: Baseline | None, findings: list[Finding], basis: Basis | 
 def _print(baseline: Baseline | None, findings: list[Finding], basis: Basis | None, warnings: int) -> None:
     if baseline is not None:
         k = baseline.knobs
-        engine = f"ZeRO-{k['zero_stage']}" if k["engine"] == "deepspeed" else "plain torch (DDP)"
+        engine = {"deepspeed": f"ZeRO-{k.get('zero_stage', 0)}", "fsdp2": "FSDP2"}.get(k["engine"], "plain torch (DDP)")
         out_console.print(
             f"setup: {engine}, micro batch {k['micro_batch_size']} x accumulation "
             f"{baseline.gradient_accumulation_steps}, {k['precision']}"
-            f"{', optimizer offload' if k['offload_optimizer'] else ''}"
-            f"{', overlap_comm' if k['overlap_comm'] and k['zero_stage'] else ''}",
+            f"{', optimizer offload' if k.get('offload_optimizer') else ''}"
+            f"{', parameter offload' if k.get('offload_params') else ''}"
+            f"{', overlap_comm' if k.get('overlap_comm') and k.get('zero_stage') else ''}",
             markup=False,
         )
     if basis is not None:

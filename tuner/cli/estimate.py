@@ -19,7 +19,7 @@ from tuner.job.lora import check_lora
 from tuner.job.model_source import resolve_model
 from tuner.job.space import KNOB_RANGES, check_job_limits
 from tuner.memory import solve as solving
-from tuner.memory.estimator import Estimator, trace, trace_at
+from tuner.memory.estimator import Estimator, accumulates, fsdp_at, trace, trace_at
 from tuner.memory.precision import traced_precision
 from tuner.session.options import cli_option
 from tuner.settings import load_settings
@@ -91,7 +91,14 @@ def estimate(
     zero_stage: Annotated[
         int | None, typer.Option("--zero-stage", min=0, max=3, help="default: baseline's, else 0")
     ] = None,
-    engine: Annotated[str | None, typer.Option("--engine", help="deepspeed (default) or torch")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", help="deepspeed (default), fsdp2 or torch")] = None,
+    reshard_after_forward: Annotated[
+        bool | None,
+        typer.Option("--reshard-after-forward/--no-reshard-after-forward", help="FSDP2 (default: baseline's, else on)"),
+    ] = None,
+    offload_params: Annotated[
+        bool | None, typer.Option("--offload-params/--no-offload-params", help="FSDP2's CPU offload")
+    ] = None,
     offload_optimizer: Annotated[bool | None, typer.Option("--offload-optimizer/--no-offload-optimizer")] = None,
     gradient_checkpointing: Annotated[
         bool | None, typer.Option("--gradient-checkpointing/--no-gradient-checkpointing")
@@ -146,6 +153,8 @@ def estimate(
         "contiguous_gradients": contiguous_gradients,
         "reduce_bucket_size": _parse_size(reduce_bucket_size),
         "allgather_bucket_size": _parse_size(allgather_bucket_size),
+        "reshard_after_forward": reshard_after_forward,
+        "offload_params": offload_params,
     }
     ej = estimate_job(spec, job, knob_options, _data(job))
     check_job_limits(ej.world_size, ej.global_batch or 0, cli_option)  # the bounds a search's are held to
@@ -214,10 +223,15 @@ def _traced(ej: EstimateJob, calib: list[tuple[Knobs, int]], kernels: str = "cpu
     k = ej.knobs
     long = k.max_length > TRACE_MAX_LENGTH
     lengths = SHORT_LENGTHS if long else tuple(sorted({max(1, k.max_length // 2), k.max_length}))
-    wanted = {trace_at(k, length=n) for n in lengths}
-    wanted |= {trace_at(c) for c, _ in calib}
+    wanted = {trace_at(k, length=n) for n in lengths} if k.engine != "fsdp2" else set()
+    wanted |= {trace_at(c) for c, _ in calib if c.engine != "fsdp2"}
     labels = ej.job.max_target_length
     padded = ej.data is not None and ej.data.pads  # the data's batches as the collator pads them
+    sharded = [c for c, _ in calib if c.engine == "fsdp2"]
+    fsdp = {fsdp_at(c, ej.world_size, accumulates(ej.global_batch, c.micro_batch_size, ej.world_size)) for c in sharded}
+    if k.engine == "fsdp2":  # its own points at the traced lengths: FSDP2's memory is traced per config
+        acc = accumulates(ej.global_batch, k.micro_batch_size, ej.world_size)
+        fsdp |= {fsdp_at(k, ej.world_size, acc, length=n) for n in lengths}
     tr = trace(
         ej.model,
         sorted(wanted),
@@ -226,6 +240,8 @@ def _traced(ej: EstimateJob, calib: list[tuple[Knobs, int]], kernels: str = "cpu
         evaluation=ej.evaluation,
         padded=padded,
         kernels=kernels,
+        fsdp_points=sorted(fsdp),
+        fsdp=ej.fsdp,
     )
     est = Estimator(trace=tr, world_size=ej.world_size, global_batch=ej.global_batch)
     how = f"traced in {tr.trace_s:.1f} s with {tr.kernels.upper()} kernels"
@@ -250,7 +266,7 @@ def _solve(est: Estimator, knobs: Knobs, solve: str, capacity: int, margin: floa
 
 
 def _describe(k: Knobs) -> str:
-    parts = [f"micro {k.micro_batch_size}", k.engine if k.engine == "torch" else f"ZeRO-{k.zero_stage}"]
+    parts = [f"micro {k.micro_batch_size}", k.engine_label]
     parts += [
         name for name, on in (("offload", k.offload_optimizer), ("checkpointing", k.gradient_checkpointing)) if on
     ]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trials.contract import BUILTIN_PREFIX, Knobs, ModelSpec
+from trials.contract import BUILTIN_PREFIX, FsdpSettings, Knobs, ModelSpec
 from tuner.errors import BaselineError, ConfigError
 from tuner.job.batching import validated_knobs
 from tuner.job.definition import BUILTIN_DEFAULTS, Job, JobFlags, resolve_job
@@ -30,7 +30,13 @@ KNOB_DEFAULTS: Mapping[str, Any] = {
     "contiguous_gradients": True,
     "reduce_bucket_size": None,
     "allgather_bucket_size": None,
+    "reshard_after_forward": None,  # FSDP2's (the Knobs default: on)
+    "offload_params": None,
 }
+#: the knobs only DeepSpeed has: dropped from the baseline's when an option picks engine fsdp2 (and FSDP2's when it
+#: picks another), so `--engine fsdp2` on a ZeRO baseline estimates FSDP2 for the same job
+DEEPSPEED_ONLY = ("zero_stage", "offload_optimizer", "overlap_comm", "allgather_bucket_size", "reduce_bucket_size")
+FSDP_ONLY = ("reshard_after_forward", "offload_params")
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class EstimateJob:
     global_batch: int | None
     source: str  # where the knobs came from, for the header
     data: DataJob | None = None  # the user's data (--dataset): the job's lengths are its longest sample's
+    fsdp: FsdpSettings | None = None  # an FSDP2 baseline's own settings (wrap policy ...), as its probes hold them
     length_sources: Mapping[str, str] = field(default_factory=dict)  # where each length came from (with data)
 
     def data_lines(self) -> list[str]:
@@ -105,10 +112,14 @@ def estimate_job(
     world = settings.get("world_size") or (base.world_size if base is not None else None) or 1
     batch = settings.get("global_batch") or (base.global_batch if base is not None else None)
     values = {k: v for k, v in (base.knobs if base is not None else {}).items() if k in Knobs.model_fields}
+    if knobs.get("engine") is not None and knobs["engine"] != values.get("engine", knobs["engine"]):
+        other = DEEPSPEED_ONLY if knobs["engine"] == "fsdp2" else FSDP_ONLY
+        values = {k: v for k, v in values.items() if k not in other}
+    fsdp2 = (knobs.get("engine") or values.get("engine")) == "fsdp2"
     for name, default in KNOB_DEFAULTS.items():
         if knobs.get(name) is not None:
             values[name] = knobs[name]
-        elif name not in values and default is not None:
+        elif name not in values and default is not None and not (fsdp2 and name in DEEPSPEED_ONLY):
             values[name] = default
     if values.get("micro_batch_size") is None:
         raise ConfigError("no micro batch: pass --micro-batch-size, or --baseline with your DeepSpeed / HF config")
@@ -118,4 +129,5 @@ def estimate_job(
     config = validated_knobs(values, batch, world)
     source = "your baseline" + (" with options" if any(v is not None for v in knobs.values()) else "")
     source = source if base is not None else "options"
-    return EstimateJob(model, job, config, world, batch, source, data, sources)
+    held = FsdpSettings.model_validate(base.fsdp) if base is not None and base.fsdp else None
+    return EstimateJob(model, job, config, world, batch, source, data, length_sources=sources, fsdp=held)

@@ -6,7 +6,7 @@ import json
 import re
 
 from tuner.cli.estimate_view import phase_json
-from tuner.memory.breakdown import PARTS, PHASE_TITLES, PhaseEstimate, RankEstimate
+from tuner.memory.breakdown import PARTS, PHASE_TITLES, PhaseEstimate, RankEstimate, columns
 from tuner.memory.explain import Change, Explanation, RecordedFailure, TrialFacts
 from tuner.memory.oom_match import Landing
 from tuner.memory.precision import traced_precision
@@ -19,19 +19,20 @@ _SHORT = {
     "gradients": "grads",
     "optimizer states": "optim",
     "ZeRO buffers": "ZeRO",
+    "gathered parameters": "gather",
     "activations + temporaries": "activ",
     "generation cache": "cache",
 }
 
 
-def _row(p: PhaseEstimate) -> str:
-    cells = "".join(f"{p.part(name) / GiB:>8.2f}" for name in PARTS)
+def _row(p: PhaseEstimate, names: tuple[str, ...] = PARTS) -> str:
+    cells = "".join(f"{p.part(name) / GiB:>8.2f}" for name in names)
     return f"  {p.title:<25}{cells}{p.total / GiB:>9.2f}"
 
 
 def _config(e: Explanation) -> str:
     k = e.config
-    engine = k.engine if k.engine == "torch" else f"ZeRO-{k.zero_stage}"
+    engine = k.engine_label
     extra = [n for n, on in (("offload", k.offload_optimizer), ("checkpointing", k.gradient_checkpointing)) if on]
     return ", ".join([f"micro {k.micro_batch_size}", engine, *extra, k.precision])
 
@@ -97,7 +98,9 @@ def _snapshot(read: SnapshotRead, estimate: PhaseEstimate) -> list[str]:
         f"  snapshot: live memory by the frames that allocated it vs the estimate's {estimate.title}, GiB:",
         f"    {'(the estimate uncalibrated, as the table above)':<56}{'snapshot':>10}{'estimate':>10}",
     ]
-    out += [f"    {name:<56}{s.part(name) / GiB:>10.2f}{estimate.part(name) / GiB:>10.2f}" for name in PARTS]
+    out += [
+        f"    {name:<56}{s.part(name) / GiB:>10.2f}{estimate.part(name) / GiB:>10.2f}" for name in columns([estimate])
+    ]
     rest = (
         ("before recording (no stack: setup, the model as built)", s.before_recording),
         ("unattributed (no rule matches its frames)", s.unattributed),
@@ -173,12 +176,13 @@ def lines(e: Explanation, search: str) -> list[str]:
     shape = (
         "the probe's: every sample at max_length" if t else "your data's longest, padded to the longest in the batch"
     )
+    names = columns(e.breakdown.worst.phases)
     out = [
         *head,
         f"config: {_config(e)}; device memory {e.capacity / GiB:.2f} GiB a rank",
         f"worst batch: {e.worst.describe()} ({shape})",
-        "  peak by phase and part, GiB" + "".join(f"{_SHORT[n]:>8}" for n in PARTS) + f"{'total':>9}",
-        *(_row(p) for p in e.breakdown.worst.phases),
+        "  peak by phase and part, GiB" + "".join(f"{_SHORT[n]:>8}" for n in names) + f"{'total':>9}",
+        *(_row(p, names) for p in e.breakdown.worst.phases),
     ]
     peak = e.breakdown.worst.phase(e.crossing) if e.crossing else e.breakdown.worst.peak
     for part in peak.parts:

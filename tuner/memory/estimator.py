@@ -5,7 +5,8 @@ peak ~= max over the step's phases (forward+backward, optimizer step) of
       + the ZeRO buffers live in that phase (reduce / all-gather buckets, grad partition, offload staging)
       + that phase's activations and temporaries (from a FakeTensorMode trace, see trials/estimate.py)
 
-(the phases and parts: tuner.memory.breakdown), then calibrated against the probes measured so far (CUDA context,
+(the phases and parts: tuner.memory.breakdown); an FSDP2 config is read from the trace of its own probe instead
+(tuner.memory.fsdp); then calibrated against the probes measured so far (CUDA context,
 allocator slack, buffers the formulas miss): a least-squares fit of ``measured ~= a * states + b * (peak - states)
 + c``, pulled towards (1, 1, 0) so one or two probes move it gently. Pure: no torch import; the trace runs in a
 subprocess (tuner.memory.trace).
@@ -35,6 +36,8 @@ from tuner.memory.breakdown import (
     PhaseEstimate,
     RankEstimate,
 )
+from tuner.memory.fsdp import fsdp_phases, fsdp_states
+from tuner.memory.fsdp import matching as fsdp_matching
 from tuner.memory.states import (
     PhaseBuffers,
     StateBytes,
@@ -43,16 +46,19 @@ from tuner.memory.states import (
     zero_order_sound,
     zero_stage_need,
 )
-from tuner.memory.trace import Evaluation, Trace, TracePoint, same_mode, trace, trace_at
+from tuner.memory.trace import Evaluation, FsdpPoint, Trace, TracePoint, fsdp_at, same_mode, trace, trace_at
 from tuner.memory.traced import named, traced
 
 __all__ = [
     "Estimate",
     "Estimator",
     "Evaluation",
+    "FsdpPoint",
     "StateBytes",
     "Trace",
     "TracePoint",
+    "accumulates",
+    "fsdp_at",
     "model_state_bytes",
     "trace",
     "trace_at",
@@ -90,9 +96,7 @@ class Estimator:
     def accumulates(self, knobs: Knobs) -> bool:
         """Whether a step of this config runs several micro-steps (then the earlier micro-steps' grads are resident
         while the later ones peak). Unknown global batch: assumed so, the larger need."""
-        if self.global_batch is None:
-            return True
-        return (accumulation_steps(self.global_batch, knobs.micro_batch_size, self.world_size) or 2) > 1
+        return accumulates(self.global_batch, knobs.micro_batch_size, self.world_size)
 
     def _resident(self, knobs: Knobs) -> bool:
         """Whether the backward's activation term is the trace's peak with the grads resident rather than the fresh
@@ -157,13 +161,22 @@ class Estimator:
 
     def states(self, knobs: Knobs) -> StateBytes:
         tr = self.trace
+        if knobs.engine == "fsdp2":
+            return fsdp_states(self._fsdp(knobs), knobs)
         return model_state_bytes(knobs, tr.param_count, self.world_size, tr.largest_param, tr.trainable_count)
 
     def breakdown(self, knobs: Mapping[str, Any] | Knobs) -> Breakdown:
         """Each phase's peak on a rank, part by part (uncalibrated); data-parallel ranks alike. The eval phases
         appear when the config evaluates and the trace has them (traced with the job's Evaluation)."""
         k = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(dict(knobs))
+        if k.engine == "fsdp2":
+            return Breakdown(ranks=(RankEstimate(rank=None, phases=tuple(fsdp_phases(self._fsdp(k), k))),))
         return Breakdown(ranks=(RankEstimate(rank=None, phases=(*self._train_phases(k), *self._eval_phases(k))),))
+
+    def _fsdp(self, k: Knobs) -> list[FsdpPoint]:
+        """An FSDP2 config's traced points (tuner.memory.fsdp: its own probe traced, not the plain trace's
+        arithmetic); a ConfigError when the trace has none of its kind."""
+        return fsdp_matching(self.trace, k, self.world_size, self.accumulates(k))
 
     def _zero(self, k: Knobs) -> PhaseBuffers:
         tr = self.trace
@@ -312,6 +325,13 @@ class Estimator:
         for kd, measured in self.observations:
             out.append(self.predict(kd).calibrated / max(measured, 1) - 1.0)
         return out
+
+
+def accumulates(global_batch: int | None, micro_batch_size: int, world_size: int) -> bool:
+    """Whether a step at this micro batch runs several micro-steps; an unknown global batch: assumed so."""
+    if global_batch is None:
+        return True
+    return (accumulation_steps(global_batch, micro_batch_size, world_size) or 2) > 1
 
 
 def _solve3(m: list[list[float]], v: list[float]) -> list[float]:

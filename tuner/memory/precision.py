@@ -7,6 +7,9 @@
   ``module.bfloat16()`` / ``module.half()``), so every activation between the matmuls is half too, no autocast;
   the fp32 master weights and Adam state live in the ZeRO (or BF16/FP16) optimizer, fp16 adds a loss scaler; eval
   and generate run the same half-precision module (the Trainer evaluates ``model_wrapped.module``);
+- FSDP2 (accelerate's preparation): the policy's mode, traced by running it (trials.trace_fsdp): fp32 parameter
+  shards (accelerate upcasts trainable params before ``fully_shard``), each block gathered and computed in the param
+  dtype (bf16), grads reduced as the policy says, no autocast; eval and generate on the same sharded module;
 - fp32: one mode for every engine.
 
 Pure: no torch import. The trace (trials/estimate.py) takes ``cast_module``; the estimator reads the points traced
@@ -35,6 +38,12 @@ class TracedPrecision:
         if self.precision not in HALF:
             return f"precision traced: fp32 (the job trains in fp32; engine {self.engine})"
         p = self.precision
+        if self.engine == "fsdp2":
+            return (
+                f"precision traced: {p}, FSDP2's mixed precision policy (the job trains in {p} on FSDP2: fp32 "
+                f"parameter shards, each block gathered and computed in {p}, as accelerate's preparation sets it; "
+                "eval and generate on the same sharded module)"
+            )
         if self.cast_module:
             scaler = "; a loss scaler" if p == "fp16" else ""
             return (

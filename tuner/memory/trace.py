@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trials.contract import Knobs, LoraSpec, ModelSpec
+from trials.contract import FsdpSettings, Knobs, LoraSpec, ModelSpec
 from tuner.errors import ConfigError, ModelSourceError
 from tuner.memory.precision import traced_precision
 
@@ -30,6 +30,27 @@ def trace_at(knobs: Knobs, micro: int | None = None, length: int | None = None) 
         knobs.gradient_checkpointing,
         knobs.precision,
         traced_precision(knobs).cast_module,
+    )
+
+
+#: one traced FSDP2 config: (micro batch, max_length, checkpointing, precision, reshard_after_forward,
+#: offload_params, world size, accumulates): FSDP2's memory depends on all of them (trials.trace_fsdp)
+FsdpAt = tuple[int, int, bool, str, bool, bool, int, bool]
+
+
+def fsdp_at(
+    knobs: Knobs, world_size: int, accumulates: bool, micro: int | None = None, length: int | None = None
+) -> FsdpAt:
+    """The traced FSDP2 config of ``knobs`` (at ``micro`` / ``length`` if given)."""
+    return (
+        knobs.micro_batch_size if micro is None else micro,
+        knobs.max_length if length is None else length,
+        knobs.gradient_checkpointing,
+        knobs.precision,
+        knobs.reshard_after_forward,
+        knobs.offload_params,
+        world_size,
+        accumulates,
     )
 
 
@@ -85,6 +106,45 @@ class TracePoint(BaseModel):
     largest: dict[str, list[TracedAllocation]] = Field(default_factory=dict)  # phase -> its largest allocations
 
 
+class FsdpPoint(BaseModel):
+    """One FSDP2 config traced as its probe runs it (trials.trace_fsdp: rank 0 of a fake process group of the world
+    size, fake tensors, the emulated device's tracker), in bytes per rank; the phases above ``states_bytes``."""
+
+    model_config = ConfigDict(extra="forbid")
+    micro_batch_size: int = Field(ge=1)
+    max_length: int = Field(ge=1)
+    gradient_checkpointing: bool = False
+    precision: str = "fp32"
+    reshard_after_forward: bool = True
+    offload_params: bool = False
+    world_size: int = Field(ge=1)
+    accumulates: bool = False  # the step runs 2 micro-steps (no_sync keeps unsharded grads between them)
+    refused: str | None = None  # the model cannot be sharded (trials.fsdp.FsdpRefusal): the reason, no bytes
+    states_bytes: int = 0  # live at a steady cycle's start: parameter shards + optimizer state on the device
+    param_shard_bytes: int = 0  # of which the parameter shards (0 under offload_params: on the host)
+    forward_backward_bytes: int = 0  # the cycle's forward+backward peak above the states
+    gathered_bytes: int = 0  # of which FSDP2's unsharded (all-gathered) parameters live at that peak
+    step_bytes: int = 0  # the optimizer step's peak above the states (grads, clipping and AdamW's temporaries)
+    eval_batch_size: int | None = None
+    eval_bytes: int | None = None  # the eval forward's peak above the states (the train batch still held)
+    generate_bytes: int | None = None  # a decode to the generation length (trials.decode)
+    generate_cache_bytes: int | None = None
+    generation_length: int | None = None
+    num_beams: int | None = None
+
+    def at(self) -> FsdpAt:
+        return (
+            self.micro_batch_size,
+            self.max_length,
+            self.gradient_checkpointing,
+            self.precision,
+            self.reshard_after_forward,
+            self.offload_params,
+            self.world_size,
+            self.accumulates,
+        )
+
+
 class Trace(BaseModel):
     model_config = ConfigDict(extra="forbid")
     param_count: int
@@ -92,6 +152,7 @@ class Trace(BaseModel):
     param_bytes: int  # as built (fp32)
     largest_param: int  # elements of the largest parameter tensor (ZeRO-3 gathers at least this)
     points: list[TracePoint] = Field(default_factory=list)
+    fsdp_points: list[FsdpPoint] = Field(default_factory=list)  # FSDP2 configs (trials.trace_fsdp); none before
     # whose kernels the trace ran where their memory differs: "cpu" (the emulated device's probes) or "cuda" (fused
     # dropout, the math path of attention with a float bias: trials.trace_modes.cuda_kernels)
     kernels: str = "cpu"
@@ -126,13 +187,16 @@ def trace(
     evaluation: Evaluation | None = None,
     padded: bool = False,
     kernels: str = "cpu",
+    fsdp_points: Sequence[FsdpAt] = (),
+    fsdp: FsdpSettings | None = None,
 ) -> Trace:
     """Traces one training step per (micro, max_length, checkpointing, precision, cast_module) (``trace_at``) on CPU
     fake tensors, in the precision mode of the engine (tuner.memory.precision); seq2seq
     labels at ``label_length`` (the job's; None: max_length), as the probe pads them; with the job's ``lora``
     adapters on the model as every probe of a LoRA job runs it; with ``evaluation`` the eval forward and generate
     of each point too; ``padded``: batches with the collator's padding (a job with data), as its probes run them;
-    ``kernels``: "cuda" for a job that trains on a GPU (its kernels where their memory differs from the CPU's)."""
+    ``kernels``: "cuda" for a job that trains on a GPU (its kernels where their memory differs from the CPU's);
+    ``fsdp_points``: FSDP2 configs (``fsdp_at``) run as their probe runs them, with the user's ``fsdp`` settings."""
     request = {
         "model": model.model_dump(),
         "label_length": label_length,
@@ -143,6 +207,20 @@ def trace(
         "points": [
             {"micro_batch_size": m, "max_length": s, "gradient_checkpointing": c, "precision": p, "cast_module": cast}
             for m, s, c, p, cast in points
+        ],
+        "fsdp": fsdp.model_dump(mode="json") if fsdp is not None else None,
+        "fsdp_points": [
+            {
+                "micro_batch_size": m,
+                "max_length": s,
+                "gradient_checkpointing": c,
+                "precision": p,
+                "reshard_after_forward": raf,
+                "offload_params": off,
+                "world_size": n,
+                "accumulates": acc,
+            }
+            for m, s, c, p, raf, off, n, acc in fsdp_points
         ],
     }
     env = dict(os.environ)

@@ -5,15 +5,16 @@ memory sits below the search and knows nothing of it."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
-from trials.contract import LoraSpec, ModelSpec
+from trials.contract import FsdpSettings, LoraSpec, ModelSpec
 from tuner.errors import TunerError
 from tuner.job.space import Space
-from tuner.memory.estimator import Estimator, Evaluation, trace, zero_stage_need
+from tuner.memory.estimator import Estimator, Evaluation, accumulates, trace, zero_stage_need
 from tuner.memory.precision import casts_module
-from tuner.memory.trace import TraceAt
+from tuner.memory.trace import FsdpAt, TraceAt
 
 ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a share of the budget
 
@@ -34,6 +35,7 @@ class TraceShapes:
     extra_lengths: tuple[int, ...] = ()  # more input lengths to trace (with data: its median), for the length curve
     length_cap: int | None = None  # no longer inputs traced; longer ones follow the fitted a*L + b*L^2
     padded: bool = False  # the batches carry the collator's padding (data whose samples differ in length)
+    fsdp: FsdpSettings | None = None  # the user's FSDP2 settings (an FSDP2 baseline's), as its probes hold them
 
 
 #: with the user's data, the longest input length traced: a CPU fake-tensor trace of a large model at the data's
@@ -75,6 +77,26 @@ def shape_points(shapes: TraceShapes) -> list[TraceAt]:
     return sorted(out)
 
 
+def fsdp_points(shapes: TraceShapes) -> list[FsdpAt]:
+    """The FSDP2 configs to trace when the space searches engine fsdp2 (tuner.memory.fsdp: its memory is traced per
+    config): the smallest and largest micro batch at each (capped) length, every checkpointing, precision and FSDP2
+    knob of the space, accumulating as the global batch makes each micro batch (unknown: accumulating). fp16 is not
+    traced (its grad scaler needs CUDA): those configs have no estimate and are probed."""
+    space = shapes.space
+    if "fsdp2" not in space.engine:
+        return []
+    lengths = sorted({min(n, shapes.length_cap or n) for n in space.max_length})
+    out: set[FsdpAt] = set()
+    for micro in sorted({min(space.micro_batch_size), max(space.micro_batch_size)}):
+        acc = accumulates(shapes.global_batch, micro, shapes.world_size)
+        for n, ckpt, prec, raf, off in itertools.product(
+            lengths, space.gradient_checkpointing, space.precision, space.reshard_after_forward, space.offload_params
+        ):
+            if prec != "fp16":
+                out.add((micro, n, ckpt, prec, raf, off, shapes.world_size, acc))
+    return sorted(out)
+
+
 def build_estimator(shapes: TraceShapes, timeout_s: float) -> tuple[Estimator | None, str]:
     """The estimator's fake-tensor trace of the model (a subprocess), or None with the reason it is unavailable."""
     started = time.monotonic()
@@ -87,6 +109,8 @@ def build_estimator(shapes: TraceShapes, timeout_s: float) -> tuple[Estimator | 
             lora=shapes.lora,
             evaluation=shapes.evaluation,
             padded=shapes.padded,
+            fsdp_points=fsdp_points(shapes),
+            fsdp=shapes.fsdp,
         )
     except (TunerError, RuntimeError, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from trials.contract import FsdpSettings
 from tuner.memory.estimator import Estimator, Evaluation, Trace
 from tuner.memory.frontier import Frontier
 from tuner.memory.tracing import (
@@ -42,6 +43,7 @@ def shapes(request: SearchRequest) -> TraceShapes:
         label_length=job.max_target_length if job is not None else None,
         lora=job.lora if job is not None else None,
         evaluation=evaluation(request),
+        fsdp=FsdpSettings.model_validate(request.fsdp) if request.fsdp is not None else None,
         **_data_shapes(request),
     )
 
