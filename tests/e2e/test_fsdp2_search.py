@@ -75,3 +75,21 @@ def test_the_fsdp2_pick_exports_an_accelerate_fsdp2_config_and_no_deepspeed_json
     assert fsdp["fsdp_offload_params"] is False and fsdp["fsdp_activation_checkpointing"] is False
     ds = tuner("best", "--storage", url, "--study", "f", "--format", "deepspeed")
     assert ds.returncode == 2 and len(ds.stderr.strip().splitlines()) == 1 and "fsdp2" in ds.stderr
+
+
+@pytest.mark.slow
+def test_an_fsdp2_oom_trial_is_explained_part_by_part_with_its_failed_allocation(searched) -> None:  # type: ignore[no-untyped-def]
+    url, db, _, _ = searched
+    with sqlite3.connect(db) as con:
+        trials = [n for n, s, r in con.execute("select trial_number, status, result from tuner_probes") if r]
+        oom = next(
+            n for n, s, r in con.execute("select trial_number, status, result from tuner_probes") if r and s == "oom"
+        )
+    assert oom in trials
+    done = tuner("explain", "--storage", url, "--study", "f", "--trial", str(oom))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = done.stdout
+    assert "FSDP2" in out.split("config: ")[1].splitlines()[0]
+    header = out.split("peak by phase and part, GiB")[1].splitlines()[0]
+    assert "gather" in header and "ZeRO" not in header  # FSDP2's gathered parameters in the ZeRO buffers' place
+    assert "recorded failure, rank " in out and "tried to allocate" in out  # the failed allocation it kept

@@ -291,8 +291,10 @@ class Estimator:
         )
 
     def observe(self, knobs: Mapping[str, Any] | Knobs, measured_peak: int) -> None:
-        """Adds a measured peak (bytes, the max over ranks) and refits the calibration."""
+        """Adds a measured peak (bytes, the max over ranks) and refits the calibration; a config the trace cannot
+        estimate (no traced point of its kind) is a ConfigError, and nothing is added."""
         k = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(dict(knobs))
+        self.breakdown(k)
         self.observations.append((k.model_dump(), int(measured_peak)))
         self._refit()
 

@@ -79,18 +79,26 @@ def shape_points(shapes: TraceShapes) -> list[TraceAt]:
 
 def fsdp_points(shapes: TraceShapes) -> list[FsdpAt]:
     """The FSDP2 configs to trace when the space searches engine fsdp2 (tuner.memory.fsdp: its memory is traced per
-    config): the smallest and largest micro batch at each (capped) length, every checkpointing, precision and FSDP2
-    knob of the space, accumulating as the global batch makes each micro batch (unknown: accumulating). fp16 is not
+    config): the smallest and largest micro batch at each (capped) length of the space's accumulating micro batches
+    and of its others (``no_sync`` keeps whole unsharded grads between micro-steps: another kind of point, not a
+    scaled one), every checkpointing, precision and FSDP2 knob of the space. fp16 is not
     traced (its grad scaler needs CUDA): those configs have no estimate and are probed."""
     space = shapes.space
     if "fsdp2" not in space.engine:
         return []
     lengths = sorted({min(n, shapes.length_cap or n) for n in space.max_length})
     out: set[FsdpAt] = set()
-    for micro in sorted({min(space.micro_batch_size), max(space.micro_batch_size)}):
-        acc = accumulates(shapes.global_batch, micro, shapes.world_size)
-        for n, ckpt, prec, raf, off in itertools.product(
-            lengths, space.gradient_checkpointing, space.precision, space.reshard_after_forward, space.offload_params
+    by_accumulation: dict[bool, list[int]] = {}
+    for micro in space.micro_batch_size:
+        by_accumulation.setdefault(accumulates(shapes.global_batch, micro, shapes.world_size), []).append(micro)
+    for acc, micros in by_accumulation.items():  # a point of each kind at both ends of its micro batches
+        for micro, n, ckpt, prec, raf, off in itertools.product(
+            sorted({min(micros), max(micros)}),
+            lengths,
+            space.gradient_checkpointing,
+            space.precision,
+            space.reshard_after_forward,
+            space.offload_params,
         ):
             if prec != "fp16":
                 out.add((micro, n, ckpt, prec, raf, off, shapes.world_size, acc))

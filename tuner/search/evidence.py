@@ -75,7 +75,10 @@ class Evidence:
         self._in_frontier.add(key)
         need = row.memory_need  # what the stability rule compares: the estimate calibrates on the same quantity
         if row.status == ProbeStatus.OK and need and self.estimator is not None:
-            self.estimator.observe(Knobs.model_validate(row.knobs), int(need))
+            try:
+                self.estimator.observe(Knobs.model_validate(row.knobs), int(need))
+            except TunerError:  # a config the trace has no point for (an untraced FSDP2 kind): not calibrated on
+                pass
 
     def use_frontier(self, frontier: Frontier) -> None:
         """Swaps in another frontier (e.g. one ordering ZeRO stages) and feeds it every measurement so far."""

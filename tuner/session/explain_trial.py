@@ -15,11 +15,12 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from trials.contract import DataBatches, JobSettings, Knobs, ModelSpec
-from tuner.errors import ConfigError
-from tuner.memory.estimator import Estimator, Evaluation, trace, trace_at
+from trials.contract import DataBatches, FsdpSettings, JobSettings, Knobs, ModelSpec
+from tuner.errors import ConfigError, TunerError
+from tuner.memory.estimator import Estimator, Evaluation, accumulates, fsdp_at, trace, trace_at
 from tuner.memory.explain import Inputs, MeasuredTrial
 from tuner.memory.snapshot_child import read as read_snapshot
+from tuner.memory.trace import FsdpAt
 from tuner.records.probe import ProbeRow
 from tuner.session.best import pick_study
 from tuner.session.explain_job import TRACE_TIMEOUT_S
@@ -82,6 +83,22 @@ def _evaluation(knobs: Knobs, job: JobSettings) -> Evaluation | None:
     )
 
 
+def _fsdp_points(
+    both: list[Knobs], calib: list[tuple[Knobs, int]], world: int, global_batch: int | None
+) -> list[FsdpAt]:
+    """An FSDP2 trial's own points (with and without checkpointing, at its length and half of it, for the changes the
+    explain weighs) and its FSDP2 calibration probes' (tuner.memory.fsdp: FSDP2 is traced per config)."""
+    out = set()
+    for k in both:
+        if k.engine == "fsdp2":
+            acc = accumulates(global_batch, k.micro_batch_size, world)
+            out |= {fsdp_at(k, world, acc, length=n) for n in {k.max_length, max(1, k.max_length // 2)}}
+    out |= {
+        fsdp_at(c, world, accumulates(global_batch, c.micro_batch_size, world)) for c, _ in calib if c.engine == "fsdp2"
+    }
+    return sorted(p for p in out if p[3] != "fp16")  # fp16 FSDP2 does not trace on CPU (its scaler needs CUDA)
+
+
 def trial_inputs(store: Store, study: str | None, trial: int | None) -> TrialInputs:
     """The inputs of the trial's explanation (``trial`` None: the study's baseline trial, else its first)."""
     name, definition = pick_study(store, study)
@@ -101,8 +118,8 @@ def trial_inputs(store: Store, study: str | None, trial: int | None) -> TrialInp
     if not capacity:
         raise ConfigError(f"trial {trial} of study {name!r} stored no device memory to explain against")
     calib = _calibration(rows, row)
-    shapes = {trace_at(knobs.model_copy(update={"gradient_checkpointing": ckpt})) for ckpt in (False, True)}
-    shapes |= {trace_at(k) for k, _ in calib}
+    both = [knobs.model_copy(update={"gradient_checkpointing": ckpt}) for ckpt in (False, True)]
+    shapes = {trace_at(k) for k in [*both, *(c for c, _ in calib)] if k.engine != "fsdp2"}
     tr = trace(
         model,
         sorted(shapes),
@@ -111,10 +128,15 @@ def trial_inputs(store: Store, study: str | None, trial: int | None) -> TrialInp
         lora=job.lora,
         evaluation=_evaluation(knobs, job),
         padded=_padded(row.config),
+        fsdp_points=_fsdp_points(both, calib, world, definition.global_batch),
+        fsdp=FsdpSettings.model_validate(definition.fsdp) if definition.fsdp else None,
     )
     estimator = Estimator(trace=tr, world_size=world, global_batch=definition.global_batch)
     for k, need in calib:
-        estimator.observe(k, need)
+        try:
+            estimator.observe(k, need)
+        except TunerError:  # a calibration probe the trace has no point for: not calibrated on
+            continue
     failures = tuple((r.rank, r.failed_allocation, r.snapshot) for r in m.ranks if r.failed_allocation is not None)
     measured = MeasuredTrial(
         study=name,
