@@ -4,8 +4,8 @@ Every config of the grid (a search-space YAML/TOML, or JSON on the command line)
 ``tuner.probing.runner.run_probe`` — passes over the whole grid, so the machine's load drifts across the repeats rather
 than within one config. Each repeat keeps status, samples/s, peak memory, probe seconds and the whole ProbeResult. The
 table is saved after every probe (``benchmarks/tables/<name>.json`` + ``.csv``); rerunning the same command resumes it.
-A fake-tensor memory trace of the grid's (micro, max_length, checkpointing, precision) points is stored with it so the
-replay can run the estimator without torch.
+A fake-tensor memory trace of the grid's (micro, max_length, checkpointing, precision) points, and of each FSDP2
+config (trials.trace_fsdp), is stored with it so the replay can run the estimator without torch.
 
     nice -n 5 .venv/bin/python -m benchmarks.record --name tiny-1rank --model builtin:tiny-t5 \\
         --grid '{"micro_batch_size": [2, 4, 8, 16], "max_length": [128, 256], "zero_stage": [0, 2]}' \\
@@ -30,7 +30,7 @@ from trials.contract import JobSettings, LoraSpec, ModelSpec, ProbeResult
 from tuner.cli.estimate import _parse_size
 from tuner.job.batching import accumulation_steps
 from tuner.job.space import Space, config_key, load_space, space_from_dict
-from tuner.memory.estimator import trace, trace_at
+from tuner.memory.estimator import Evaluation, accumulates, fsdp_at, trace, trace_at
 from tuner.memory.frontier import describe
 from tuner.probing.config import probe_config
 
@@ -126,15 +126,39 @@ def repeat_entry(result: ProbeResult) -> dict[str, Any]:
     }
 
 
+def evaluation_of(space: Space, job: JobSettings) -> Evaluation | None:
+    """What the grid's eval knobs trace (the eval forward at the grid's largest eval batch, generate to the job's
+    generation length), as `tuner search` traces its job's evaluation; None: the grid does not evaluate."""
+    sizes = [n for n in space.eval_batch_size if n is not None]
+    if not sizes and True not in space.generate:
+        return None
+    return Evaluation(
+        eval_batch_size=max(sizes or space.micro_batch_size),
+        generate=True in space.generate,
+        generation_max_length=job.generation_max_length or job.max_target_length,
+        num_beams=job.num_beams,
+    )
+
+
 def search_trace(
-    model: ModelSpec, space: Space, world_size: int, global_batch: int, lora: LoraSpec | None = None
+    model: ModelSpec, space: Space, world_size: int, global_batch: int, job: JobSettings | None = None
 ) -> dict[str, Any]:
     """What `tuner search` itself traces for this space (tuner.memory.tracing, with the shapes a search passes: this
-    recorder's probes run the default job with the table's LoRA adapters if any, labels at max_length), and how long
-    it takes: the replay charges these seconds to the strategies that use the estimate, before their first probe."""
+    recorder's probes run the table's job: its LoRA adapters if any, its label and generation lengths, the grid's
+    evaluation), and how long it takes: the replay charges these seconds to the strategies that use the estimate,
+    before their first probe."""
     from tuner.memory.tracing import TraceShapes, build_estimator, trace_points
 
-    shapes = TraceShapes(model=model, space=space, world_size=world_size, global_batch=global_batch, lora=lora)
+    job = job or JobSettings()
+    shapes = TraceShapes(
+        model=model,
+        space=space,
+        world_size=world_size,
+        global_batch=global_batch,
+        lora=job.lora,
+        label_length=job.max_target_length,
+        evaluation=evaluation_of(space, job),
+    )
     t0 = time.perf_counter()
     estimator, note = build_estimator(shapes, timeout_s=1800)
     if estimator is None:
@@ -181,6 +205,7 @@ def open_table(
         "measure_steps": args.measure,
         "space": space.model_dump(mode="json"),
         "lora": asked,
+        "job": {"max_target_length": args.max_target_length, "generation_max_length": args.generation_max_length},
         "trace": None,
         "rows": [],
     }
@@ -199,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora-r", type=int, help="a LoRA job: the adapters' rank (every probe and trace trains them)")
     ap.add_argument("--lora-alpha", type=int, default=None, help="lora_alpha (default: peft's, 8)")
     ap.add_argument("--lora-target-modules", default=None, help="e.g. q_proj,v_proj (default: peft's for the model)")
+    ap.add_argument("--max-target-length", type=int, help="seq2seq label length (default: max_length)")
+    ap.add_argument(
+        "--generation-max-length", type=int, help="new tokens of the eval generate (grid knob generate: [true])"
+    )
     ap.add_argument("--headroom", type=float, default=0.9)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2)
@@ -218,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {k: int(v) for k, v in (o.split("=", 1) for o in args.override)}
     model = ModelSpec(source=args.model, overrides=overrides)
     lora = lora_of(args)
+    job = JobSettings(
+        lora=lora, max_target_length=args.max_target_length, generation_max_length=args.generation_max_length
+    )
     space = build_space(args)
     capacity = _parse_size(args.device_memory)
     configs = [k for k in space.configs() if accumulation_steps(args.global_batch, k.micro_batch_size, args.world_size)]
@@ -239,13 +271,28 @@ def main(argv: list[str] | None = None) -> int:
             rows[key] = {"config_key": key, "knobs": knobs.model_dump(mode="json"), "accum": accum, "repeats": []}
             table["rows"].append(rows[key])
     if not args.no_trace and table.get("trace") is None:
-        points = sorted({trace_at(k) for k in configs})
+        points = sorted({trace_at(k) for k in configs if k.engine != "fsdp2"})
+        sharded = sorted(
+            {
+                fsdp_at(k, args.world_size, accumulates(args.global_batch, k.micro_batch_size, args.world_size))
+                for k in configs
+                if k.engine == "fsdp2"
+            }
+        )
         t0 = time.perf_counter()
-        table["trace"] = trace(model, points, timeout_s=1800, lora=lora).model_dump()
-        print(f"traced {len(points)} points in {time.perf_counter() - t0:.0f} s", flush=True)
+        table["trace"] = trace(
+            model,
+            points,
+            timeout_s=1800,
+            lora=lora,
+            label_length=job.max_target_length,
+            evaluation=evaluation_of(space, job),
+            fsdp_points=sharded,
+        ).model_dump()
+        print(f"traced {len(points) + len(sharded)} points in {time.perf_counter() - t0:.0f} s", flush=True)
         save(table, path)
     if not args.no_trace and table.get("search_trace") is None:
-        table["search_trace"] = search_trace(model, space, args.world_size, args.global_batch, lora)
+        table["search_trace"] = search_trace(model, space, args.world_size, args.global_batch, job)
         searched = table["search_trace"]["points"]
         print(f"search trace: {len(searched)} points in {table['search_trace']['seconds']:.0f} s", flush=True)
         save(table, path)
@@ -265,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 measure_steps=args.measure,
                 device_memory=capacity,
                 timeout_s=args.timeout,
-                job=JobSettings(lora=lora),
+                job=job,
             )
             result = run_probe(cfg)
             row["repeats"].append(repeat_entry(result))

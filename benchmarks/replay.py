@@ -165,6 +165,51 @@ def estimator_error(table: Table) -> dict[str, Any] | None:
     }
 
 
+#: a probe's recorded phase peaks (ProbeResult.phase_peaks) -> the estimate's phases that make each
+PHASE_OF = {
+    "train": ("forward_backward", "optimizer_step"),
+    "eval_forward": ("eval_forward",),
+    "generate": ("generate",),
+}
+
+
+def _phase_peaks(repeat: dict[str, Any]) -> dict[str, int]:
+    """A recorded repeat's peak per phase, the most over its ranks (ProbeResult.phase_peaks)."""
+    out: dict[str, int] = {}
+    for rank in (repeat.get("result") or {}).get("ranks") or []:
+        for name, peak in (rank.get("phases") or {}).items():
+            out[name] = max(out.get(name, 0), int(peak))
+    return out
+
+
+def phase_errors(table: Table) -> dict[str, dict[str, float]]:
+    """Per recorded phase (train, eval forward, generate: what a table whose grid evaluates records), the
+    uncalibrated estimate's relative errors against every ok repeat's phase peak: {phase: {n, median_abs,
+    max_abs}}; only the phases some repeat recorded (a train-only table: train alone)."""
+    est = table.estimator()
+    if est is None:
+        return {}
+    errs: dict[str, list[float]] = {}
+    for e in table.entries.values():
+        phases = None
+        for r in e.repeats:
+            measured = _phase_peaks(r)
+            if r["status"] != "ok" or not measured:
+                continue
+            if phases is None:
+                extra = tracker_artifacts(e.knobs, est.trace.param_count, table.world_size, table.tracker_version)
+                phases = {p.phase: p.total + extra for p in est.breakdown(e.knobs).worst.phases}
+            for name, peak in measured.items():
+                parts = [phases[p] for p in PHASE_OF.get(name, ()) if p in phases]
+                if parts and peak:
+                    errs.setdefault(name, []).append(max(parts) / peak - 1.0)
+    out = {}
+    for name, values in errs.items():
+        absolute = sorted(abs(x) for x in values)
+        out[name] = {"n": len(absolute), "median_abs": statistics.median(absolute), "max_abs": absolute[-1]}
+    return out
+
+
 def frontier_soundness(table: Table) -> dict[str, Any]:
     """Feeds every config's table verdict to a Frontier in grid order; counts inferences the table contradicts."""
     from tuner.memory.frontier import Frontier

@@ -206,8 +206,8 @@ class Estimator:
                 grads,
             ),
         ):
-            if k.engine == "torch" or k.zero_stage in (0, 3):
-                zero = st.buffers
+            if k.engine == "torch" or k.zero_stage in (0, 3):  # ZeRO-3's step: + the fp32 grad partition it builds
+                zero = st.buffers + (buffers.grad_partition if phase == OPTIMIZER_STEP else 0)
             parts = (
                 Part(PARAMETERS, st.params),
                 grad_part,
@@ -261,7 +261,7 @@ class Estimator:
         host = "host memory (offload_optimizer)" if k.offload_optimizer and k.engine == "deepspeed" else ""
         states = (
             Part(PARAMETERS, st.params),
-            Part(GRADIENTS, 0, "freed by the step's zero_grad"),
+            self._eval_grads(k, st),
             Part(OPTIMIZER, st.optimizer, host),
             Part(ZERO_BUFFERS, persistent),
         )
@@ -277,6 +277,15 @@ class Estimator:
             act = Part(ACTIVATIONS, max(0, decode - c) + copies, note, named(tr, k, GENERATE, size))
             phases.append(PhaseEstimate(GENERATE, (*states, act, Part(GENERATION_CACHE, c, "KV cache, full length"))))
         return phases
+
+    @staticmethod
+    def _eval_grads(k: Knobs, st: StateBytes) -> Part:
+        """The grads an eval after the step holds: none (the step's zero_grad freed them), but ZeRO-3's flat grad
+        partition buffer, allocated once on the device in the optimizer's __init__ and never freed (DeepSpeed 0.19
+        stage3.py ``grad_partitions_flat_buffer``; on the host with offload_optimizer)."""
+        if k.engine == "deepspeed" and k.zero_stage == 3 and not k.offload_optimizer:
+            return Part(GRADIENTS, st.grads, "ZeRO-3's flat grad partition buffer, kept from the optimizer's start")
+        return Part(GRADIENTS, 0, "freed by the step's zero_grad")
 
     def predict(self, knobs: Mapping[str, Any] | Knobs) -> Estimate:
         k = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(dict(knobs))
