@@ -6,17 +6,11 @@ asserts."""
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-
 import pytest
 
-from benchmarks.replay import phase_errors, run_one
-from benchmarks.strategies import EXTRA, STRATEGIES
-from benchmarks.table import Env, Table
-from benchmarks.tight import variant as tight_variant
+from benchmarks.replay import phase_errors
+from tests.helpers.recorded_tables import ALL, load, replays_within_its_rules
 
-TABLES = Path(__file__).resolve().parents[2] / "benchmarks" / "tables"
 BF16 = {  # table -> the phases its grid records
     "t5-1rank-bf16": ("train",),
     "llama-1rank-bf16-eval": ("train", "eval_forward", "generate"),
@@ -25,16 +19,9 @@ BF16 = {  # table -> the phases its grid records
 }
 
 
-def _load(name: str) -> Table:
-    path = TABLES / f"{name}.json"
-    if not path.exists():
-        pytest.fail(f"recorded table {path} is missing; record it with benchmarks/record.py (see BENCHMARKS.md)")
-    return Table.load(path)
-
-
 @pytest.mark.parametrize("name", list(BF16))
 def test_bf16_table_meets_the_estimate_s_goal_per_phase(name: str) -> None:
-    table = _load(name)
+    table = load(name)
     assert table.raw["commands"]
     assert {e.knobs.precision for e in table.entries.values()} == {"bf16"}
     assert any(e.stable for e in table.entries.values()) and any(not e.stable for e in table.entries.values())
@@ -45,23 +32,11 @@ def test_bf16_table_meets_the_estimate_s_goal_per_phase(name: str) -> None:
 
 
 def test_a_train_only_table_has_its_train_phase_alone() -> None:
-    per = phase_errors(_load("llama-1rank-wide"))  # fp32, recorded before eval phases could be
+    per = phase_errors(load("llama-1rank-wide"))  # fp32, recorded before eval phases could be
     assert list(per) == ["train"] and per["train"]["median_abs"] <= 0.03
-
-
-ALL = {**STRATEGIES, **EXTRA}
 
 
 @pytest.mark.parametrize("variant", ["full", "q35"])
 @pytest.mark.parametrize("name", list(ALL))
 def test_strategies_replay_a_bf16_table_that_evaluates(name: str, variant: str) -> None:
-    table = tight_variant(_load("t5-2rank-bf16-eval"), variant)
-    env = Env(table=table, seed=5, budget_s=1.5 * table.grid_seconds)
-    ALL[name](env)
-    assert env.probes and all(key in table.entries for key, *_ in env.probes)
-    assert env.clock <= env.budget_s + 1e-9
-    stats = run_one(table, ALL[name], seed=5)
-    assert 0.0 <= stats.final <= 1.0
-    if name in ("ours", "ours+estimate"):
-        assert not stats.unstable
-    assert math.isfinite(stats.seconds)
+    replays_within_its_rules("t5-2rank-bf16-eval", name, variant)

@@ -5,31 +5,18 @@ asserts."""
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-
 import pytest
 
-from benchmarks.replay import estimator_error, run_one, tracker_artifacts
-from benchmarks.strategies import EXTRA, STRATEGIES
-from benchmarks.table import Env, Table
-from benchmarks.tight import variant as tight_variant
+from benchmarks.replay import estimator_error, tracker_artifacts
+from tests.helpers.recorded_tables import ALL, load, replays_within_its_rules
 from trials.contract import Knobs
 
-TABLES = Path(__file__).resolve().parents[2] / "benchmarks" / "tables"
 CAUSAL = ("llama-1rank-wide", "llama-2rank-wide", "llama-lora-1rank", "llama-mid-2rank-offload")
-
-
-def _load(name: str) -> Table:
-    path = TABLES / f"{name}.json"
-    if not path.exists():
-        pytest.fail(f"recorded table {path} is missing; record it with benchmarks/record.py (see BENCHMARKS.md)")
-    return Table.load(path)
 
 
 @pytest.mark.parametrize("name", CAUSAL)
 def test_causal_table_is_a_real_recording_with_its_estimate_on_target(name: str) -> None:
-    table = _load(name)
+    table = load(name)
     assert table.raw["model"]["source"] == "builtin:tiny-llama"
     assert table.raw["commands"] and table.tracker_version == 2
     assert all(len(e.repeats) == 3 for e in table.entries.values())
@@ -52,7 +39,7 @@ def test_causal_table_is_a_real_recording_with_its_estimate_on_target(name: str)
 
 
 def test_the_lora_table_trains_adapters_only() -> None:
-    table = _load("llama-lora-1rank")
+    table = load("llama-lora-1rank")
     assert table.raw["lora"]["r"] == 8
     tr = table.raw["trace"]
     assert 0 < tr["trainable_count"] < tr["param_count"] / 10
@@ -64,20 +51,8 @@ def test_a_table_recorded_since_the_tracker_fix_gets_no_artifacts() -> None:
     assert tracker_artifacts(knobs, 1000, 2, tracker_version=2) == 0
 
 
-ALL = {**STRATEGIES, **EXTRA}
-
-
 @pytest.mark.parametrize("variant", ["full", "q35"])
 @pytest.mark.parametrize("name", list(ALL))
 def test_strategies_replay_the_lora_table(name: str, variant: str) -> None:
     """Every strategy on the LoRA table and its tight variant: only recorded configs, charged what they recorded."""
-    table = tight_variant(_load("llama-lora-1rank"), variant)
-    env = Env(table=table, seed=5, budget_s=1.5 * table.grid_seconds)
-    ALL[name](env)
-    assert env.probes and all(key in table.entries for key, *_ in env.probes)
-    assert env.clock <= env.budget_s + 1e-9
-    stats = run_one(table, ALL[name], seed=5)
-    assert 0.0 <= stats.final <= 1.0
-    if name in ("ours", "ours+estimate"):  # ours never hands over an unstable config
-        assert not stats.unstable
-    assert math.isfinite(stats.seconds)
+    replays_within_its_rules("llama-lora-1rank", name, variant)

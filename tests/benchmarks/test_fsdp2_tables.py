@@ -5,30 +5,17 @@ replayed within the table's rules, ours never handing over an unstable config. R
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-
 import pytest
 
-from benchmarks.replay import estimator_error, run_one
-from benchmarks.strategies import EXTRA, STRATEGIES
-from benchmarks.table import Env, Table
-from benchmarks.tight import variant as tight_variant
+from benchmarks.replay import estimator_error
+from tests.helpers.recorded_tables import ALL, load, replays_within_its_rules
 
-TABLES = Path(__file__).resolve().parents[2] / "benchmarks" / "tables"
 FSDP2 = ("fsdp2-tiny-2rank", "fsdp2-mid-2rank", "mixed-tiny-2rank")
-
-
-def _load(name: str) -> Table:
-    path = TABLES / f"{name}.json"
-    if not path.exists():
-        pytest.fail(f"recorded table {path} is missing; record it with benchmarks/record.py (see BENCHMARKS.md)")
-    return Table.load(path)
 
 
 @pytest.mark.parametrize("name", FSDP2)
 def test_fsdp2_table_is_a_real_sharded_recording_with_its_estimate_on_target(name: str) -> None:
-    table = _load(name)
+    table = load(name)
     assert table.raw["model"]["source"] == "builtin:tiny-llama" and table.world_size == 2
     assert table.raw["commands"] and table.tracker_version == 2
     assert all(len(e.repeats) == 3 for e in table.entries.values())
@@ -46,21 +33,9 @@ def test_fsdp2_table_is_a_real_sharded_recording_with_its_estimate_on_target(nam
     assert err["median_abs"] <= 0.03 and err["max_abs"] <= 0.10, err
 
 
-ALL = {**STRATEGIES, **EXTRA}
-
-
 @pytest.mark.parametrize("variant", ["full", "q35"])
 @pytest.mark.parametrize("name", list(ALL))
 def test_strategies_replay_the_mixed_table(name: str, variant: str) -> None:
     """Every strategy on the mixed DeepSpeed + FSDP2 table and its tight variant: only recorded configs, charged what
     they recorded; ours never picks an unstable config."""
-    table = tight_variant(_load("mixed-tiny-2rank"), variant)
-    env = Env(table=table, seed=5, budget_s=1.5 * table.grid_seconds)
-    ALL[name](env)
-    assert env.probes and all(key in table.entries for key, *_ in env.probes)
-    assert env.clock <= env.budget_s + 1e-9
-    stats = run_one(table, ALL[name], seed=5)
-    assert 0.0 <= stats.final <= 1.0
-    if name in ("ours", "ours+estimate"):
-        assert not stats.unstable
-    assert math.isfinite(stats.seconds)
+    replays_within_its_rules("mixed-tiny-2rank", name, variant)

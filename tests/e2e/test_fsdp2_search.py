@@ -34,7 +34,7 @@ def searched(tmp_path_factory):  # type: ignore[no-untyped-def]
     space.write_text(SPACE)
     db = d / "tuner.db"
     url = f"sqlite:///{db}"
-    # 12 MiB per rank: micro 2 and 4 fit (3.9 / 10.1 MiB), micro 8 runs out
+    # 12 MiB per rank: micro 2 and 4 fit (5.5-5.8 / 9.7-10.0 MiB at 128 tokens), micro 8 runs out (18 MiB)
     args = ["--budget", "2m", "--model", "builtin:tiny-llama", "--world-size", "2", "--device-memory", "12MiB"]
     done = tuner("search", *args, "--space", str(space), "--global-batch", "16", "--storage", url, "--study", "f")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
