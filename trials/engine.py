@@ -16,7 +16,9 @@ from typing import Any, Protocol
 
 import torch
 
+from trials import memory
 from trials.contract import AUTO, DS_HOST_KEYS, ProbeConfig, auto_paths, needed_ops
+from trials.memory import LiveTensorTracker
 from trials.optim import client_optimizer
 
 
@@ -319,6 +321,25 @@ def hidden_size_of_config(config: Any, name: str = "the model") -> int:
         if isinstance(value, int):
             return value
     raise ValueError(f"{name} has no hidden_size or d_model in its config")
+
+
+def host_offload(engine: Any, tracker: LiveTensorTracker | None) -> None:
+    """An engine's offloaded optimizer state lives in host memory: taken off the emulated device, its step paused
+    (the probe after every micro-step, and the FSDP2 trace the same way)."""
+    host = engine.host_optimizer()
+    if host is None or tracker is None:
+        return
+    tracker.mark_host(memory.optimizer_tensors(host))
+    tracker.mark_host(engine.host_tensors())
+    if not getattr(host, "_tuner_paused", False):
+        step = host.step
+
+        def paused_step(*args: Any, **kwargs: Any) -> Any:
+            with tracker.paused():
+                return step(*args, **kwargs)
+
+        host.step = paused_step
+        host._tuner_paused = True
 
 
 def build_engine(

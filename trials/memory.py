@@ -288,25 +288,6 @@ def module_tensors(module: torch.nn.Module) -> Iterator[torch.Tensor]:
     yield from module.buffers()
 
 
-def host_offload(engine: Any, tracker: LiveTensorTracker | None) -> None:
-    """An engine's offloaded optimizer state lives in host memory: taken off the emulated device, its step paused
-    (the probe after every micro-step, and the FSDP2 trace the same way)."""
-    host = engine.host_optimizer()
-    if host is None or tracker is None:
-        return
-    tracker.mark_host(optimizer_tensors(host))
-    tracker.mark_host(engine.host_tensors())
-    if not getattr(host, "_tuner_paused", False):
-        step = host.step
-
-        def paused_step(*args: Any, **kwargs: Any) -> Any:
-            with tracker.paused():
-                return step(*args, **kwargs)
-
-        host.step = paused_step
-        host._tuner_paused = True
-
-
 def optimizer_tensors(optimizer: Any) -> Iterator[torch.Tensor]:
     """The params (and their grads) and the state tensors of a torch optimizer."""
     for group in getattr(optimizer, "param_groups", []):

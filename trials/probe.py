@@ -52,7 +52,7 @@ from trials.contract import (
 from trials.contract import probe_accum as contract_accum
 from trials.cuda_setup import eager_nccl_init
 from trials.data import RankBatches, batch_dims
-from trials.engine import Engine, build_engine, hidden_size_of_config, probe_deepspeed_config
+from trials.engine import Engine, build_engine, hidden_size_of_config, host_offload, probe_deepspeed_config
 from trials.fingerprint import fingerprint, versions
 from trials.last_words import LastWords
 from trials.measure import (
@@ -204,7 +204,7 @@ class Probe:
 
     def _host_offload(self, engine: Engine) -> None:
         """Offloaded optimizer state lives in host memory: take it off the emulated device, pause its step."""
-        memory.host_offload(engine, self.dev.tracker)
+        host_offload(engine, self.dev.tracker)
 
     def _settle(self) -> None:
         """After the first real optimizer step every lazily built buffer exists (AdamW state, ZeRO's offload buffers

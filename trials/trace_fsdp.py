@@ -25,7 +25,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trials.contract import FsdpSettings, JobSettings, Knobs, LoraSpec, ModelSpec, ProbeConfig
-from trials.memory import LiveTensorTracker, host_offload, module_tensors
+from trials.engine import host_offload
+from trials.memory import LiveTensorTracker, module_tensors
 from trials.trace_model import build, cache_bytes, worst_batch
 from trials.trace_modes import masks_decided_as_on_real_tensors
 
