@@ -302,6 +302,7 @@ def _fsdp_point(spec: ModelSpec, p: dict[str, Any], request: dict[str, Any], lor
             lora=lora,
             evaluation=request.get("evaluation"),
             padded=bool(request.get("padded")),
+            kernels=str(request.get("kernels") or "cpu"),
         )
     except ConfigRefused as refusal:  # e.g. T5's shared parameter: said by the estimate of every FSDP2 config
         got = {"refused": str(refusal)}

@@ -28,7 +28,7 @@ from trials.contract import FsdpSettings, JobSettings, Knobs, LoraSpec, ModelSpe
 from trials.engine import host_offload
 from trials.memory import LiveTensorTracker, module_tensors
 from trials.trace_model import build, cache_bytes, worst_batch
-from trials.trace_modes import masks_decided_as_on_real_tensors
+from trials.trace_modes import cuda_kernels, masks_decided_as_on_real_tensors
 
 
 @contextlib.contextmanager
@@ -93,14 +93,17 @@ def trace_fsdp_point(
     evaluation: dict[str, Any] | None = None,
     padded: bool = False,
     fake: bool = True,
+    kernels: str = "cpu",
 ) -> dict[str, Any]:
     """One FSDP2 config (``knobs``: engine fsdp2) on ``world_size`` ranks, ``accum`` micro-steps a step (the probe's:
-    1, or 2 for a config that accumulates); ``fake=False`` runs real tensors (to check the trace against a probe)."""
+    1, or 2 for a config that accumulates); ``fake=False`` runs real tensors (to check the trace against a probe);
+    ``kernels="cuda"``: a GPU's kernels where their memory differs (trials.trace_modes.cuda_kernels)."""
     k = Knobs.model_validate({**knobs, "engine": "fsdp2"})
     config = ProbeConfig(model=spec, knobs=k, job=JobSettings(lora=lora), fsdp=fsdp, world_size=world_size)
     out: dict[str, Any] = {}
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    with fake_group(world_size), fake_mode, masks_decided_as_on_real_tensors(fake and not padded):
+    masks = masks_decided_as_on_real_tensors(fake and not padded)
+    with fake_group(world_size), fake_mode, masks, cuda_kernels(kernels == "cuda"):
         from trials.fsdp import FsdpEngine
 
         torch.manual_seed(0)
