@@ -29,7 +29,7 @@ def _location(err: dict) -> str:
 
 
 async def _tuner_error(_request: Request, exc: TunerError) -> JSONResponse:
-    return _json(exc.http_status, str(exc))
+    return _json(exc.http_status, _cut(str(exc), MAX_DETAIL))  # a message quoting a 200 KB key: cut (issue 42 §9)
 
 
 async def _storage_error(request: Request, exc: StorageError) -> JSONResponse:
@@ -67,7 +67,7 @@ async def _validation_error(_request: Request, exc: RequestValidationError) -> J
 
 async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    return _json(exc.status_code, detail, headers=getattr(exc, "headers", None))
+    return _json(exc.status_code, _cut(detail, MAX_DETAIL), headers=getattr(exc, "headers", None))
 
 
 async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

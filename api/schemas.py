@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from tuner import names
-from tuner.bounded import ShapeError, check_shape
+from tuner.bounded import ShapeError, check_shape, check_values
 from tuner.declared import API, declared
 from tuner.job.definition import JobFlags
 from tuner.job.inline_data import MAX_INLINE_SAMPLES
@@ -16,7 +16,11 @@ from tuner.session.options import SearchOptions
 
 STUDY_NAME_PATTERN = names.STUDY_NAME_PATTERN  # one rule for the API and `tuner search --study` (tuner.names)
 STUDY_NAME_MAX = names.STUDY_NAME_MAX
-Format = Literal["json", "deepspeed", "hf", "accelerate", "env"]
+#: a body's strings and keys at most (issue 42 §9: 100,000 wrap-class names in one 200 KB string were stored and
+#: answered in a 602 KB 201; a 200 KB key was echoed in a 400): a setting's text is a name, a list, a dtype
+MAX_BODY_TEXT = 4096
+MAX_BODY_KEY = 256
+Format = Literal["json", "deepspeed", "hf", "accelerate", "env", "launch", "recipe"]
 TrialStateName = Literal["RUNNING", "COMPLETE", "PRUNED", "FAIL", "WAITING"]
 
 
@@ -149,7 +153,9 @@ class BaselineOut(BaseModel):
     peak_allocated: int | None = None
     stable: bool
     speedup: float | None = Field(
-        None, description="best objective / baseline objective; null when the baseline failed"
+        None,
+        description="the pick's objective / the baseline's (each the median of its probes, rounded as printed); "
+        "null when the baseline failed",
     )
 
 
@@ -198,10 +204,14 @@ class BestConfigOut(BaseModel):
         "deepspeed", description="deepspeed | fsdp2 | torch: what the exports configure (fsdp2: no DeepSpeed JSON)"
     )
     world_size: int
+    nnodes: int = Field(1, description="the nodes the pick was measured across (world_size / nnodes ranks on each)")
     gradient_accumulation_steps: int
     global_batch: int
-    objective: float = Field(description="conservative objective the search maximised (retained tokens/s or samples/s)")
-    samples_per_s: float
+    objective: float = Field(
+        description="the pick's throughput in the study's objective unit (samples/s, or retained tokens/s when the "
+        "search varied max_length): the median of its probes, the figure every face of tuner shows"
+    )
+    samples_per_s: float = Field(description="the median samples/s of its probes")
     tokens_per_s: float | None = None
     peak_allocated: int = Field(description="bytes, max over ranks and measurements")
     peak_reserved: int | None = None
@@ -248,6 +258,7 @@ class StudyBody(BaseModel):
                 check_shape(data["sample_lengths"], "body.sample_lengths", 3 * (MAX_INLINE_SAMPLES + 1))
             else:
                 check_shape(data, "body")
+            check_values(data, "body", MAX_BODY_TEXT, MAX_BODY_KEY)  # what a definition stores, per field
         except ShapeError as err:
             raise ValueError(str(err)) from None
         return data

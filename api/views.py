@@ -27,6 +27,7 @@ from api.schemas import (
 from tuner.records import Candidate, ProbeRow, ProbeStatus
 from tuner.records.run import RunStatus, SearchRun
 from tuner.records.study import StudyRecord
+from tuner.records.throughput import Throughput, speedup, throughput
 from tuner.reporting.production import ProductionRun, production_runs
 from tuner.reporting.trials import join_trials
 from tuner.session.best import rank, serve_best
@@ -79,14 +80,15 @@ def _progress(runs: list[SearchRun], n_trials: int, n_probes: int, status: str, 
 
 
 def _best_so_far(cand: Candidate | None) -> BestSoFarOut | None:
-    if cand is None:
+    figure = throughput(cand.rows) if cand is not None else None
+    if cand is None or figure is None:
         return None
     return BestSoFarOut(
         trial_number=cand.trial_number,
         config_key=cand.config_key,
         knobs=cand.knobs,
-        objective=cand.objective,
-        samples_per_s=cand.samples_per_s,
+        objective=figure.value,
+        samples_per_s=figure.samples_per_s,
         peak_allocated=cand.peak_allocated,
         capacity=cand.capacity,
         confirmed=cand.confirmed,
@@ -222,19 +224,19 @@ def _page(
     return _Page(built.model_dump_json().encode(), settled)
 
 
-def _baseline(row: ProbeRow | None, best: Candidate) -> BaselineOut | None:
+def _baseline(row: ProbeRow | None, pick: Throughput, mine: Throughput | None) -> BaselineOut | None:
+    """The user's config beside the pick: its figure (the median of its config's probes, as the pick's) and the
+    speed-up, the ratio of the two figures as every face prints them (tuner.records.throughput)."""
     if row is None:
         return None
-    speedup = None
-    if row.status == ProbeStatus.OK and row.objective:
-        speedup = best.objective / row.objective
+    ok = row.status == ProbeStatus.OK and mine is not None
     return BaselineOut(
         status=row.status.value,
-        samples_per_s=row.samples_per_s,
-        objective=row.objective,
+        samples_per_s=mine.samples_per_s if ok and mine is not None else row.samples_per_s,
+        objective=mine.value if ok and mine is not None else row.objective,
         peak_allocated=row.peak_allocated,
         stable=row.stable,
-        speedup=speedup,
+        speedup=speedup(pick, mine) if ok else None,
     )
 
 
@@ -279,10 +281,11 @@ def best_config(store: Store, name: str, fmt: str, found: Ranked) -> BestConfigO
         knobs=best.knobs,
         engine=str(best.knobs.get("engine", "deepspeed")),
         world_size=world,
+        nnodes=args.nnodes,
         gradient_accumulation_steps=accum,
         global_batch=int(best.knobs.get("micro_batch_size", 1)) * accum * world,
-        objective=best.objective,
-        samples_per_s=best.samples_per_s,
+        objective=served.throughput.value,
+        samples_per_s=served.throughput.samples_per_s,
         tokens_per_s=sorted(tokens)[len(tokens) // 2] if tokens else None,
         peak_allocated=best.peak_allocated,
         peak_reserved=max(reserved) if reserved else None,
@@ -294,7 +297,7 @@ def best_config(store: Store, name: str, fmt: str, found: Ranked) -> BestConfigO
         measurements=best.measurements,
         fingerprint=dict(measured.fingerprint) if measured else {},
         versions=dict(measured.versions) if measured else {},
-        baseline=_baseline(served.baseline, best),
+        baseline=_baseline(served.baseline, served.throughput, served.baseline_throughput),
         changes=changes,
         production=production,
         content=content,

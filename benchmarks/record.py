@@ -158,6 +158,7 @@ def search_trace(
         lora=job.lora,
         label_length=job.max_target_length,
         evaluation=evaluation_of(space, job),
+        trainer=job_trainer(job),
     )
     t0 = time.perf_counter()
     estimator, note = build_estimator(shapes, timeout_s=1800)
@@ -181,6 +182,25 @@ def lora_of(args: argparse.Namespace) -> LoraSpec | None:
     return lora_spec(args.lora_r, args.lora_alpha, target_modules=args.lora_target_modules, option=flag)
 
 
+def trainer_of(path: Path | None) -> dict[str, Any]:
+    """JobSettings' trainer fields from a training-args JSON, read as `tuner search` reads it (tuner's ledger)."""
+    if path is None:
+        return {}
+    from tuner.job.evaluation import held_eval_batches
+    from tuner.job.ledger.held import read_training_args
+
+    given = json.loads(path.read_text())
+    held = read_training_args(given)
+    return {"trainer_args": held.trainer, "seq2seq_args": held.seq2seq, "eval_held_batches": held_eval_batches(given)}
+
+
+def job_trainer(job: JobSettings) -> Any:
+    """The trace's view of the table's training args (tuner.memory.trace.trace_trainer)."""
+    from tuner.memory.trace import trace_trainer
+
+    return trace_trainer(job.trainer_args, job.seq2seq_args, job.eval_held_batches, None)
+
+
 def open_table(
     path: Path, args: argparse.Namespace, model: ModelSpec, space: Space, capacity: int | None, lora: LoraSpec | None
 ) -> dict[str, Any]:
@@ -198,6 +218,7 @@ def open_table(
         "tracker_version": TRACKER_VERSION,
         "model": model.model_dump(),
         "world_size": args.world_size,
+        **({"nnodes": args.nnodes} if args.nnodes > 1 else {}),
         "global_batch": args.global_batch,
         "device_memory": capacity,
         "headroom": args.headroom,
@@ -205,7 +226,11 @@ def open_table(
         "measure_steps": args.measure,
         "space": space.model_dump(mode="json"),
         "lora": asked,
-        "job": {"max_target_length": args.max_target_length, "generation_max_length": args.generation_max_length},
+        "job": {
+            "max_target_length": args.max_target_length,
+            "generation_max_length": args.generation_max_length,
+            **trainer_of(args.training_args),
+        },
         "trace": None,
         "rows": [],
     }
@@ -219,12 +244,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--space", help="search-space YAML/TOML file for the grid")
     ap.add_argument("--grid", default='{"micro_batch_size": [2, 4, 8], "max_length": [128]}', help="grid as JSON")
     ap.add_argument("--world-size", type=int, default=1)
+    ap.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="probe across this many nodes on this host: one torchrun agent each, world-size / nnodes ranks on each "
+        "(tuner.probing.local_nodes)",
+    )
     ap.add_argument("--device-memory", required=True, help="emulated device memory per rank, e.g. 96MiB")
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--lora-r", type=int, help="a LoRA job: the adapters' rank (every probe and trace trains them)")
     ap.add_argument("--lora-alpha", type=int, default=None, help="lora_alpha (default: peft's, 8)")
     ap.add_argument("--lora-target-modules", default=None, help="e.g. q_proj,v_proj (default: peft's for the model)")
     ap.add_argument("--max-target-length", type=int, help="seq2seq label length (default: max_length)")
+    ap.add_argument(
+        "--training-args",
+        type=Path,
+        help="a training-args JSON the job runs (through tuner's ledger: their optimizer, loss, eval pile ...)",
+    )
     ap.add_argument(
         "--generation-max-length", type=int, help="new tokens of the eval generate (grid knob generate: [true])"
     )
@@ -242,13 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
+    from tuner.probing.local_nodes import run_local_probe
     from tuner.probing.runner import run_probe  # the real runner (helper A)
+
+    if args.nnodes < 1 or args.world_size % args.nnodes:
+        raise SystemExit(f"--world-size {args.world_size} is not --nnodes {args.nnodes} nodes of equal ranks")
 
     overrides = {k: int(v) for k, v in (o.split("=", 1) for o in args.override)}
     model = ModelSpec(source=args.model, overrides=overrides)
     lora = lora_of(args)
     job = JobSettings(
-        lora=lora, max_target_length=args.max_target_length, generation_max_length=args.generation_max_length
+        lora=lora,
+        max_target_length=args.max_target_length,
+        generation_max_length=args.generation_max_length,
+        **trainer_of(args.training_args),
     )
     space = build_space(args)
     capacity = _parse_size(args.device_memory)
@@ -288,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             label_length=job.max_target_length,
             evaluation=evaluation_of(space, job),
             fsdp_points=sharded,
+            trainer=job_trainer(job),
         ).model_dump()
         print(f"traced {len(points) + len(sharded)} points in {time.perf_counter() - t0:.0f} s", flush=True)
         save(table, path)
@@ -307,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                 model=model,
                 knobs=knobs,
                 world_size=args.world_size,
+                nnodes=args.nnodes,
                 gradient_accumulation_steps=accum,
                 warmup_steps=args.warmup,
                 measure_steps=args.measure,
@@ -314,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                 timeout_s=args.timeout,
                 job=job,
             )
-            result = run_probe(cfg)
+            result = run_probe(cfg) if args.nnodes == 1 else run_local_probe(cfg)
             row["repeats"].append(repeat_entry(result))
             save(table, path)
             done = rep * len(configs) + n + 1

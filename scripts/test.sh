@@ -3,8 +3,12 @@
 # Arguments go to pytest (scripts/test.sh tests/api -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ -x scripts/system-deps.sh ]; then scripts/system-deps.sh; fi
-scripts/install.sh test
+# TUNER_TEST_INSTALL=0 skips both installs (.ci/run has just done them; tests/test_test_command.py runs this script
+# inside an installed suite, where a reinstall would remap the venv's editable tuner to wherever it runs).
+if [ "${TUNER_TEST_INSTALL:-1}" != 0 ]; then
+  if [ -x scripts/system-deps.sh ]; then scripts/system-deps.sh; fi
+  scripts/install.sh test
+fi
 export TUNER_CACHE_DIR=${TUNER_CACHE_DIR:-$HOME/.cache/tuner}
 # PostgreSQL: the server at TUNER_TEST_PG_ADMIN (127.0.0.1:5432 by default: CI's) when one answers, else a throwaway
 # cluster of our own for this run, stopped and removed at the end.

@@ -149,7 +149,17 @@ CLI_CASES: list[Cli] = [
         r"global batch|micro batch",
     ),
     Cli("opt-device-memory-word", ["search", "--budget", "1m", "--device-memory", "lots"], r"memory size 'lots'"),
-    Cli("opt-device-memory-zero", ["search", "--budget", "1m", "--device-memory", "0"], r"must be positive"),
+    Cli("opt-device-memory-zero", ["search", "--budget", "1m", "--device-memory", "0MiB"], r"must be positive"),
+    Cli(
+        "opt-device-memory-no-unit",
+        ["search", "--budget", "1m", "--device-memory", "160"],
+        r"--device-memory: memory size '160' has no unit; write it like 160MiB, 80GiB or 80GB",
+    ),
+    Cli(
+        "opt-device-memory-no-unit-estimate",
+        ["estimate", "--model", "builtin:tiny-t5", "--micro-batch-size", "2", "--device-memory", "80"],
+        r"--device-memory: memory size '80' has no unit; write it like 160MiB, 80GiB or 80GB",
+    ),
     Cli("opt-lengths-missing", ["search", "--budget", "1m", "--lengths", "{tmp}/nope.txt"], r"nope\.txt|lengths"),
     Cli("report-no-study", ["report", "-o", "{tmp}/r.html"], r"missing option '--study'"),
     Cli("report-unknown-study", ["report", "--study", "nope", "-o", "{tmp}/r.html"], r"no study named 'nope'"),
@@ -409,7 +419,11 @@ def test_the_real_executable_agrees(argv: list[str], world: dict[str, Any], tmp_
 # -- resuming a study with options that contradict it (issue 13, point 11) -------------------------------------------
 RESUME_CASES = [
     ("headroom", ["--headroom", "0.5"], r"different headroom \(0\.9\).*--study"),
-    ("baseline", ["--baseline", "{tmp}/resume-baseline.json"], r"different baseline \(None\).*--study"),
+    (
+        "baseline",
+        ["--model", "builtin:tiny-t5", "--baseline", "{tmp}/resume-baseline.json"],
+        r"different baseline \(None\).*--study",
+    ),
     ("world-size", ["--world-size", "2"], r"different world_size \(1\).*--study"),
 ]
 
@@ -499,7 +513,7 @@ ISSUE13_CLI: list[Cli] = [
     Cli("i13-budget-markup-bold", ["search", "--budget", "[bold]2h"], r"budget '\[bold\]2h'"),
     Cli("i13-alloc-conf-markup", ["search", "--budget", "1m", "--space", "{tmp}/markup_alloc.yaml"], r"'\[/\]'.*alloc"),
     Cli("i13-device-memory-1e400", ["search", "--budget", "1m", "--device-memory", "1e400"], r"memory size '1e400'"),
-    Cli("i13-device-memory-exp", ["search", "--budget", "1m", "--device-memory", "1e99999999999"], r"above 1 PiB"),
+    Cli("i13-device-memory-exp", ["search", "--budget", "1m", "--device-memory", "1e99999999999B"], r"above 1 PiB"),
     Cli("i13-world-4096", ["search", "--budget", "1m", "--world-size", "4096"], r"--world-size 4096 is above 64"),
     Cli(
         "i13-range-1e18", ["search", "--budget", "1m", "--space", "{tmp}/huge_range.yaml"], r"micro_batch_size.*values"
@@ -603,7 +617,7 @@ ISSUE13_API: list[Api] = [
         "POST",
         "/studies",
         r"device_memory",
-        body={"name": "n13", "device_memory": "1e400"},
+        body={"name": "n13", "device_memory": "1e400GiB"},
         headers=AUTH,
     ),
     Api("i13-api-world", "POST", "/studies", r"world_size", body={"name": "n13", "world_size": 4096}, headers=AUTH),

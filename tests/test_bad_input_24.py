@@ -212,7 +212,7 @@ def world24(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("bad24")
     db = tmp / "tuner.db"
     url = f"sqlite:///{db}"
-    populate_study(url, "rep")
+    populate_study(url, "rep", confirm=False)  # its pick never re-probed longer (§6)
     for name, text in FILES.items():
         (tmp / name).write_text(text)
     _newer_optuna(tmp / "newer-optuna.db")

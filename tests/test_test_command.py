@@ -45,6 +45,7 @@ def test_the_test_command_without_a_server_brings_its_own() -> None:
         **os.environ,
         "TUNER_TEST_PG_ADMIN": f"postgresql://postgres@127.0.0.1:{free_port()}/postgres",
         "TMPDIR": tmp,
+        "TUNER_TEST_INSTALL": "0",  # this suite's venv is installed: a reinstall from here would remap its tuner
     }
     env.pop("TUNER_TEST_POSTGRES", None)
     test = (

@@ -14,10 +14,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 # The contract's other halves, re-exported: tuner/ imports the contract from this module alone.
 from trials.contract_batches import BatchDims, DataBatches, Strict, probe_accum, timed_micro_steps  # noqa: F401
+from trials.contract_job import DpoSpec, FsdpSettings, FsdpWrap, JobSettings, LoraBias, LoraSpec  # noqa: F401
+from trials.contract_nodes import (  # noqa: F401
+    NODE_KNOBS,
+    ZERO_PP_KNOBS,
+    drop_unset,
+    layout_refusal,
+    node_knobs_refusal,
+    zero_pp_label,
+)
+from trials.contract_pinned import (  # noqa: F401
+    DEFAULT_PINNED_ALLOC,
+    PINNED_ALLOC_ENV,
+    PINNED_ALLOCS,
+    parse_pinned_alloc,
+    pinned_alloc_text,
+    register_threads,
+)
 from trials.contract_result import (  # noqa: F401
     DEVICE_BUSY_BYTES,
     FAILED_OP_CHARS,
@@ -25,6 +42,7 @@ from trials.contract_result import (  # noqa: F401
     MEMORY_PHASES,
     FailedAllocation,
     Phase,
+    ProbeNode,
     ProbeResult,
     RankMemory,
     RankReason,
@@ -53,7 +71,6 @@ Engine = Literal["torch", "deepspeed", "fsdp2"]
 # The FSDP2 knobs (engine "fsdp2" only): a Knobs dump of another engine leaves them out, so the keys of configs stored
 # before FSDP2 existed do not change (tuner.job.space.knobs_key / config_key hash the dump).
 FSDP_KNOBS: tuple[str, ...] = ("reshard_after_forward", "offload_params")
-FsdpWrap = Literal["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
 
 BUILTIN_PREFIX = "builtin:"
 # Built-in model presets (random init from a config, no download); trials/models.py holds their shapes: T5 (seq2seq)
@@ -67,7 +84,12 @@ LAUNCH_ENV = "TUNER_PROBE_LAUNCH_T"
 FORKSERVER_READY = "trials.forkserver ready"
 # DeepSpeed JIT ops a probe may need (`python -m trials.ops KEY ...`): key -> the extension's directory and library
 # name under TORCH_EXTENSIONS_DIR (the runner checks the cache, trials.ops builds).
-OP_LIBRARIES: dict[str, str] = {"cpu_adam": "cpu_adam", "shm_comm": "deepspeed_shm_comm", "fused_adam": "fused_adam"}
+OP_LIBRARIES: dict[str, str] = {
+    "cpu_adam": "cpu_adam",
+    "shm_comm": "deepspeed_shm_comm",
+    "fused_adam": "fused_adam",
+    "quantizer": "quantizer",
+}
 # The ops (comma-separated keys) the fork server loads once at start, built already: each forked rank then finds them
 # loaded (DeepSpeed keeps loaded ops per process) instead of importing them inside its fixed cost.
 PRELOAD_OPS_ENV = "TUNER_PRELOAD_OPS"
@@ -163,6 +185,9 @@ class Knobs(Strict):
     overlap_comm: bool = False
     contiguous_gradients: bool = True
     offload_optimizer: bool = False
+    # ZeRO-3's parameter offload (zero_optimization.offload_param.device cpu): the partitioned parameters live in host
+    # memory, gathered to the device for each module's forward / backward (written to a dump only when on)
+    offload_param: bool = False
     gradient_checkpointing: bool = False
     precision: Precision = "fp32"
     alloc_conf: str | None = None
@@ -173,13 +198,23 @@ class Knobs(Strict):
     # of the sharded parameters, their gradients and the optimizer step (fsdp_offload_params: CPUOffloadPolicy)
     reshard_after_forward: bool = True
     offload_params: bool = False
+    # across nodes (NODE_KNOBS): ZeRO++ of ZeRO-3, FSDP2's replicate degree (None / 1: no ZeRO++, no replicas)
+    zero_hpz_partition_size: int | None = Field(None, ge=1)
+    zero_quantized_weights: bool = False
+    zero_quantized_gradients: bool = False
+    dp_replicate_size: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> Knobs:
+        refused = node_knobs_refusal(self)
+        if refused:
+            raise ValueError(refused)
         if self.engine == "torch" and (self.zero_stage or self.offload_optimizer):
             raise ValueError("engine 'torch' has no ZeRO stage or optimizer offload; use engine 'deepspeed'")
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError("offload_optimizer needs zero_stage >= 1")
+        if self.offload_param and (self.engine != "deepspeed" or self.zero_stage != 3):
+            raise ValueError("offload_param is ZeRO-3's parameter offload; use engine 'deepspeed' with zero_stage 3")
         if self.engine == "fsdp2":
             deepspeed_only = self.zero_stage or self.offload_optimizer or self.overlap_comm
             if deepspeed_only or self.allgather_bucket_size or self.reduce_bucket_size:
@@ -198,6 +233,9 @@ class Knobs(Strict):
         if self.engine != "fsdp2":
             for name in FSDP_KNOBS:
                 data.pop(name, None)
+        drop_unset(data)  # the across-node knobs only where set: every other config's keys stay as they were
+        if not self.offload_param:  # likewise ZeRO-3's parameter offload (configs stored before it keep their keys)
+            data.pop("offload_param", None)
         return data
 
     @property
@@ -206,8 +244,11 @@ class Knobs(Strict):
         params")."""
         if self.engine == "fsdp2":
             held = "resharded" if self.reshard_after_forward else "kept gathered"
-            return f"FSDP2 {held}" + (", offload params" if self.offload_params else "")
-        return self.engine if self.engine == "torch" else f"ZeRO-{self.zero_stage}"
+            hsdp = f", HSDP x{self.dp_replicate_size}" if (self.dp_replicate_size or 1) > 1 else ""
+            return f"FSDP2 {held}" + (", offload params" if self.offload_params else "") + hsdp
+        if self.engine == "torch":
+            return self.engine
+        return f"ZeRO-{self.zero_stage}{zero_pp_label(self)}" + (", offload params" if self.offload_param else "")
 
     @property
     def sharded(self) -> bool:
@@ -228,62 +269,6 @@ class ModelSpec(Strict):
     vocab_size: int | None = None  # filled by the probe from the model's config
 
 
-LoraBias = Literal["none", "all", "lora_only"]
-
-
-class LoraSpec(Strict):
-    """LoRA adapters on the base model (peft.LoraConfig's fields, its defaults): the user's job setting, held fixed.
-
-    Every probe of a LoRA job wraps the model with ``peft.get_peft_model`` before its engine is built (trials.lora),
-    so only the adapters train and the optimizer holds only their states. ``target_modules`` empty: peft's default
-    for the architecture (Llama: q_proj, v_proj; T5: q, v)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    r: int = Field(ge=1, description="rank of the adapters")
-    alpha: int = Field(8, ge=1, description="lora_alpha: the adapters' scale is alpha / r")
-    dropout: float = Field(0.0, ge=0, lt=1, description="lora_dropout")
-    target_modules: tuple[str, ...] = Field((), description="module names to adapt; empty: peft's default")
-    bias: LoraBias = Field("none", description="which biases train: none, all, lora_only")
-
-    def describe(self) -> str:
-        targets = ",".join(self.target_modules) or "peft's default modules"
-        extra = f", dropout {self.dropout:g}" if self.dropout else ""
-        extra += f", bias {self.bias}" if self.bias != "none" else ""
-        return f"LoRA r {self.r} alpha {self.alpha} on {targets}{extra} (adapters train, base frozen)"
-
-
-class JobSettings(Strict):
-    """What the user's job fixes that a probe needs beside the knobs (tuner.job.definition.Job holds the rest)."""
-
-    max_target_length: int | None = Field(None, ge=1, description="seq2seq label length; None: max_length")
-    generation_max_length: int | None = Field(None, ge=1, description="new tokens of an eval generate; None: labels")
-    num_beams: int = Field(1, ge=1, description="beams of an eval generate")
-    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping without DeepSpeed (0: none), as the Trainer")
-    lora: LoraSpec | None = Field(None, description="LoRA adapters every probe trains (None: a full fine-tune)")
-
-    def label_length(self, max_length: int) -> int:
-        return self.max_target_length or max_length
-
-    def generation_length(self, max_length: int) -> int:
-        return self.generation_max_length or self.label_length(max_length)
-
-
-class FsdpSettings(Strict):
-    """The user's own FSDP2 settings a search holds fixed (their accelerate ``fsdp_config`` / TrainingArguments'
-    ``fsdp_config``, without the tuned knobs): how blocks are wrapped, and what moves save memory, not training."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    auto_wrap_policy: FsdpWrap = Field("TRANSFORMER_BASED_WRAP", description="accelerate's fsdp_auto_wrap_policy")
-    transformer_layer_cls_to_wrap: tuple[str, ...] = Field(
-        (), description="block classes each sharded on their own; empty: the model's _no_split_modules"
-    )
-    min_num_params: int = Field(100_000_000, ge=0, description="SIZE_BASED_WRAP's threshold (accelerate's default)")
-    state_dict_type: str = Field("SHARDED_STATE_DICT", description="held as given: it moves save memory only")
-    cpu_ram_efficient_loading: bool = Field(True, description="rank 0 loads, others get its weights (host memory)")
-
-
 class ProbeConfig(Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     knobs: Knobs
@@ -295,6 +280,8 @@ class ProbeConfig(Strict):
     # the user's FSDP2 settings (engine fsdp2; None: accelerate's defaults), held as they are
     fsdp: FsdpSettings | None = None
     world_size: int = Field(1, ge=1)
+    # the nodes the world spans (world_size / nnodes ranks on each, started by torchrun's c10d rendezvous: tuner.nodes)
+    nnodes: int = Field(1, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
     warmup_steps: int = Field(2, ge=1, description="micro-steps before measuring, at least one optimizer step")
     measure_steps: int = Field(4, ge=1, description="measured micro-steps; the window holds an optimizer step")
@@ -311,6 +298,26 @@ class ProbeConfig(Strict):
     # the user's data (--dataset): memory at its worst batch, throughput on batches drawn from it; None: every step
     # at the fixed shape (knobs.max_length, job.label_length)
     batches: DataBatches | None = None
+
+    @model_validator(mode="after")
+    def _layout(self) -> ProbeConfig:
+        """The world is whole nodes, and the across-node knobs divide it as their engine requires."""
+        refused = layout_refusal(self.world_size, self.nnodes, self.knobs)
+        if refused:
+            raise ValueError(refused)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``nnodes`` only for a probe across nodes (a one-host probe's JSON stays as it was)."""
+        data: dict[str, Any] = handler(self)
+        if data.get("nnodes") == 1:
+            data.pop("nnodes")
+        return data
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.world_size // self.nnodes
 
     @property
     def global_batch(self) -> int:
@@ -333,6 +340,8 @@ def needed_ops(config: ProbeConfig, gpu_host: bool) -> list[str]:
     ops = ["cpu_adam"] if knobs.offload_optimizer else []
     if gpu_host and adam and not knobs.offload_optimizer and not torch_adam:
         ops.append("fused_adam")
+    if gpu_host and (knobs.zero_quantized_weights or knobs.zero_quantized_gradients):
+        ops.append("quantizer")  # ZeRO++'s int8 / int4 kernels
     if not gpu_host:
         ops.append("shm_comm")
     return ops

@@ -140,6 +140,17 @@ class RankReason(Strict):
     launch_fault: bool = False  # as RankResult.launch_fault
 
 
+class ProbeNode(Strict):
+    """One node of a probe across nodes: its name (the worker's ``host:pid``), the address its ranks used, the global
+    ranks torchrun gave its local ranks (c10d: node order is join order), its hardware and library versions."""
+
+    name: str
+    address: str = ""
+    ranks: dict[int, int] = Field(default_factory=dict)  # local rank -> global rank (the ones that said)
+    fingerprint: dict[str, str | int | float] = Field(default_factory=dict)
+    versions: dict[str, str] = Field(default_factory=dict)
+
+
 class ProbeResult(Strict):
     status: RankStatus
     cause: str | None = None
@@ -163,6 +174,7 @@ class ProbeResult(Strict):
     run_phases: dict[str, float] = Field(default_factory=dict)  # of that rank (RankResult.run_phases)
     attempts: int = 1  # launches it took: a transient failure (an outside kill, a launch failure) is retried once
     sharded: bool | None = None  # FSDP2: every rank's parameters were shards (RankResult.sharded); None: not FSDP2
+    nodes: list[ProbeNode] = Field(default_factory=list)  # a probe across nodes: each node's part (none on one host)
 
     @property
     def memory_need(self) -> int | None:

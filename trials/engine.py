@@ -11,19 +11,30 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
 
-from trials import memory
 from trials.contract import AUTO, DS_HOST_KEYS, ProbeConfig, auto_paths, needed_ops
-from trials.memory import LiveTensorTracker
-from trials.optim import client_optimizer
+from trials.host_memory import host_offload as host_offload  # re-exported: the probe and the FSDP2 trace use it
+from trials.host_memory import zero_host_tensors
+from trials.models import is_encoder_decoder
+from trials.outcome import ConfigRefused
+from trials.pinned import pinned_parts, pinned_setup
+from trials.trainer_args import (
+    build_optimizer,
+    checkpointing_kwargs,
+    compile_options,
+    compiled,
+    ddp_kwargs,
+    loss_function,
+)
 
 
 class Engine(Protocol):
     module: torch.nn.Module
+    loss: Callable[[Any, dict[str, torch.Tensor]], Any]  # the micro-step's loss (their Trainer's, or DPO's)
 
     def micro_step(self, batch: dict[str, torch.Tensor]) -> bool: ...
 
@@ -39,13 +50,25 @@ class Engine(Protocol):
     parts: dict[str, float]
 
 
-def enable_checkpointing(model: torch.nn.Module) -> None:
-    enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
-        model, "gradient_checkpointing_enable", None
-    )
-    if enable is None:
+def enable_checkpointing(model: torch.nn.Module, kwargs: dict[str, Any] | None = None) -> None:
+    """The model's own checkpointing switch, with their checkpointing keywords (use_reentrant ...; transformers 5.25's
+    every_n_layers and offload taken out first) as their Trainer passes them (trials.trainer_args.
+    checkpointing_kwargs); activation offload to the host is a GPU host's: refused on the emulated device."""
+    given = dict(kwargs or {})
+    every_n, offload = given.pop("every_n_layers", 1), given.pop("offload", False)
+    if offload and not torch.cuda.is_available():
+        raise ConfigRefused(
+            "activation checkpointing with offload moves saved activations to pinned host memory, which the "
+            "emulated CPU device cannot tell apart: search it on a GPU host, or without offload"
+        )
+    extra = {"every_n_layers": every_n, "offload": offload} if every_n != 1 or offload else {}
+    named: Any = model
+    if hasattr(named, "activation_checkpointing_enable"):
+        named.activation_checkpointing_enable(activation_checkpointing_kwargs=given or None, **extra)
+    elif hasattr(named, "gradient_checkpointing_enable"):
+        named.gradient_checkpointing_enable(gradient_checkpointing_kwargs=given or None, **extra)
+    else:
         raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
-    enable()
     input_grads = getattr(model, "enable_input_require_grads", None)
     if input_grads is not None and any(not p.requires_grad for p in model.parameters()):
         # a frozen base (LoRA): the checkpointed blocks' inputs must require grad, or (reentrant) checkpointing
@@ -62,26 +85,29 @@ class TorchEngine:
     GradScaler on CUDA), gradient clipping at the job's max_grad_norm; DDP for world > 1."""
 
     def __init__(
-        self, model: torch.nn.Module, config: ProbeConfig, accum: int, device: torch.device, world_size: int
+        self,
+        model: torch.nn.Module,
+        config: ProbeConfig,
+        accum: int,
+        device: torch.device,
+        world_size: int,
+        args: Any | None = None,
     ) -> None:
         knobs = config.knobs
         self.max_grad_norm = config.job.max_grad_norm
         self.module = model.to(device)
         if knobs.gradient_checkpointing:
-            enable_checkpointing(model)
+            enable_checkpointing(model, checkpointing_kwargs(args))
         self.device = device
         self.accum = accum
         self.wrapped: torch.nn.Module = model
         if world_size > 1:
-            ids = [device.index] if device.type == "cuda" else None
-            self.wrapped = torch.nn.parallel.DistributedDataParallel(
-                model,
-                device_ids=ids,
-                bucket_cap_mb=knobs.reduce_bucket_size * 4 / 2**20 if knobs.reduce_bucket_size else 25.0,
-            )
-        trainable = [p for p in model.parameters() if p.requires_grad]  # the Trainer's: a frozen base has no state
-        self.optimizer = client_optimizer(trainable, config.learning_rate, device.type == "cuda")
+            self.wrapped = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs(knobs, device, args))
+        # the Trainer's optimizer (a frozen base has no state): Trainer.create_optimizer on their arguments
+        self.optimizer = build_optimizer(model, args, config.learning_rate, device.type == "cuda")
+        self.loss = loss_function(args, not is_encoder_decoder(model))
         self.parts: dict[str, float] = {}
+        self.wrapped = compiled(self.wrapped, args, self.parts, config.job.compile)
         self.dtype = _autocast_dtype(knobs.precision)
         if self.dtype is torch.float16 and device.type != "cuda":
             raise ValueError("fp16 autocast needs a CUDA device; use precision bf16 or fp32 on CPU")
@@ -97,7 +123,7 @@ class TorchEngine:
             sync = self.wrapped.no_sync()
         with sync:
             with self.autocast():
-                loss = self.wrapped(**batch).loss / self.accum
+                loss = self.loss(self.wrapped, batch) / self.accum
             if self.scaler is not None:
                 self.scaler.scale(loss).backward()
             else:
@@ -188,34 +214,17 @@ def probe_deepspeed_config(
     return ds
 
 
-# ZeRO optimizer attributes that live in host memory when the optimizer is offloaded (stages 1-2 and 3)
-_ZERO_HOST_BUFFERS = (
-    "single_partition_of_fp32_groups",
-    "accumulated_grads_in_cpu",
-    "temp_grad_buffer_for_cpu_offload",
-    "param_buffer_of_bit16_for_cpu_offload_groups",  # stage 1/2: one partition, pinned host memory on a GPU
-    "fp32_partitioned_groups_flat",
-)
-
-
-def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-        if obj.grad is not None:
-            yield obj.grad
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors_in(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors_in(v)
-
-
 class DeepSpeedEngine:
     """A real ``deepspeed.initialize`` engine; the process group must already be initialised."""
 
     def __init__(
-        self, model: torch.nn.Module, config: ProbeConfig, accum: int, device: torch.device, world_size: int
+        self,
+        model: torch.nn.Module,
+        config: ProbeConfig,
+        accum: int,
+        device: torch.device,
+        world_size: int,
+        args: Any | None = None,
     ) -> None:
         import deepspeed
 
@@ -225,9 +234,17 @@ class DeepSpeedEngine:
                 "ProbeConfig.deepspeed is unset for engine 'deepspeed': build the probe config with "
                 "tuner.probing.config.probe_config, which writes the job's DeepSpeed JSON"
             )
-        if knobs.gradient_checkpointing:
-            enable_checkpointing(model)
         cuda = device.type == "cuda"
+        if (knobs.zero_quantized_weights or knobs.zero_quantized_gradients) and not cuda:
+            from trials.outcome import ConfigRefused
+
+            raise ConfigRefused(
+                "ZeRO++ quantized weights / gradients run DeepSpeed's CUDA quantizer kernels, which have no CPU "
+                "implementation: probe them on GPU nodes, or leave zero_quantized_* out of the space"
+            )
+        if knobs.gradient_checkpointing:
+            enable_checkpointing(model, checkpointing_kwargs(args))
+        self.loss = loss_function(args, not is_encoder_decoder(model))
         self.config = probe_deepspeed_config(
             config.deepspeed,
             micro_batch_size=knobs.micro_batch_size,
@@ -242,20 +259,31 @@ class DeepSpeedEngine:
         self.parts: dict[str, float] = {
             "ops": time.monotonic() - start
         }  # where the engine's setup went (RankResult.setup_phases)
-        client = None if "optimizer" in self.config else client_optimizer(params, config.learning_rate, cuda)
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=params, optimizer=client, config=self.config
-        )
+        # no optimizer section: their Trainer passes its own (Trainer.create_optimizer on their arguments)
+        client = None if "optimizer" in self.config else build_optimizer(model, args, config.learning_rate, cuda)
+        with pinned_setup(cuda) as pinned:  # the probe's pinned-memory variant (trials.pinned), its setup only
+            self.engine, self.optimizer, _, _ = deepspeed.initialize(
+                model=model, model_parameters=params, optimizer=client, config=self.config
+            )
         self.parts["initialize"] = time.monotonic() - start - self.parts["ops"]
+        options = compile_options(args, config.job.compile)
+        if options is not None:  # their Trainer compiles DeepSpeed's engine through accelerate: engine.compile
+            began = time.monotonic()
+            backend = options.pop("backend")
+            self.engine.compile(backend=backend, compile_kwargs=options)
+            self.parts["compile"] = time.monotonic() - began
         if cuda:
             self.parts.update(pinned_parts(torch.cuda.host_memory_stats()))
+            for name, value in pinned.parts().items():  # pinned in place: torch's host allocator never saw it
+                self.parts[name] = self.parts.get(name, 0.0) + value
         self.module = self.engine.module
         self.device = self.engine.device
         self.offload = knobs.offload_optimizer
+        self.offload_param = knobs.offload_param
 
     def micro_step(self, batch: dict[str, torch.Tensor]) -> bool:
         boundary = bool(self.engine.is_gradient_accumulation_boundary())
-        loss = self.engine(**batch).loss
+        loss = self.loss(self.engine, batch)
         self.engine.backward(loss)
         self.engine.step()
         return boundary
@@ -274,11 +302,10 @@ class DeepSpeedEngine:
         return contextlib.nullcontext()  # the engine's module is already in the training precision
 
     def host_tensors(self) -> Iterator[torch.Tensor]:
-        """ZeRO's host-side buffers under CPU offload (on a GPU they are pinned CPU memory, not device memory)."""
-        if not self.offload:
-            return
-        for name in _ZERO_HOST_BUFFERS:
-            yield from _tensors_in(getattr(self.optimizer, name, None))
+        """ZeRO's host-side buffers under CPU offload (on a GPU they are pinned CPU memory, not device memory): the
+        optimizer's, and under ZeRO-3's parameter offload each parameter's partition (``ds_tensor``) and their flat
+        buffers."""
+        return zero_host_tensors(self.module, self.optimizer, self.offload, self.offload_param)
 
 
 def load_ops(config: ProbeConfig, cuda: bool) -> None:
@@ -296,19 +323,6 @@ def load_ops(config: ProbeConfig, cuda: bool) -> None:
                 builder.load(verbose=False)
 
 
-def pinned_parts(stats: Mapping[str, Any]) -> dict[str, float]:
-    """The pinned host memory an engine's setup allocated, from torch.cuda.host_memory_stats (pure): the seconds in
-    CUDA's pinned allocations ("pinned_alloc") and their GiB ("pinned_gib"); empty where the torch reports neither."""
-    out: dict[str, float] = {}
-    micros = stats.get("host_alloc_time.total")
-    if isinstance(micros, (int, float)):
-        out["pinned_alloc"] = micros / 1e6
-    peak = stats.get("allocated_bytes.peak")
-    if isinstance(peak, (int, float)):
-        out["pinned_gib"] = peak / 2**30
-    return out
-
-
 def hidden_size(model: torch.nn.Module) -> int:
     """The model's hidden size as the Trainer reads it for model-sized "auto" values (d_model for T5)."""
     return hidden_size_of_config(getattr(model, "config", None), type(model).__name__)
@@ -323,31 +337,19 @@ def hidden_size_of_config(config: Any, name: str = "the model") -> int:
     raise ValueError(f"{name} has no hidden_size or d_model in its config")
 
 
-def host_offload(engine: Any, tracker: LiveTensorTracker | None) -> None:
-    """An engine's offloaded optimizer state lives in host memory: taken off the emulated device, its step paused
-    (the probe after every micro-step, and the FSDP2 trace the same way)."""
-    host = engine.host_optimizer()
-    if host is None or tracker is None:
-        return
-    tracker.mark_host(memory.optimizer_tensors(host))
-    tracker.mark_host(engine.host_tensors())
-    if not getattr(host, "_tuner_paused", False):
-        step = host.step
-
-        def paused_step(*args: Any, **kwargs: Any) -> Any:
-            with tracker.paused():
-                return step(*args, **kwargs)
-
-        host.step = paused_step
-        host._tuner_paused = True
-
-
 def build_engine(
-    model: torch.nn.Module, config: ProbeConfig, accum: int, device: torch.device, world_size: int
+    model: torch.nn.Module,
+    config: ProbeConfig,
+    accum: int,
+    device: torch.device,
+    world_size: int,
+    args: Any | None = None,
 ) -> Engine:
+    """The config's engine over ``model``; ``args``: the probe's TrainingArguments (trials.trainer_args: what their
+    Trainer builds its optimizer, loss, compile and checkpointing from), None for a job without training args."""
     if config.knobs.engine == "fsdp2":
         from trials.fsdp import FsdpEngine
 
-        return FsdpEngine(model, config, accum, device, world_size)
+        return FsdpEngine(model, config, accum, device, world_size, args)
     cls = DeepSpeedEngine if config.knobs.engine == "deepspeed" else TorchEngine
-    return cls(model, config, accum, device, world_size)
+    return cls(model, config, accum, device, world_size, args)

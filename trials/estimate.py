@@ -37,8 +37,21 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trials.contract import LoraSpec, ModelSpec
 from trials.memory import LiveTensorTracker
-from trials.trace_model import build, cache_bytes, worst_batch
-from trials.trace_modes import MasterStep, Mode, cuda_kernels, masks_decided_as_on_real_tensors
+from trials.models import is_encoder_decoder
+from trials.outcome import ConfigRefused
+from trials.trace_dpo import dpo_batch, dpo_step
+from trials.trace_eval import TOP, eval_phases
+from trials.trace_eval import named as named_largest
+from trials.trace_model import build, worst_batch
+from trials.trace_modes import (
+    MasterStep,
+    Mode,
+    cuda_kernels,
+    masks_decided_as_on_real_tensors,
+    packing_decided_as_on_real_tensors,
+)
+from trials.trace_trainer import TracedTrainer, optimizer_bytes, optimizer_factory, prepared
+from trials.trainer_args import loss_function, their_forward
 
 if TYPE_CHECKING:
     pass
@@ -71,14 +84,15 @@ class _FromFirstGrad:
 
 
 def _forward_backward(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], mode: Mode, tracker: LiveTensorTracker
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], mode: Mode, tracker: LiveTensorTracker, loss_of: Any = None
 ) -> tuple[int, int]:
     """One micro-step's forward and backward (grads accumulate into whatever ``.grad`` holds); its peak live bytes,
-    and the peak from the first parameter grad on (``_FromFirstGrad``)."""
+    and the peak from the first parameter grad on (``_FromFirstGrad``). ``loss_of(model, batch)``: the job's loss
+    (their Trainer's compute_loss: trials.trainer_args.loss_function); None: the model's own."""
     tracker.reset_peak()
     watch = _FromFirstGrad(model, tracker)
     with mode.autocast():
-        loss = model(**batch).loss
+        loss = loss_of(model, batch) if loss_of is not None else model(**batch).loss
     loss.backward()
     del loss
     return watch.peaks()
@@ -90,9 +104,10 @@ def _step(
     batch: dict[str, torch.Tensor],
     mode: Mode,
     tracker: LiveTensorTracker,
+    loss_of: Any = None,
 ) -> tuple[int, int]:
     """One training step; returns (fwd+bwd peak, optimizer-step peak) in live bytes."""
-    fwd_bwd, _ = _forward_backward(model, batch, mode, tracker)
+    fwd_bwd, _ = _forward_backward(model, batch, mode, tracker, loss_of)
     tracker.reset_peak()
     opt.step()
     step_peak = tracker.peak
@@ -112,6 +127,7 @@ def trace_point(
     padded: bool = False,
     cast_module: bool = False,
     kernels: str = "cpu",
+    trainer: TracedTrainer | None = None,
 ) -> dict[str, Any]:
     """One point; ``fake=False`` runs the same steps on real tensors (to check the trace against reality). With
     ``lora`` the model carries the job's adapters and AdamW holds the trainable (adapter) params only; with
@@ -119,43 +135,53 @@ def trace_point(
     batches with the collator's padding (trials.data.worst_case_batch), as a probe of a job with data runs them;
     ``cast_module``: a bf16/fp16 ``precision`` run as DeepSpeed runs it (the module cast, fp32 masters in the
     optimizer; eval and generate on the cast module), else as the plain torch engine (autocast over fp32 weights);
-    ``kernels="cuda"``: a GPU's kernels where their memory differs from the CPU's (trials.trace_modes)."""
+    ``kernels="cuda"``: a GPU's kernels where their memory differs from the CPU's (trials.trace_modes); ``trainer``:
+    the job's training args (trials.trace_trainer: their optimizer, loss, checkpointing keywords, eval pile)."""
     mode = Mode(precision, cast_module)
+    trainer = trainer or TracedTrainer()
+    args = trainer.training_args(precision, checkpointing)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
-    with fake_mode, masks_decided_as_on_real_tensors(fake and not padded), cuda_kernels(kernels == "cuda"):
+    flat = packing_decided_as_on_real_tensors(fake, trainer.padding_free, length)
+    with fake_mode, masks_decided_as_on_real_tensors(fake and not padded), cuda_kernels(kernels == "cuda"), flat:
         tracker = LiveTensorTracker()
         with tracker:
             model = build(spec, lora, mode.dtype if mode.cast_module else None)
-            if checkpointing:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            prepared(model, args, checkpointing)
+            causal = not is_encoder_decoder(model)
+            loss_of = loss_function(args, causal) if args is not None else None
             params = list(model.parameters())
             param_count = sum(p.numel() for p in params)
             trainable = [p for p in params if p.requires_grad]
             param_bytes = tracker.live
             largest = max(p.numel() for p in params)
-            opt = MasterStep(trainable, mode.cast_module)
+            reference, loss_of = dpo_step(trainer.dpo, spec, mode, loss_of)  # DPO: its reference model and loss
+            opt = MasterStep(trainable, mode.cast_module, optimizer_factory(model, trainer.optimizer_args(args)))
             before_batch = tracker.live
-            batch = worst_batch(model, micro, length, label_length, padded)
+            rows = micro * (2 if trainer.dpo else 1)
+            batch = dpo_batch(trainer.dpo, worst_batch(model, rows, length, label_length, padded, trainer.padding_free))
             batch_bytes = tracker.live - before_batch
-            _step(model, opt, batch, mode, tracker)  # creates the optimizer state
+            _step(model, opt, batch, mode, tracker, loss_of)  # creates the optimizer state
             opt.zero_grad(set_to_none=False)
             grads_bytes = sum(p.grad.untyped_storage().nbytes() for p in params if p.grad is not None)
             opt.zero_grad(set_to_none=True)
             base = tracker.live  # params + state + batch
             tracker.largest_since(TOP)
-            fwd_bwd, fwd_bwd_after = _forward_backward(model, batch, mode, tracker)
-            named = {"forward_backward": _named(tracker)}
+            fwd_bwd, fwd_bwd_after = _forward_backward(model, batch, mode, tracker, loss_of)
+            named = {"forward_backward": named_largest(tracker)}
             tracker.largest_since(TOP)
             tracker.reset_peak()
             opt.step()
             step_peak = tracker.peak
-            named["optimizer_step"] = _named(tracker)
+            named["optimizer_step"] = named_largest(tracker)
             tracker.keep_largest = 0
             opt.zero_grad(set_to_none=False)  # grads resident, as in the later micro-steps of an accumulation
-            resident, resident_after = _forward_backward(model, batch, mode, tracker)
+            resident, resident_after = _forward_backward(model, batch, mode, tracker, loss_of)
             opt.zero_grad(set_to_none=True)  # the Trainer evaluates after the step's zero_grad
             del batch
-            evaluated = _eval_phases(model, length, mode, tracker, evaluation or {}, label_length, padded)
+            held = (trainer.eval_held_batches, their_forward(args, causal))
+            dpo = (trainer.dpo, loss_of) if trainer.dpo is not None else None
+            shape = (label_length, padded, held, dpo, trainer.padding_free)
+            evaluated = eval_phases(model, length, mode, tracker, evaluation or {}, *shape)
             named.update(evaluated.pop("largest"))
     with_grads = base + grads_bytes
     return {
@@ -163,6 +189,7 @@ def trace_point(
         "trainable_count": sum(p.numel() for p in trainable),
         "param_bytes": param_bytes,
         "largest_param": largest,
+        **({"reference_count": sum(p.numel() for p in reference.parameters())} if reference is not None else {}),
         "point": {
             "micro_batch_size": micro,
             "max_length": length,
@@ -181,69 +208,22 @@ def trace_point(
     }
 
 
-TOP = 12  # allocations named per phase: more than the three shown, so a longer config's largest (scaled) is among them
+def _said(progress: Path | None, index: int) -> None:
+    """Tells the parent (tuner.memory.trace_run) which point starts: its index among points + fsdp_points, one line
+    appended to ``progress`` (nothing without one)."""
+    if progress is not None:
+        with progress.open("a") as f:
+            f.write(f"{index}\n")
 
 
-def _named(tracker: LiveTensorTracker) -> list[dict[str, Any]]:
-    return [{"op": a.op, "shape": list(a.shape), "dtype": a.dtype, "nbytes": a.nbytes} for a in tracker.largest]
-
-
-def _eval_phases(
-    model: Any,
-    length: int,
-    mode: Mode,
-    tracker: LiveTensorTracker,
-    evaluation: dict[str, Any],
-    label_length: int | None,
-    padded: bool = False,
-) -> dict[str, Any]:
-    """The eval forward (no grad, the eval batch with labels: loss and logits) and, with ``generate``, a decode of
-    the generation length (trials.decode: every row to the full length), each a peak above what is live before its
-    batch (params + optimizer state, no grads). Nothing when the job does not evaluate."""
-    size = evaluation.get("eval_batch_size")
-    if size is None:
-        return {"largest": {}}
-    out: dict[str, Any] = {"eval_batch_size": size, "largest": {}}
-    model.eval()
-    before = tracker.live
-    batch = worst_batch(model, size, length, label_length, padded)
-    tracker.largest_since(TOP)
-    tracker.reset_peak()
-    with torch.no_grad(), mode.autocast():
-        result = model(**batch)
-        del result
-        # what is still live inside the autocast region: its cache of the weights' low-precision copies (torch keeps
-        # a cast of each fp32 leaf that requires grad until the region ends): batch- and length-independent
-        cache = max(0, tracker.live - before)
-    out["eval_bytes"] = max(0, tracker.peak - before)
-    if mode.dtype is not None and not mode.cast_module:
-        out["autocast_cache_bytes"] = cache
-    out["largest"]["eval_forward"] = _named(tracker)
-    if evaluation.get("generate"):
-        from trials.decode import fixed_length_decode
-
-        new_tokens = int(evaluation.get("generation_max_length") or label_length or length)
-        beams = int(evaluation.get("num_beams") or 1)
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
-        tracker.largest_since(TOP)
-        tracker.reset_peak()
-        with mode.autocast():
-            _tokens, cache = fixed_length_decode(model, inputs, new_tokens, beams)
-        out["generate_bytes"] = max(0, tracker.peak - before)
-        out["generate_cache_bytes"] = cache_bytes(cache)
-        out["generation_length"], out["num_beams"] = new_tokens, beams
-        out["largest"]["generate"] = _named(tracker)
-    tracker.keep_largest = 0
-    model.train()
-    return out
-
-
-def run(request: dict[str, Any]) -> dict[str, Any]:
+def run(request: dict[str, Any], progress: Path | None = None) -> dict[str, Any]:
     spec = ModelSpec.model_validate(request.get("model") or {})
     lora = LoraSpec.model_validate(request["lora"]) if request.get("lora") else None
     start = time.perf_counter()
-    out: dict[str, Any] = {"points": []}
-    for p in request.get("points") or []:
+    trainer = TracedTrainer.of(request.get("trainer"))
+    out: dict[str, Any] = {"points": [], **_optimizer_state(spec, lora, trainer)}
+    for index, p in enumerate(request.get("points") or []):
+        _said(progress, index)
         got = trace_point(
             spec,
             int(p["micro_batch_size"]),
@@ -252,14 +232,21 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             str(p.get("precision", "fp32")),
             label_length=request.get("label_length"),
             lora=lora,
-            evaluation=request.get("evaluation"),
+            # "evaluate": false: the train step alone (its eval phases read from a sibling point, as explain asks)
+            evaluation=request.get("evaluation") if p.get("evaluate", True) else None,
             padded=bool(request.get("padded")),
             cast_module=bool(p.get("cast_module", False)),
             kernels=str(request.get("kernels") or "cpu"),
+            trainer=trainer,
         )
         out.update({k: got[k] for k in ("param_count", "trainable_count", "param_bytes", "largest_param")})
+        out.update({k: got[k] for k in ("reference_count",) if k in got})
         out["points"].append(got["point"])
-    out["fsdp_points"] = [_fsdp_point(spec, p, request, lora) for p in request.get("fsdp_points") or []]
+    first = len(request.get("points") or [])
+    out["fsdp_points"] = []
+    for index, p in enumerate(request.get("fsdp_points") or [], first):
+        _said(progress, index)
+        out["fsdp_points"].append(_fsdp_point(spec, p, request, lora))
     if "param_count" not in out:  # no point asked: the model stats alone
         with FakeTensorMode():
             params = list(build(spec, lora).parameters())
@@ -270,8 +257,25 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 largest_param=max(p.numel() for p in params),
             )
     out["kernels"] = str(request.get("kernels") or "cpu")
+    out["pairs"] = trainer.dpo is not None
+    given = trainer.args or {}
+    out["compiled"] = trainer.compiled or bool(given.get("torch_compile") or given.get("torch_compile_mode"))
     out["trace_s"] = time.perf_counter() - start
     return out
+
+
+def _optimizer_state(spec: ModelSpec, lora: LoraSpec | None, trainer: TracedTrainer) -> dict[str, Any]:
+    """The job's optimizer state (trials.trace_trainer.optimizer_bytes): per parameter and per flat element; nothing
+    for the Trainer's default AdamW without training args (the estimate's Adam arithmetic is exact for it)."""
+    args = trainer.optimizer_args(trainer.training_args("fp32", False))
+    if args is None:
+        return {}
+    with FakeTensorMode():
+        tracker = LiveTensorTracker()
+        with tracker:
+            model = build(spec, lora)
+            per_param, per_element = optimizer_bytes(model, args, tracker)
+    return {"optimizer_state_bytes": per_param, "optimizer_flat_bytes": per_element}
 
 
 def _fsdp_point(spec: ModelSpec, p: dict[str, Any], request: dict[str, Any], lora: LoraSpec | None) -> dict[str, Any]:
@@ -291,6 +295,9 @@ def _fsdp_point(spec: ModelSpec, p: dict[str, Any], request: dict[str, Any], lor
     }
     world, accumulates = int(p["world_size"]), bool(p.get("accumulates", False))
     held = request.get("fsdp")
+    if TracedTrainer.of(request.get("trainer")).dpo is not None:
+        said = "the FSDP2 trace of DPO's step (its pairs and reference) is not built yet: such a config is probed"
+        return {**knobs, "world_size": world, "accumulates": accumulates, "refused": said}
     try:
         got = trace_fsdp_point(
             spec,
@@ -303,6 +310,7 @@ def _fsdp_point(spec: ModelSpec, p: dict[str, Any], request: dict[str, Any], lor
             evaluation=request.get("evaluation"),
             padded=bool(request.get("padded")),
             kernels=str(request.get("kernels") or "cpu"),
+            trainer=TracedTrainer.of(request.get("trainer")),
         )
     except ConfigRefused as refusal:  # e.g. T5's shared parameter: said by the estimate of every FSDP2 config
         got = {"refused": str(refusal)}
@@ -317,10 +325,14 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON: {model: ModelSpec, points: [{micro_batch_size, ...}], label_length, lora: LoraSpec | null}",
     )
     ap.add_argument("--out", required=True, help="file to write the trace JSON to")
+    ap.add_argument("--progress", help="file to append the index of each point to as it starts")
     args = ap.parse_args(argv)
     request = json.loads(args.request)
     try:
-        result = run(request)
+        result = run(request, Path(args.progress) if args.progress else None)
+    except ConfigRefused as exc:  # their arguments name what this host cannot run (trials.trainer_args)
+        print(f"refused: {exc}", file=sys.stderr)
+        return 4
     except (ValueError, OSError) as exc:  # unknown preset, missing local dir, bad override
         print(f"cannot load model {request.get('model')}: {exc}", file=sys.stderr)
         return 3

@@ -10,7 +10,7 @@ from importlib import metadata
 
 import torch
 
-from trials.contract import alloc_conf_in_force
+from trials.contract import DEFAULT_PINNED_ALLOC, PINNED_ALLOC_ENV, alloc_conf_in_force
 
 
 @functools.cache
@@ -61,6 +61,8 @@ def fingerprint(device: torch.device | None = None) -> dict[str, str | int | flo
         out.update(gpu_name=props.name, gpu_count=torch.cuda.device_count(), gpu_capacity=int(props.total_memory))
         # the arch list this rank's DeepSpeed ops were built and loaded with (tuner.probing.arch_list)
         out["cuda_arch_list"] = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+        # how the engine's setup pinned host memory for CPU offload (trials.pinned: the probe's, not the user's)
+        out["pinned_alloc"] = os.environ.get(PINNED_ALLOC_ENV) or DEFAULT_PINNED_ALLOC
     else:
         out.update(gpu_name="", gpu_count=0, gpu_capacity=0)
     return out

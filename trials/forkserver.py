@@ -119,25 +119,31 @@ def enter_request(env: dict[str, str], cwd: str) -> None:
 
 def apply_allocator_settings() -> str:
     """The caching allocator's settings of the rank's environment (the alloc_conf knob), put in force before any CUDA
-    call: torch parsed the server's at import and a fork keeps them. Where this torch cannot change them at run time
-    (no ``_accelerator_setAllocatorSettings``, torch < 2.9), the rank's environment is set back to the server's, so
-    that its fingerprint records what was in force, not what was asked. Returns the settings in force."""
+    call: torch parsed the server's at import and a fork keeps them. torch >= 2.9 changes them at run time
+    (``_accelerator_setAllocatorSettings``); torch 2.11 has that setter but no getter, so what is in force is the
+    server's own (its import parsed them and nothing in the server changes them). The string set goes from those to
+    the asked ones (trials.alloc_settings.switch: a key the server named and the rank does not is set back to torch's
+    default). Where this torch cannot change them (torch < 2.9), the rank's environment is set back to the server's,
+    so that its fingerprint records what was in force, not what was asked. Returns the settings in force."""
     import torch
 
+    from trials import alloc_settings
     from trials.contract import ALLOC_CONF_ENV, alloc_conf_in_force
 
     asked = alloc_conf_in_force(os.environ) or ""
-    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    if setter is not None and getter is not None:
-        if asked != getter():
-            setter(asked)
+    server = alloc_conf_in_force(_SERVER_ALLOC_ENV) or ""
+    setter = alloc_settings.setter(torch._C)
+    if setter is not None:
+        getter = alloc_settings.getter(torch._C)
+        in_force = getter() if getter is not None else server
+        if asked != in_force:
+            setter(alloc_settings.switch(in_force, asked))
         return asked
     for name in ALLOC_CONF_ENV:
         os.environ.pop(name, None)
         if _SERVER_ALLOC_ENV.get(name):
             os.environ[name] = _SERVER_ALLOC_ENV[name]
-    return alloc_conf_in_force(os.environ) or ""
+    return server
 
 
 def apply_hub_offline() -> None:

@@ -24,8 +24,9 @@ import torch
 
 from trials.contract import FsdpSettings, ProbeConfig
 from trials.memory import local_shard
-from trials.optim import client_optimizer
+from trials.models import is_encoder_decoder
 from trials.outcome import ConfigRefused
+from trials.trainer_args import build_optimizer, compiled, loss_function
 
 # what the installed accelerate says when a model shares one Parameter between modules it puts in two FSDP groups
 # (T5: shared / encoder.embed_tokens / decoder.embed_tokens under torch >= 2.13)
@@ -66,24 +67,43 @@ def plugin(config: ProbeConfig, cuda: bool) -> Any:
     return fsdp
 
 
-def _accelerator(fsdp: Any, precision: str, device: torch.device, rank: int) -> SimpleNamespace:
-    """What accelerate's FSDP2 preparation reads of an Accelerator, and nothing else."""
+def _accelerator(
+    fsdp: Any, precision: str, device: torch.device, rank: int, hsdp: tuple[Any, Any] | None = None
+) -> SimpleNamespace:
+    """What accelerate's FSDP2 preparation reads of an Accelerator, and nothing else; ``hsdp``: the parallelism config
+    and its device mesh of a replicated (HSDP) config."""
     return SimpleNamespace(
         state=SimpleNamespace(fsdp_plugin=fsdp),
         mixed_precision="no" if precision == "fp32" else precision,
         is_main_process=rank == 0,
         device=device,
-        torch_device_mesh=None,
+        parallelism_config=hsdp[0] if hsdp is not None else None,
+        torch_device_mesh=hsdp[1] if hsdp is not None else None,
     )
+
+
+def hsdp_mesh(config: ProbeConfig, device_type: str) -> tuple[Any, Any] | None:
+    """HSDP (``dp_replicate_size`` > 1): accelerate's ParallelismConfig of the user's Accelerator
+    (``parallelism_config_dp_replicate_size`` x ``dp_shard_size`` = the world) and the 2-D device mesh it builds
+    (replicate x shard; fully_shard then shards over a replica's ranks and all-reduces across replicas); None for
+    plain FSDP2. (The estimate traces HSDP as plain FSDP2 on a replica's ranks: tuner.memory.trace.shard_world.)"""
+    replicate = config.knobs.dp_replicate_size or 1
+    if replicate <= 1:
+        return None
+    from accelerate.parallelism_config import ParallelismConfig
+
+    parallelism = ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=config.world_size // replicate)
+    return parallelism, parallelism.build_device_mesh(device_type)
 
 
 def shard(model: torch.nn.Module, config: ProbeConfig, device: torch.device, rank: int) -> torch.nn.Module:
     """``model`` sharded as accelerate's ``_prepare_fsdp2`` shards it: wrap policy, activation checkpointing, then
-    ``fsdp2_prepare_model``. A model the installed accelerate cannot shard is an FsdpRefusal naming the fix."""
+    ``fsdp2_prepare_model`` (on the HSDP mesh of ``hsdp_mesh`` when the config replicates). A model the installed
+    accelerate cannot shard is an FsdpRefusal naming the fix."""
     from accelerate.utils.fsdp_utils import fsdp2_apply_ac, fsdp2_prepare_model
 
     fsdp = plugin(config, device.type == "cuda")
-    acc = _accelerator(fsdp, config.knobs.precision, device, rank)
+    acc = _accelerator(fsdp, config.knobs.precision, device, rank, hsdp_mesh(config, device.type))
     fsdp.set_auto_wrap_policy(model)
     if fsdp.activation_checkpointing:
         model = fsdp2_apply_ac(acc, model)
@@ -114,7 +134,13 @@ class FsdpEngine:
     """accelerate's FSDP2 preparation of the model, the Trainer's optimizer on its shards, the Trainer's step."""
 
     def __init__(
-        self, model: torch.nn.Module, config: ProbeConfig, accum: int, device: torch.device, world_size: int
+        self,
+        model: torch.nn.Module,
+        config: ProbeConfig,
+        accum: int,
+        device: torch.device,
+        world_size: int,
+        args: Any | None = None,
     ) -> None:
         knobs = config.knobs
         cuda = device.type == "cuda"
@@ -127,10 +153,11 @@ class FsdpEngine:
         self.sharded = sharded(self.module)  # RankResult.sharded: what the Trainer runs is sharded, not replicated
         if not self.sharded:
             raise RuntimeError("accelerate's FSDP2 preparation left parameters unsharded (not DTensor shards)")
-        trainable = [p for p in self.module.parameters() if p.requires_grad]
-        # the Trainer builds its optimizer after FSDP2 preparation, on the sharded parameters; offloaded shards live on
-        # the host, where fused AdamW does not run
-        self.optimizer = client_optimizer(trainable, config.learning_rate, cuda and not knobs.offload_params)
+        # the Trainer builds its optimizer after FSDP2 preparation, on the sharded parameters (Trainer.create_optimizer
+        # on their arguments); offloaded shards live on the host
+        self.optimizer = build_optimizer(self.module, args, config.learning_rate, cuda and not knobs.offload_params)
+        self.loss = loss_function(args, not is_encoder_decoder(model))
+        self.module = compiled(self.module, args, self.parts, config.job.compile)
         self.accum = accum
         self.max_grad_norm = config.job.max_grad_norm
         self.offload = knobs.offload_params
@@ -159,9 +186,9 @@ class FsdpEngine:
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self._checked:
-            return self.module(**batch).loss
+            return self.loss(self.module, batch)
         try:
-            loss = self.module(**batch).loss
+            loss = self.loss(self.module, batch)
         except Exception as exc:
             reason = refusal(exc)
             if reason is not None:

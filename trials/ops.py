@@ -1,5 +1,6 @@
-"""``python -m trials.ops KEY [KEY ...]``: builds DeepSpeed's JIT ops into TORCH_EXTENSIONS_DIR ahead of probes, one
-JSON line per op on stdout: ``{"op": KEY, "outcome": "built" | "not-needed" | "failed", "reason", "seconds"}``.
+"""``python -m trials.ops [--verbose] KEY [KEY ...]``: builds DeepSpeed's JIT ops into TORCH_EXTENSIONS_DIR ahead
+of probes, one JSON line per op on stdout: ``{"op": KEY, "outcome": "built" | "not-needed" | "failed", "reason",
+"seconds"}`` (``--verbose``: each compile command and the compiler's whole output before it).
 
 A first-use compile takes 25-40 s on an idle machine and minutes on a busy one; inside a probe it would eat the probe's
 timeout (and a probe killed mid-build leaves torch's build lock behind). The runner builds what a config needs once,
@@ -19,6 +20,7 @@ OPS: dict[str, str] = {
     "cpu_adam": "CPUAdamBuilder",
     "shm_comm": "ShareMemCommBuilder",
     "fused_adam": "FusedAdamBuilder",
+    "quantizer": "QuantizerBuilder",  # ZeRO++ quantized weights / gradients (CUDA only)
 }
 REASON_CHARS = 300
 _ERROR_LINE = re.compile(r"\berror\b", re.IGNORECASE)
@@ -38,8 +40,9 @@ def compiler_reason(text: str) -> str:
     return pick if len(pick) <= REASON_CHARS else pick[: REASON_CHARS - 3] + "..."
 
 
-def build(key: str) -> dict[str, str | float]:
-    """Builds one op (or finds it cached); never raises: a failure is the outcome "failed" with the reason."""
+def build(key: str, verbose: bool = False) -> dict[str, str | float]:
+    """Builds one op (or finds it cached); never raises: a failure is the outcome "failed" with the reason.
+    ``verbose``: torch's JIT prints each compile and link command and the compiler's whole output."""
     start = time.monotonic()
     try:
         from deepspeed.accelerator import get_accelerator
@@ -50,7 +53,7 @@ def build(key: str) -> dict[str, str | float]:
         elif not builder.is_compatible():
             outcome, reason = "failed", "DeepSpeed says it is not compatible with this machine"
         else:
-            builder.load(verbose=False)
+            builder.load(verbose=verbose)
             outcome, reason = "built", ""
     except Exception as exc:  # the compiler's, the arch list's, the builder's: each is this op's reason
         outcome, reason = "failed", compiler_reason(f"{type(exc).__name__}: {exc}")
@@ -58,12 +61,14 @@ def build(key: str) -> dict[str, str | float]:
 
 
 def main(argv: list[str]) -> int:
-    unknown = [k for k in argv if k not in OPS]
+    verbose = "--verbose" in argv
+    keys = [k for k in argv if k != "--verbose"]
+    unknown = [k for k in keys if k not in OPS]
     if unknown:
-        print(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(OPS)}", file=sys.stderr)
+        print(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(OPS)} (and --verbose)", file=sys.stderr)
         return 2
-    for key in argv:
-        print(json.dumps(build(key)), flush=True)
+    for key in keys:
+        print(json.dumps(build(key, verbose)), flush=True)
     return 0
 
 

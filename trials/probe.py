@@ -52,7 +52,10 @@ from trials.contract import (
 from trials.contract import probe_accum as contract_accum
 from trials.cuda_setup import eager_nccl_init
 from trials.data import RankBatches, batch_dims
+from trials.dpo import loss_of as dpo_loss_of
+from trials.dpo import prepare_reference, reference_model
 from trials.engine import Engine, build_engine, hidden_size_of_config, host_offload, probe_deepspeed_config
+from trials.eval_pile import eval_forward
 from trials.fingerprint import fingerprint, versions
 from trials.last_words import LastWords
 from trials.measure import (
@@ -66,6 +69,8 @@ from trials.models import build_dtype, build_model, is_encoder_decoder, load_con
 from trials.oom_snapshot import OomSnapshot, snapshot_path
 from trials.outcome import classify, launch_fault, one_line
 from trials.rank_device import RankDevice
+from trials.step_hooks import StepHooks
+from trials.trainer_args import deterministic, prepare_model, their_args, their_forward
 
 
 def probe_accum(config: ProbeConfig) -> int:
@@ -96,6 +101,8 @@ class Probe:
         self.run_phases: dict[
             str, float
         ] = {}  # where the time after setup went (RankResult.run_phases)  # the timed window's cycles, once run
+        self.step_hooks = StepHooks()  # what their Trainer does around each micro-step (trials.step_hooks)
+        self.args: Any | None = None  # the probe's TrainingArguments (trials.trainer_args), once built
 
     def _mark(self, phase: str, into: dict[str, float] | None = None) -> None:
         """The seconds since the last mark, as ``phase`` of the setup (or of ``into``: the run after it)."""
@@ -123,7 +130,29 @@ class Probe:
             backend=backend, rank=self.rank, world_size=self.world_size, timeout=timeout, **kwargs
         )
 
-    def _build_model(self) -> PreTrainedModel:
+    def _their_args(self) -> Any | None:
+        """The probe's TrainingArguments, from the user's and the knobs (trials.trainer_args; their release's checks
+        run here: a refusal is this rank's "refused"), after the process group exists (they read its state);
+        deterministic algorithms where their arguments ask for them, as their Trainer sets them."""
+        cfg, knobs = self.config, self.config.knobs
+        args = their_args(
+            cfg.job.trainer_args,
+            seq2seq=cfg.job.seq2seq_args,
+            micro_batch_size=knobs.micro_batch_size,
+            eval_batch_size=knobs.eval_batch_size,
+            precision=knobs.precision,
+            checkpointing=knobs.gradient_checkpointing,
+            cuda=self.device.type == "cuda",
+        )
+        if deterministic(args):
+            from transformers.trainer_utils import enable_full_determinism
+
+            enable_full_determinism(cfg.seed)
+        return args
+
+    def _build_model(self, lora: bool = True) -> PreTrainedModel:
+        """The model as their Trainer gets it (``lora``: with the job's adapters); a DPO reference is built here too,
+        without them (trials.dpo)."""
         cfg = self.config
         where = placement(cfg.knobs, self.device.type)
         zero_config = None
@@ -139,7 +168,7 @@ class Probe:
             )
         dtype = build_dtype(cfg.knobs, where)
         model = build_model(cfg.model, where=where, device=self.device, zero_config=zero_config, dtype=dtype)
-        if cfg.job.lora is not None:  # the user's adapters, before the engine: its optimizer holds only theirs
+        if cfg.job.lora is not None and lora:  # the user's adapters, before the engine: its optimizer holds only theirs
             from trials.lora import apply_lora
 
             return cast(PreTrainedModel, apply_lora(model, cfg.job.lora))  # a PeftModel forwards its API
@@ -152,7 +181,8 @@ class Probe:
             self.first_step_t = time.time()
         skipped = engine.skipped_steps()
         for _ in range(accum):
-            engine.micro_step(batch)
+            self.step_hooks.before(batch)
+            self.step_hooks.after(engine.micro_step(batch))
             self._host_offload(engine)
             self.dev.quiet_sample()
         return engine.skipped_steps() == skipped
@@ -170,7 +200,10 @@ class Probe:
             clock.mark()
             boundaries = []
             for _ in range(accum):
-                boundaries.append(engine.micro_step(batches[k % len(batches)]))
+                batch = batches[k % len(batches)]
+                self.step_hooks.before(batch)
+                boundaries.append(engine.micro_step(batch))
+                self.step_hooks.after(boundaries[-1])
                 k += 1
                 clock.mark()
             durations = clock.durations()
@@ -222,7 +255,12 @@ class Probe:
         try:
             with torch.no_grad(), engine.autocast():
                 self.phase = "eval"
-                model(**batch)
+                if job.dpo is not None:  # DPO's prediction_step: its compute_loss over the eval pairs
+                    engine.loss(model, batch)
+                else:  # the logits their eval loop keeps, kept; their compute_loss (label smoothing)
+                    eval_forward(
+                        model, batch, job.eval_held_batches, their_forward(self.args, not is_encoder_decoder(model))
+                    )
                 self.dev.peaks.end("eval_forward")
                 self._mark("eval_forward", self.run_phases)
                 if knobs.generate:
@@ -254,8 +292,11 @@ class Probe:
         self._mark("import")
         self._setup_dist()
         self._mark("dist")
+        args = self.args = self._their_args()
         torch.manual_seed(cfg.seed)
         model = self._build_model()
+        prepare_model(model, args)  # use_cache, Liger, NEFTune: what their Trainer does before its engine
+        reference = reference_model(cfg, is_encoder_decoder(model), lambda: self._build_model(lora=False))
         self._mark("model")
         vocab = int(model.config.vocab_size)
         encdec = is_encoder_decoder(model)
@@ -263,11 +304,16 @@ class Probe:
         batches = RankBatches(cfg, self.rank, self.device, vocab, encdec)
         if self.dev.tracker is not None:
             self.dev.tracker.track(memory.module_tensors(model))
+            if reference is not None:
+                self.dev.tracker.track(memory.module_tensors(reference))
         with self.dev.tracking():
             batch = batches.memory()
             if cfg.batches is not None:
-                self.memory_shape = batch_dims(batch, encdec)
-            engine = build_engine(model, cfg, accum, self.device, self.world_size)
+                self.memory_shape = batch_dims(batch, encdec, cfg.knobs.micro_batch_size)
+            engine = build_engine(model, cfg, accum, self.device, self.world_size, args)
+            if cfg.job.dpo is not None:  # DPO's step: the pairs' loss against the reference (trials.dpo)
+                engine.loss = dpo_loss_of(cfg.job.dpo, prepare_reference(reference, engine, self.device))
+            self.step_hooks = StepHooks.of(args, self.device, self.world_size)
             self._host_offload(engine)
             self._mark("engine")
             self.phases.update({f"engine.{part}": value for part, value in engine.parts.items()})

@@ -25,10 +25,15 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trials.contract import FsdpSettings, JobSettings, Knobs, LoraSpec, ModelSpec, ProbeConfig
+from trials.contract_job import PaddingFree
 from trials.engine import host_offload
+from trials.eval_pile import eval_forward
 from trials.memory import LiveTensorTracker, module_tensors
-from trials.trace_model import build, cache_bytes, worst_batch
-from trials.trace_modes import cuda_kernels, masks_decided_as_on_real_tensors
+from trials.models import is_encoder_decoder
+from trials.trace_model import build, worst_batch
+from trials.trace_modes import cuda_kernels, masks_decided_as_on_real_tensors, packing_decided_as_on_real_tensors
+from trials.trace_trainer import TracedTrainer
+from trials.trainer_args import prepare_model, their_forward
 
 
 @contextlib.contextmanager
@@ -94,26 +99,33 @@ def trace_fsdp_point(
     padded: bool = False,
     fake: bool = True,
     kernels: str = "cpu",
+    trainer: TracedTrainer | None = None,
 ) -> dict[str, Any]:
     """One FSDP2 config (``knobs``: engine fsdp2) on ``world_size`` ranks, ``accum`` micro-steps a step (the probe's:
     1, or 2 for a config that accumulates); ``fake=False`` runs real tensors (to check the trace against a probe);
-    ``kernels="cuda"``: a GPU's kernels where their memory differs (trials.trace_modes.cuda_kernels)."""
+    ``kernels="cuda"``: a GPU's kernels where their memory differs (trials.trace_modes.cuda_kernels); ``trainer``: the
+    job's training args (their optimizer on the shards, their loss, their eval pile: trials.trace_trainer)."""
     k = Knobs.model_validate({**knobs, "engine": "fsdp2"})
+    trainer = trainer or TracedTrainer()
+    args = trainer.training_args(k.precision, k.gradient_checkpointing)
     config = ProbeConfig(model=spec, knobs=k, job=JobSettings(lora=lora), fsdp=fsdp, world_size=world_size)
     out: dict[str, Any] = {}
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     masks = masks_decided_as_on_real_tensors(fake and not padded)
-    with fake_group(world_size), fake_mode, masks, cuda_kernels(kernels == "cuda"):
+    free = trainer.padding_free
+    flat = packing_decided_as_on_real_tensors(fake, free, k.max_length)
+    with fake_group(world_size), fake_mode, masks, cuda_kernels(kernels == "cuda"), flat:
         from trials.fsdp import FsdpEngine
 
         torch.manual_seed(0)
         model = build(spec, lora)  # checkpointing is accelerate's fsdp2_apply_ac, applied by FsdpEngine
+        prepare_model(model, args)
         tracker = LiveTensorTracker()
         tracker.track(module_tensors(model))
         gathered = _Gathered(tracker)
         with _watching(tracker, gathered), tracker:
-            batch = worst_batch(model, k.micro_batch_size, k.max_length, label_length, padded)
-            engine = FsdpEngine(model, config, accum, torch.device("cpu"), world_size)
+            batch = worst_batch(model, k.micro_batch_size, k.max_length, label_length, padded, free)
+            engine = FsdpEngine(model, config, accum, torch.device("cpu"), world_size, args)
             host_offload(engine, tracker)
             for _ in range(accum):  # the first step: the optimizer state
                 engine.micro_step(batch)
@@ -134,7 +146,9 @@ def trace_fsdp_point(
                 gathered_bytes=gathered.at_peak,
                 step_bytes=max(0, step.peak - states),
             )
-            out.update(_eval_phases(engine, model, k, tracker, evaluation or {}, label_length, padded, states))
+            forward = their_forward(args, not is_encoder_decoder(model))
+            evaluated = (evaluation or {}, label_length, padded, states, (trainer.eval_held_batches, forward), free)
+            out.update(_eval_phases(engine, model, k, tracker, *evaluated))
     return out
 
 
@@ -174,31 +188,33 @@ def _eval_phases(
     label_length: int | None,
     padded: bool,
     states: int,
+    held: tuple[int, Any] = (0, None),
+    free: PaddingFree | None = None,
 ) -> dict[str, Any]:
     """The probe's eval forward and (``generate``) a decode of the generation length, on the FSDP2 module after the
-    step (grads freed), each a peak above ``states``; nothing when the job does not evaluate."""
+    step (grads freed), each a peak above ``states``; nothing when the job does not evaluate; ``free``: padding-free
+    batches (trials.data.flattened)."""
     size = evaluation.get("eval_batch_size")
     if size is None:
         return {}
     out: dict[str, Any] = {"eval_batch_size": size}
     module = engine.module
     module.eval()
-    batch = worst_batch(model, size, k.max_length, label_length, padded)
+    batch = worst_batch(model, size, k.max_length, label_length, padded, free)
     tracker.reset_peak()
     with torch.no_grad():
-        result = module(**batch)
-        del result
+        eval_forward(module, batch, held[0], *([held[1]] if held[1] is not None else []))
     out["eval_bytes"] = max(0, tracker.peak - states)
     if evaluation.get("generate"):
-        from trials.decode import fixed_length_decode
+        from trials.decode import traced_decode
 
         new_tokens = int(evaluation.get("generation_max_length") or label_length or k.max_length)
         beams = int(evaluation.get("num_beams") or 1)
         inputs = {name: v for name, v in batch.items() if name != "labels"}
         tracker.reset_peak()
-        _tokens, cache = fixed_length_decode(module, inputs, new_tokens, beams)
-        out["generate_bytes"] = max(0, tracker.peak - states)
-        out["generate_cache_bytes"] = cache_bytes(cache)
+        peak, cached = traced_decode(module, inputs, new_tokens, beams, tracker)
+        out["generate_bytes"] = max(0, peak - states)
+        out["generate_cache_bytes"] = cached
         out["generation_length"], out["num_beams"] = new_tokens, beams
     module.train()
     return out

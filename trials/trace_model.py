@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trials.contract import LoraSpec, ModelSpec
+from trials.contract_job import PaddingFree
 from trials.data import worst_case_batch
 
 if TYPE_CHECKING:
@@ -50,13 +51,27 @@ def build(spec: ModelSpec, lora: LoraSpec | None = None, cast_to: torch.dtype | 
 
 
 def worst_batch(
-    model: torch.nn.Module, micro: int, length: int, label_length: int | None, padded: bool = False
+    model: torch.nn.Module,
+    micro: int,
+    length: int,
+    label_length: int | None,
+    padded: bool = False,
+    padding_free: PaddingFree | None = None,
 ) -> dict[str, torch.Tensor]:
     """The probe's worst-case batch (trials.data): seq2seq labels at the job's label length; ``padded``: with the
-    padding the user's collator adds (a job with data whose samples differ in length), as the probe builds it."""
+    padding the user's collator adds (a job with data whose samples differ in length), as the probe builds it;
+    ``padding_free``: flattened into one row as TRL's padding-free collator does (trials.data.flattened)."""
     vocab = int(getattr(model.config, "vocab_size", 32000))
     encdec = bool(getattr(model.config, "is_encoder_decoder", False))
-    return worst_case_batch(micro, length, vocab, encoder_decoder=encdec, label_length=label_length, padded=padded)
+    return worst_case_batch(
+        micro,
+        length,
+        vocab,
+        encoder_decoder=encdec,
+        label_length=label_length,
+        padded=padded,
+        padding_free=padding_free,
+    )
 
 
 def cache_bytes(cache: Any) -> int:

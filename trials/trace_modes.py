@@ -3,7 +3,8 @@
 - ``Mode`` / ``MasterStep``: the engine's precision (DeepSpeed's half module with fp32 masters in its optimizer, or
   the plain torch engine's autocast over fp32 weights);
 - ``masks_decided_as_on_real_tensors``: transformers' choice to pass no attention mask for an all-ones padding mask,
-  which it refuses to make on a fake tensor's values;
+  which it refuses to make on a fake tensor's values; ``packing_decided_as_on_real_tensors`` its packed-sequence
+  detection in a padding-free batch's position_ids;
 - ``cuda_kernels``: the kernels a CUDA device runs where their memory differs from the CPU's (``tuner estimate
   --kernels cuda``): fused dropout, and attention with a position bias on the math path.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -40,14 +41,22 @@ class MasterStep:
     bf16/fp16): AdamW over fp32 master copies with fp32 grads (BF16_Optimizer's / ZeRO's fp32 partition and grads),
     the half grads copied in before each step, so the step's temporaries are fp32-sized as the engine's are."""
 
-    def __init__(self, trainable: list[torch.nn.Parameter], cast_module: bool) -> None:
+    def __init__(
+        self,
+        trainable: list[torch.nn.Parameter],
+        cast_module: bool,
+        make: Callable[[list[torch.Tensor], bool], torch.optim.Optimizer] | None = None,
+    ) -> None:
+        """``make(params, masters)``: the job's optimizer over ``params`` (trials.trace_trainer.optimizer_factory:
+        their Trainer's); None: AdamW (foreach), the Trainer's default as traced before training args were read."""
         self.trainable = trainable
         self.masters: list[torch.Tensor] = []
         if cast_module:
             self.masters = [torch.zeros(p.shape, dtype=torch.float32, requires_grad=True) for p in trainable]
             for m in self.masters:
                 m.grad = torch.zeros_like(m)
-        self.opt = torch.optim.AdamW(self.masters or trainable, lr=1e-4, foreach=True)
+        params: list[torch.Tensor] = list(self.masters or trainable)
+        self.opt = make(params, bool(self.masters)) if make else torch.optim.AdamW(params, lr=1e-4, foreach=True)
 
     def step(self) -> None:
         for m, p in zip(self.masters, self.trainable, strict=False):  # no masters: plain torch steps the params
@@ -97,6 +106,34 @@ def masks_decided_as_on_real_tensors(apply: bool) -> Iterator[None]:
     finally:
         for name, original in saved.items():
             setattr(masking_utils, name, original)
+
+
+@contextlib.contextmanager
+def packing_decided_as_on_real_tensors(apply: bool, padding_free: str | None, length: int) -> Iterator[None]:
+    """transformers reads packed sequences from a padding-free batch's ``position_ids`` (``masking_utils.
+    find_packed_sequence_indices``: a restart at 0 inside a row) and then builds the row's block-diagonal mask; on a
+    fake tensor it cannot read them and always builds it. A traced padding-free batch (trials.data.flattened) holds
+    several sequences, and so the mask, but for a single ``length`` row of "rows" (wrapped rows, one a micro batch):
+    decided as on those real values, no mask. ``apply`` False (real tensors, or not padding-free): transformers'
+    own rule."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if not apply or padding_free != "rows" or original is None:
+        yield
+        return
+
+    def decide(position_ids: torch.Tensor) -> torch.Tensor | None:
+        return None if position_ids.shape[-1] <= length else original(position_ids)
+
+    masking_utils.find_packed_sequence_indices = decide
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
 
 
 def _unpadded_causal(original: Any) -> Any:

@@ -1,10 +1,11 @@
 """One declaration per setting a user gives a search, and the faces built from it.
 
 A setting is a field of a typed record (tuner.session.options.SearchOptions, tuner.job.definition.JobFlags) declared
-with ``setting(help, default, ...)``: its name, type and default are the field's; its help, its least value and how
-each face spells it are the field's metadata. The faces read the declarations (``declared(record, face)``) instead of
-writing the settings again: the options of `tuner search` and `tuner estimate` (tuner.cli.declared), the keywords and
-docstring of ``tuner.tune`` (tuner.python_api), the body of ``POST /studies`` (api.schemas.StudyCreate).
+with ``setting(help, default, ...)``: its name, type and default are the field's; its help, its least value, how
+each face spells it and the help group it is shown in are the field's metadata. The faces read the declarations
+(``declared(record, face)``) instead of writing the settings again: the options of `tuner search`, `tuner estimate`
+and `tuner explain` (tuner.cli.declared), the keywords and docstring of ``tuner.tune`` (tuner.python_api), the body
+of ``POST /studies`` (api.schemas.StudyCreate).
 
 Pure: no typer, no pydantic, no I/O.
 """
@@ -20,10 +21,19 @@ from typing import Any, Literal, get_args, get_origin
 #: the faces a setting can appear on
 SEARCH = "search"  # `tuner search`
 ESTIMATE = "estimate"  # `tuner estimate`
+EXPLAIN = "explain"  # `tuner explain`: the job as a search reads it, without what only a search uses (a budget ...)
 TUNE = "tune"  # tuner.tune(...)
 API = "api"  # the body of POST /studies
 EVERY_SEARCH_FACE = frozenset({SEARCH, TUNE, API})
 KEY = "tuner.setting"
+
+#: the groups a command's help shows its options in (typer's rich_help_panel), in this order
+JOB_PANEL = "Your job"  # what stays fixed: model, ranks and their memory, global batch, your files, lengths, eval
+DATA_PANEL = "Your data"  # the dataset the job's lengths and batches come from
+SEARCH_PANEL = "Search"  # what is searched and within what: budget, space, headroom, trials
+STORAGE_PANEL = "Storage"  # where studies live, and which one
+OUTPUT_PANEL = "Output"  # what is printed or written
+PANELS = (JOB_PANEL, DATA_PANEL, SEARCH_PANEL, STORAGE_PANEL, OUTPUT_PANEL)
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,7 @@ class Spec:
     api_type: Any = None  # what the API body takes, when not the keyword's type (inline data, never a path)
     api_help: str | None = None  # the API body's description, where its form differs (inline data, not a file)
     api: Mapping[str, Any] = field(default_factory=dict)  # further bounds of the API body's field (le=..., max_length)
+    panel: str = JOB_PANEL  # the group a command's help shows it in (PANELS)
 
 
 def setting(help: str, default: Any = MISSING, **spec: Any) -> Any:
@@ -83,4 +94,20 @@ def declared(record: type, face: str) -> list[Declared]:
     return out
 
 
-__all__ = ["API", "ESTIMATE", "SEARCH", "TUNE", "Declared", "Spec", "declared", "setting"]
+__all__ = [
+    "API",
+    "DATA_PANEL",
+    "ESTIMATE",
+    "EXPLAIN",
+    "JOB_PANEL",
+    "OUTPUT_PANEL",
+    "PANELS",
+    "SEARCH",
+    "SEARCH_PANEL",
+    "STORAGE_PANEL",
+    "TUNE",
+    "Declared",
+    "Spec",
+    "declared",
+    "setting",
+]

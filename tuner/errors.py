@@ -50,3 +50,10 @@ class StudyNotFound(TunerError):
 
 class NoStableConfig(TunerError):
     http_status = 404
+
+
+class NodeError(TunerError):
+    """A search across nodes cannot go on: a node never joined, or one was lost and did not come back (the line names
+    it and what to start)."""
+
+    http_status = 503

@@ -19,7 +19,7 @@ from trials.contract import Knobs, ProbeConfig, ProbeResult
 from tuner.declared import TUNE, Declared, declared
 from tuner.errors import ConfigError
 from tuner.job.definition import JobFlags
-from tuner.job.model_source import resolve_model
+from tuner.job.model_source import resolve_local_model
 from tuner.records import ProbeRow
 from tuner.session.options import DEFAULT_MODEL, SearchOptions
 from tuner.settings import load_settings
@@ -62,8 +62,8 @@ class BestConfig:
             format=served.format,
             content=served.content,
             changes=served.change_lines,
-            samples_per_s=found.samples_per_s,
-            objective=found.objective,
+            samples_per_s=served.throughput.samples_per_s,
+            objective=served.throughput.value,
             confirmed=found.confirmed,
         )
 
@@ -127,6 +127,7 @@ def tune(**settings: Any) -> TuneResult:
     bound.apply_defaults()
     values = dict(bound.arguments)
     fmt, listener, probe = (values.pop(k) for k in RUN_KEYWORDS)
+    values["given"] = frozenset(settings)  # the keywords passed, even at their default (as the command line's)
     session = SearchSession(SearchOptions.of(values), probe=probe, events=ListenerEvents(listener))
     ran = session.run()
     name, summary = ran.request.study_name, ran.summary
@@ -230,7 +231,7 @@ def estimate(
     from tuner.memory.estimator import Estimator, trace, trace_at
 
     k = validated_knobs(knobs, global_batch, world_size, GLOBAL_BATCH_KEYWORDS)
-    spec = resolve_model(model)
+    spec = resolve_local_model(model)
     lora = lora_spec(lora_r, lora_alpha, lora_dropout, lora_target_modules, lora_bias)
     if lora is not None:
         check_lora(spec, lora)

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -153,9 +154,18 @@ class Settings(BaseSettings):
     # how single-host probe ranks start: "auto" (the preloaded fork server on hosts without a GPU, else a fresh
     # interpreter), "forkserver" or "spawn"
     probe_launcher: ProbeLauncher = "auto"
+    # how a probe's engine pins host memory for CPU offload (trials.contract_pinned): "deepspeed" (as DeepSpeed does),
+    # "register[:N]" (torch's pinned_use_cuda_host_register, N threads) or "exact" (in place, at the exact size); the
+    # probe's setup only, never the user's export
+    pinned_alloc: str = "deepspeed"
     # the user's consent to run code a model's or tokenizer's folder ships (its auto_map); `tuner --trust-remote-code`
     # sets it (trials.contract.TRUST_REMOTE_CODE_ENV) for the command and every process it starts
     trust_remote_code: bool = False
+    # a search across nodes (issue 43): the address this node's peers reach it at (torchrun --local-addr, the
+    # rendezvous endpoint when it leads; unset: the address this host reaches the storage from), and how long a worker
+    # waits for every node (at the start, and for each node to join a probe and its rendezvous)
+    node_address: str | None = Field(None, min_length=1, max_length=253)
+    node_timeout_s: float = Field(120.0, gt=0, le=86400)
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """The repr (and str) show the storage URL without its password; the token is a SecretStr (shown as ***)."""
@@ -166,6 +176,14 @@ class Settings(BaseSettings):
     @classmethod
     def _launcher_case(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("pinned_alloc")
+    @classmethod
+    def _pinned_variant(cls, value: str) -> str:
+        from trials.contract import parse_pinned_alloc
+
+        kind, threads = parse_pinned_alloc(value)
+        return kind if threads is None else f"{kind}:{threads}"
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -204,6 +222,9 @@ _TAKES = {
     "storage": "a SQLAlchemy URL such as sqlite:///tuner.db",
     "default_study": "a study name (letters, digits, . _ -)",
     "allowed_hosts": "comma-separated host names or addresses (*.domain and * allowed)",
+    "node_address": "the host name or IP address the other nodes reach this one at",
+    "node_timeout_s": "a number of seconds above 0, at most 86400",
+    "pinned_alloc": "one of deepspeed, register, register:N (N a power of two up to 128), exact",
 }
 
 
@@ -243,3 +264,36 @@ def load_settings(**overrides: object) -> Settings:
         return Settings(**given)  # type: ignore[arg-type]
     except ValidationError as err:
         raise SettingsError(_one_line(err, given)) from None
+
+
+@dataclass(frozen=True)
+class SlurmStep:
+    """The Slurm job step this process runs in (``srun``'s variables), when it spans several nodes: a search across
+    nodes takes its node count from it. Only a step's own variables count (SLURM_STEP_NUM_NODES ...): a batch script's
+    first node (SLURM_NNODES of the whole allocation, no step) is not a node of a search."""
+
+    nnodes: int
+    tasks: int  # tasks of the step: one tuner worker per node (srun --ntasks-per-node 1)
+    node_id: int
+    nodelist: str  # Slurm's compressed list of the step's nodes (a[1-2],b3)
+    gpus_on_node: int | None
+
+
+def _slurm_int(env: dict[str, str] | os._Environ[str], name: str) -> int | None:
+    value = env.get(name, "").strip().split("(")[0]  # SLURM_TASKS_PER_NODE-style "2(x3)" counts: the first
+    return int(value) if value.isdigit() else None
+
+
+def slurm_step(env: dict[str, str] | None = None) -> SlurmStep | None:
+    """The Slurm step of ``env`` (default: this process's) across more than one node, or None."""
+    source = os.environ if env is None else env
+    nodes = _slurm_int(source, "SLURM_STEP_NUM_NODES")
+    if nodes is None or nodes < 2:
+        return None
+    return SlurmStep(
+        nnodes=nodes,
+        tasks=_slurm_int(source, "SLURM_STEP_NUM_TASKS") or nodes,
+        node_id=_slurm_int(source, "SLURM_NODEID") or 0,
+        nodelist=source.get("SLURM_STEP_NODELIST", "") or source.get("SLURM_JOB_NODELIST", ""),
+        gpus_on_node=_slurm_int(source, "SLURM_GPUS_ON_NODE"),
+    )

@@ -83,6 +83,15 @@ def parse_size(text: str | int) -> int:
     return whole
 
 
+def parse_memory(text: str | int) -> int:
+    """Bytes of a device's memory: a size with its unit (160MiB, 80GiB, 80GB; a whole number given as a number is
+    bytes). Text without a unit is refused: `80` is 80 bytes to a parser and 80 GB to the person who typed it."""
+    m = _SIZE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is not None and not m[2]:
+        raise ConfigError(f"memory size {text!r} has no unit; write it like 160MiB, 80GiB or 80GB")
+    return parse_size(text)
+
+
 def format_size(n: int | float | None) -> str:
     if n is None:
         return "-"
@@ -92,6 +101,12 @@ def format_size(n: int | float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def memory_text(n: int | float) -> str:
+    """A memory size as the CUDA OOM message writes it: GiB with two decimals, MiB below one GiB (a tiny model's
+    numbers are never "0.04 GiB")."""
+    return f"{n / (1 << 30):.2f} GiB" if abs(n) >= 1 << 30 else f"{n / (1 << 20):,.2f} MiB"
 
 
 @dataclass

@@ -37,7 +37,7 @@ def best_config(
             description="the study; required unless the server was started with --default-study",
         ),
     ] = None,
-    format: Annotated[Format, Query(description="json | deepspeed | hf | accelerate | env")] = "json",
+    format: Annotated[Format, Query(description="json | deepspeed | hf | accelerate | env | launch | recipe")] = "json",
     raw: Annotated[bool, Query(description="answer only the config file body (for curl > ds_config.json)")] = False,
 ) -> Response:
     name = study or svc.settings.default_study

@@ -2,13 +2,14 @@
 and recorded the allocation it was refused; on a GPU, of the size their OOM text names (4.81 GiB: the attention
 scores of 2 x 16 heads x 6,352^2 in fp32), within 1%.
 
-    python3 benchmarks/gpu/crash_check.py STORAGE STUDY [EXPECTED_GIB]
+    python3 -m benchmarks.gpu.crash_check STORAGE STUDY [EXPECTED_GIB]
 """
 
 from __future__ import annotations
 
 import sys
 
+from benchmarks.gpu.verdict import Check, report
 from tuner.storage import Store
 
 GiB = 2**30
@@ -19,8 +20,7 @@ def main() -> int:
     expected = float(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None
     rows = [r for r in Store(storage, read_only=True).probes(study) if r.trial_number == 0]
     if not rows:
-        print("GPU CHECK FAIL: the team's config at its worst batch was not probed")
-        return 1
+        return report([Check("the team's config at its worst batch", "not probed", "an OOM with its record", False)])
     row = rows[0]
     failed = [f for rank in row.measurement.ranks if (f := rank.failed_allocation) is not None]
     said = "; ".join(
@@ -28,13 +28,19 @@ def main() -> int:
         for f in failed
     )
     print(f"crash: trial 0 at the worst batch: {row.status}, {said or 'no refused allocation recorded'}")
-    if row.status != "oom" or not failed:
-        print("GPU CHECK FAIL: the team's config at its worst batch did not run out of memory with a record")
-        return 1
-    if expected is not None and not any(abs(f.nbytes / GiB - expected) <= 0.01 * expected for f in failed):
-        print(f"GPU CHECK FAIL: the refused allocation is not their {expected:g} GiB")
-        return 1
-    return 0
+    checks = [
+        Check(
+            "the team's config at its worst batch",
+            f"{row.status}, {len(failed)} refused allocation(s) recorded",
+            "an OOM with its record",
+            row.status == "oom" and bool(failed),
+        )
+    ]
+    if expected is not None:
+        sizes = ", ".join(f"{f.nbytes / GiB:.2f} GiB" for f in failed) or "none"
+        near = any(abs(f.nbytes / GiB - expected) <= 0.01 * expected for f in failed)
+        checks.append(Check("the refused allocation", sizes, f"their {expected:g} GiB within 1%", near))
+    return report(checks)
 
 
 if __name__ == "__main__":

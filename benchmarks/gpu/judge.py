@@ -1,8 +1,9 @@
 """The GPU check's verdict on the Trainer's run of the pick (trainer_check.py's JSON) against the probe of it: 0 OOM
 over every step with eval + generate, every step run, the eval generating at the probed length, and on a GPU the
-probe's memory need at least the Trainer's device-used peak (both printed). One line "GPU CHECK PASS|FAIL ...".
+probe's memory need at least the Trainer's device-used peak: each a check line naming its figure and target, then
+"Trainer verdict: PASS|FAIL".
 
-    python3 benchmarks/gpu/judge.py STORAGE STUDY TRAINER_JSON STEPS
+    python3 -m benchmarks.gpu.judge STORAGE STUDY TRAINER_JSON STEPS
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import sys
 
+from benchmarks.gpu.verdict import Check, report
 from tuner.search.selection import best_stable
 from tuner.storage import Store
 
@@ -20,13 +22,12 @@ MiB = 2**20
 def main() -> int:
     storage, study, path, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     if not os.path.exists(path):
-        print("GPU CHECK FAIL: the Trainer run ended without a result (its traceback is in gpu_check.log)")
-        return 1
+        said = "none (killed at its box, or its traceback is in gpu_check.log)"
+        return report([Check("the Trainer's result", said, "one", False)])
     with open(path) as fh:
         info = json.load(fh)
     if "error" in info:
-        print("GPU CHECK FAIL:", info["error"])
-        return 1
+        return report([Check("the Trainer's result", str(info["error"]), "a run of the pick", False)])
     best = best_stable(Store(storage).probes(study))
     needs = [r.memory_need for r in best.rows if r.memory_need is not None] if best is not None else []
     need = max(needs) if needs else None
@@ -38,20 +39,26 @@ def main() -> int:
         f"{info['ooms']}, peak reserved {(info.get('peak_reserved') or 0) / MiB:,.0f} MiB, device-used peak "
         f"{used / MiB:,.0f} MiB; the probe's need {(need or 0) / MiB:,.0f} MiB"
     )
-    problems = []
-    if info["ooms"]:
-        problems.append(f"{info['ooms']} OOM: {info.get('cause', '')}")
-    if info["steps"] != steps:
-        problems.append(f"{info['steps']} of {steps} steps")
-    if info.get("generation_max_length") != info.get("probed_generation_length"):
-        problems.append(
-            f"the eval generated {info.get('generation_max_length')} tokens, the probe "
-            f"{info.get('probed_generation_length')}"
+    generated, probed = info.get("generation_max_length"), info.get("probed_generation_length")
+    checks = [
+        Check("OOM over the Trainer's steps, eval and generate", f"{info['ooms']}", "0", not info["ooms"]),
+        Check("Trainer steps run", f"{info['steps']}", f"{steps}", info["steps"] == steps),
+        Check("tokens the eval generated", f"{generated}", f"the probe's {probed}", generated == probed),
+    ]
+    if info.get("cuda"):
+        checks.append(
+            Check(
+                "the probe's memory need",
+                f"{(need or 0) / MiB:,.0f} MiB",
+                f">= the Trainer's device-used peak {used / MiB:,.0f} MiB",
+                need is not None and need >= used,
+            )
         )
-    if info.get("cuda") and (need is None or need < used):
-        problems.append(f"the probe's need {(need or 0) / MiB:,.0f} MiB < the Trainer's device-used peak")
-    print(("GPU CHECK FAIL: " + "; ".join(problems)) if problems else "GPU CHECK PASS")
-    return 1 if problems else 0
+    if info["ooms"]:
+        print(f"Trainer OOM: {info.get('cause', '')}")
+    failed = report(checks)
+    print("Trainer verdict: FAIL (above)" if failed else "Trainer verdict: PASS")
+    return failed
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Builds the wheel kit for benchmarks/gpu_check.sh on a bare GPU machine, into .whl/ (ignored by git).
+# Builds the wheel kit for benchmarks/gpu_check.sh on a bare GPU machine, into .whl/ (ignored by git). The check's
+# driver (benchmarks/gpu/check.py: the standard library and the device's own pip until then) installs it into a
+# temporary site folder as its first step ("kit", boxed 30 s) and puts that folder on every later step's path; carry
+# .whl to the device with the tree (together at most the device tool's 64 MiB a call).
 #
 #   benchmarks/gpu/kit.sh            # here, with network (PyPI); one command
 #

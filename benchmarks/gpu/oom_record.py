@@ -3,7 +3,7 @@ allocation it was refused (size, phase, bytes in use) and, on CUDA, a memory sna
 pytorch.org/memory_viz; `tuner explain --study S --trial N` names it). Exits 1 when OOM probes ran and none has its
 record (one without may be an OOM the caching allocator did not see: a cuBLAS handle, NCCL).
 
-    python3 benchmarks/gpu/oom_record.py STORAGE STUDY
+    python3 -m benchmarks.gpu.oom_record STORAGE STUDY
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from benchmarks.gpu.verdict import Check, report
 from tuner.storage import Store
 
 MiB = 2**20
@@ -32,10 +33,9 @@ def main() -> int:
             ooms.append(rank)
             if f is not None and (not cuda or size != "none"):
                 recorded.append(rank)
-    if ooms and not recorded:
-        print("GPU CHECK FAIL: no OOM probe recorded its failed allocation (and on CUDA its memory snapshot)")
-        return 1
-    return 0
+    what = "OOM probes with their failed allocation (and on CUDA their snapshot)"
+    figure = f"{len(recorded)} of {len(ooms)} ranks"
+    return report([Check(what, figure, ">= 1 where any ran out", not ooms or bool(recorded))])
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def test_openapi_documents_every_route_with_response_models(sqlite_url) -> None:
     best = schema["paths"]["/best-config"]["get"]
     assert set(best["responses"]) >= {"200", "404", "422", "503"}
     fmt = next(p for p in best["parameters"] if p["name"] == "format")
-    assert fmt["schema"]["enum"] == ["json", "deepspeed", "hf", "accelerate", "env"]
+    assert fmt["schema"]["enum"] == ["json", "deepspeed", "hf", "accelerate", "env", "launch", "recipe"]
     post = schema["paths"]["/studies"]["post"]
     assert set(post["responses"]) >= {"201", "401", "403", "409", "422"}
     assert post["security"] == [{"HTTPBearer": []}]
@@ -51,7 +51,7 @@ def test_api_process_never_imports_torch(sqlite_url) -> None:
         from api.app import create_app
         from tuner.settings import Settings
         client = TestClient(create_app(Settings(storage={sqlite_url!r})))
-        for path in ("/health", "/studies", "/best-config", "/openapi.json"):
+        for path in ("/health", "/studies", "/best-config", "/openapi.json", "/", "/ui/studies/s", "/ui/plotly.js"):
             client.get(path)
         for fmt in ("json", "deepspeed", "hf", "accelerate", "env"):
             r = client.get("/best-config", params={{"study": "s", "format": fmt}})

@@ -145,7 +145,7 @@ LIMITS = [
         },
         "configs",
     ),
-    ("device-memory-1e400", {"device_memory": "1e400"}, "device_memory"),
+    ("device-memory-1e400", {"device_memory": "1e400GiB"}, "device_memory"),
     ("device-memory-int-huge", {"device_memory": 10**30}, "device_memory"),
     ("device-memory-fraction", {"device_memory": "1.5B"}, "device_memory"),
     ("world-4096", {"world_size": 4096}, "world_size"),

@@ -1,171 +1,24 @@
-"""The HTML report rendered in headless Chromium (Debian's): no console errors, no uncaught exceptions, the plotly plots
-drawn as SVG. Chromium is driven over the DevTools protocol on a pipe (--remote-debugging-pipe: NUL-separated JSON on
-fds 3/4), so the test sees console levels exactly — Chromium's stderr log does not tell console.error from console.log.
-"""
+"""The HTML report rendered in headless Chromium (Debian's, tests/helpers/chromium.py): no console errors, no uncaught
+exceptions, the plotly plots drawn as SVG, and what they drew (plotly's graph divs' data and the DOM)."""
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
 import os
 import shutil
-import subprocess
-import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.helpers.report_study import populate_study
+from tests.helpers.chromium import Chromium, open_browser
+from tests.helpers.report_study import CAPACITY, MiB, populate_study
+from tuner.records.throughput import number
 from tuner.reporting.html import write_report
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-class Chromium:
-    """Headless Chromium with the DevTools protocol on a pipe; one page, events collected."""
-
-    def __init__(self, user_data: Path) -> None:
-        to_child_r, self._to_child = os.pipe()
-        self._from_child, from_child_w = os.pipe()
-        os.set_inheritable(to_child_r, True)
-        os.set_inheritable(from_child_w, True)
-
-        def fds() -> None:  # in the child: chromium reads commands on fd 3 and writes replies on fd 4
-            os.dup2(to_child_r, 3)
-            os.dup2(from_child_w, 4)
-
-        self.proc = subprocess.Popen(
-            [
-                CHROMIUM,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-                "--disable-extensions",
-                f"--user-data-dir={user_data}",
-                "--remote-debugging-pipe",
-                "--window-size=1280,2000",
-                "about:blank",
-            ],
-            preexec_fn=fds,
-            pass_fds=(3, 4, to_child_r, from_child_w),  # 3, 4: kept open after the dup2 above
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        os.close(to_child_r)
-        os.close(from_child_w)
-        self._buf = b""
-        self._id = 0
-        self.events: list[dict[str, Any]] = []
-        self.session: str | None = None
-
-    def _read_message(self, deadline: float) -> dict[str, Any]:
-        while b"\0" not in self._buf:
-            if time.monotonic() > deadline:
-                raise TimeoutError("chromium did not answer in time")
-            chunk = os.read(self._from_child, 1 << 20)
-            if not chunk:
-                raise RuntimeError(f"chromium closed the pipe (exit {self.proc.poll()})")
-            self._buf += chunk
-        raw, self._buf = self._buf.split(b"\0", 1)
-        return json.loads(raw)
-
-    def send(
-        self, method: str, params: dict[str, Any] | None = None, timeout: float = 60.0, session: bool = True
-    ) -> dict[str, Any]:
-        self._id += 1
-        msg: dict[str, Any] = {"id": self._id, "method": method, "params": params or {}}
-        if session and self.session:
-            msg["sessionId"] = self.session
-        os.write(self._to_child, json.dumps(msg).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        while True:
-            reply = self._read_message(deadline)
-            if reply.get("id") == self._id:
-                if "error" in reply:
-                    raise RuntimeError(f"{method}: {reply['error']}")
-                return reply.get("result", {})
-            self.events.append(reply)
-
-    def wait_event(self, method: str, timeout: float = 60.0) -> dict[str, Any]:
-        for ev in self.events:
-            if ev.get("method") == method:
-                return ev
-        deadline = time.monotonic() + timeout
-        while True:
-            ev = self._read_message(deadline)
-            self.events.append(ev)
-            if ev.get("method") == method:
-                return ev
-
-    def open_page(self) -> None:
-        target = self.send("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
-        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)[
-            "sessionId"
-        ]
-        for domain in ("Page.enable", "Runtime.enable", "Log.enable"):
-            self.send(domain)
-
-    def load(self, url: str) -> None:
-        self.events.clear()
-        self.send("Page.navigate", {"url": url})
-        self.wait_event("Page.loadEventFired")
-
-    def evaluate(self, expression: str) -> Any:
-        res = self.send("Runtime.evaluate", {"expression": expression, "awaitPromise": True, "returnByValue": True})
-        return res["result"].get("value")
-
-    def errors(self) -> list[str]:
-        """console.error/assert calls, uncaught exceptions and error-level log entries seen since the last load."""
-        out = []
-        for ev in self.events:
-            method, params = ev.get("method"), ev.get("params", {})
-            if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-                out.append("console: " + " ".join(str(a.get("value", a.get("description"))) for a in params["args"]))
-            elif method == "Runtime.exceptionThrown":
-                details = params.get("exceptionDetails", {})
-                described = details.get("exception", {}).get("description", "")
-                out.append(f"exception: {details.get('text', '')} {described}".strip())
-            elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
-                out.append("log: " + params["entry"].get("text", ""))
-        return out
-
-    def screenshot(self, path: Path) -> None:
-        data = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})["data"]
-        path.write_bytes(base64.b64decode(data))
-
-    def close(self) -> None:
-        with contextlib.suppress(RuntimeError, TimeoutError, OSError):
-            self.send("Browser.close", timeout=10, session=False)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        os.close(self._to_child)
-        os.close(self._from_child)
 
 
 @pytest.fixture()
-def browser(tmp_path: Path):
-    """One headless Chromium page. Without chromium this fails with one line (it does not skip, so a CI whose
-    scripts/system-deps.sh could not install it cannot pass silently); TUNER_TEST_CHROMIUM=skip skips on a laptop."""
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("TUNER_TEST_CHROMIUM") == "skip":
-            pytest.skip("TUNER_TEST_CHROMIUM=skip")
-        pytest.fail(
-            f"chromium not found (PATH, {CHROMIUM}); run scripts/system-deps.sh or set TUNER_TEST_CHROMIUM=skip",
-            pytrace=False,
-        )
-    b = Chromium(tmp_path / "chromium-profile")
-    b.open_page()
-    yield b
-    b.close()
+def browser(tmp_path: Path) -> Iterator[Chromium]:
+    yield from open_browser(tmp_path)
 
 
 def test_error_detection_works(browser: Chromium, tmp_path: Path) -> None:
@@ -184,32 +37,83 @@ def test_error_detection_works(browser: Chromium, tmp_path: Path) -> None:
     assert browser.errors() == []
 
 
-def test_report_renders_without_console_errors(browser: Chromium, tmp_path: Path) -> None:
+WAIT_DRAWN = """new Promise(resolve => {
+  const t0 = Date.now();
+  (function poll() {
+    const divs = [...document.querySelectorAll('div.plotly-graph-div')];
+    const drawn = '.plot .scatterlayer, .plot .barlayer, .plot .trace';
+    const ok = divs.filter(d => d.querySelector('svg.main-svg') && d.querySelector(drawn));
+    if ((divs.length && ok.length === divs.length) || Date.now() - t0 > 20000)
+      resolve({divs: divs.length, drawn: ok.length});
+    else setTimeout(poll, 100);
+  })();
+})"""
+
+# What the page drew, read from plotly's graph divs (their data and layout after Plotly.newPlot) and the DOM
+DRAWN = """(() => {
+  const wall = document.getElementById('wall');
+  const trace = name => (wall.data.find(t => t.name === name) || {x: [], y: []});
+  const lines = (wall.layout.shapes || []).map(s => [s.x0, s.x1, s.line.dash || 'solid']);
+  const phases = document.getElementById('phases');
+  const big = [...document.scripts].filter(s => s.text.length > 100000);
+  const definition = [...document.querySelectorAll('h2')].find(h => h.textContent === 'Study definition');
+  return {
+    title: document.title,
+    points: document.querySelectorAll('.point').length,
+    flags: [...document.querySelectorAll('td.flag')].map(e => e.textContent),
+    wall: wall.data.map(t => t.name),
+    oom: trace('out of memory, at what it needed').x,
+    ruled: trace('ruled out without running').x,
+    pick: [trace('the pick').x, trace('the pick').y, trace('the pick').marker && trace('the pick').marker.symbol],
+    stable_y: trace('fits (stable)').y.length,
+    drawn_oom: [...wall.querySelectorAll('.scatterlayer .trace')].map(t => t.querySelectorAll('.point').length),
+    lines: lines,
+    phase_labels: phases ? phases.data[0].x : [],
+    trial_rows: document.querySelectorAll('table.trials tbody tr').length,
+    pick_rows: [...document.querySelectorAll('table.trials tr.pick td:first-child')].map(e => e.textContent),
+    definition_folded: definition.nextElementSibling.tagName === 'DETAILS' && !definition.nextElementSibling.open,
+    scripts: big.length,
+    plotly: window.Plotly.version,
+    pick_figure: document.getElementById('pick-figure').textContent,
+  };
+})()"""
+
+
+def test_report_draws_the_wall(browser: Chromium, tmp_path: Path) -> None:
+    """Issue 40 §5, checked in what the browser drew: OOM probes at the memory they needed (in use + the refused
+    allocation), past the capacity line; ruled-out configs where the estimate and the frontier put them; the pick
+    marked at its figure; bars named by trial and config; the trial table; the definition folded; plotly.js once."""
     url = f"sqlite:///{tmp_path / 'render.db'}"
-    populate_study(url, "render")
+    expected = populate_study(url, "render")
     page = write_report(url, "render", tmp_path / "report.html")
+    assert page.stat().st_size < 1_500_000  # a 50-probe study (it was 4.9 MB with plotly's full bundle)
     browser.load(page.as_uri())
-    # plotly draws asynchronously after load: wait until every plot div holds its SVG
-    drawn = browser.evaluate(
-        """new Promise(resolve => {
-             const t0 = Date.now();
-             (function poll() {
-               const divs = [...document.querySelectorAll('div.plotly-graph-div')];
-               const drawn = '.plot .scatterlayer, .plot .barlayer, .plot .trace';
-               const ok = divs.filter(d => d.querySelector('svg.main-svg') && d.querySelector(drawn));
-               if ((divs.length && ok.length === divs.length) || Date.now() - t0 > 20000)
-                 resolve({divs: divs.length, drawn: ok.length, title: document.title,
-                          points: document.querySelectorAll('.point').length,
-                          flags: [...document.querySelectorAll('td.flag')].map(e => e.textContent)});
-               else setTimeout(poll, 100);
-             })();
-           })"""
-    )
+    waited = browser.evaluate(WAIT_DRAWN)
+    drawn = browser.evaluate(DRAWN)
     assert browser.errors() == []
     assert drawn["title"] == "tuner report: render"  # the hostile <script> in the stored data did not run
-    assert drawn["divs"] >= 7 and drawn["drawn"] == drawn["divs"], drawn
+    assert waited["divs"] >= 7 and waited["drawn"] == waited["divs"], waited
     assert drawn["points"] > 40  # markers of the probes were drawn
     assert any(f.startswith("IMBALANCE: rank 0") for f in drawn["flags"])
+    capacity = CAPACITY / MiB
+    # the capacity line (solid) and the headroom line (dashed) are vertical lines on the memory axis
+    assert [capacity, capacity, "solid"] in drawn["lines"] and [0.9 * capacity, 0.9 * capacity, "dash"] in drawn[
+        "lines"
+    ]
+    # each OOM at what it needed, past the capacity: never at its pre-failure peak (504 MiB, under the line)
+    assert sorted(drawn["oom"]) == sorted(v / MiB for v in expected["oom_need"].values())
+    assert all(x > capacity for x in drawn["oom"])
+    # ruled out: at the estimate's 700 MiB, and at the need of trial 11's OOM it needs at least as much as
+    assert sorted(drawn["ruled"]) == [expected["oom_need"][11] / MiB, 700.0]
+    pick_x, pick_y, symbol = drawn["pick"]
+    assert symbol == "star" and pick_y == [pytest.approx(expected["best"][1])] and pick_x[0] < capacity
+    assert drawn["pick_figure"] == f"{number(expected['best'][1])} retained tokens/s"
+    assert 2 in drawn["drawn_oom"]  # the two OOM markers are in the SVG, not only in the data
+    assert drawn["phase_labels"] == ["confirm micro=32 len=64"] and not any("None" in x for x in drawn["phase_labels"])
+    assert drawn["trial_rows"] == expected["probes"]  # every probe and ruled-out config, the confirm included
+    assert drawn["pick_rows"] == ["5", "- confirm"]
+    assert drawn["definition_folded"]
+    assert drawn["scripts"] == 1 and drawn["plotly"] == "4.1.1"
     shot = tmp_path / "report.png"
     browser.screenshot(shot)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000

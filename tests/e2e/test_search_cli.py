@@ -55,7 +55,7 @@ def test_search_prunes_oom_and_completes_the_rest(searched):
     assert "the pick: " in done.stdout and "micro=2 " in done.stdout and "next: tuner best --study e2e" in done.stdout
     trials = tuner("trials", "--storage", url, "--study", "e2e")
     assert trials.returncode == 0
-    assert " oom " in trials.stdout and " ok " in trials.stdout
+    assert "\toom\t" in trials.stdout and "\tok" in trials.stdout  # piped: one tab-separated line per row
     states = {
         json.loads(line)["state"]
         for line in tuner("trials", "--storage", url, "--study", "e2e", "--json").stdout.splitlines()
@@ -172,7 +172,8 @@ def test_baseline_is_probed_first_and_reported(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("micro_batch_size: [2]\nzero_stage: [0]\ngradient_checkpointing: [false]\n")
     url = f"sqlite:///{tmp_path}/tuner.db"
-    done = search(url, "flan", str(space), "3m", "--baseline", str(base), "--finalists", "0")
+    files = ["--model", "builtin:tiny-t5", "--baseline", str(base)]
+    done = search(url, "flan", str(space), "3m", *files, "--finalists", "0")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     from tuner.storage import Store
 
@@ -217,13 +218,20 @@ def test_the_motivating_teams_files_fix_the_job_every_probe_runs(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("micro_batch_size: [1, 2]\nzero_stage: [0, 1]\ngradient_checkpointing: [false]\n")
     url = f"sqlite:///{tmp_path}/tuner.db"
+    # their files as a transformers 5 Trainer takes them: overwrite_output_dir (4.x) dropped, the rest verbatim
+    theirs = json.loads((SEED / "training_args.json").read_text())
+    theirs.pop("overwrite_output_dir")
+    theirs["deepspeed"] = str(SEED / "ds_config.json")
+    (tmp_path / "training_args.json").write_text(json.dumps(theirs))
     done = search(
         url,
         "seed",
         str(space),
         "3m",
+        "--model",
+        "builtin:tiny-t5",
         "--baseline",
-        str(SEED / "training_args.json"),
+        str(tmp_path / "training_args.json"),
         "--max-length",
         "32",
         "--max-target-length",
@@ -247,13 +255,18 @@ def test_the_motivating_teams_files_fix_the_job_every_probe_runs(tmp_path):
     for r in rows:  # every probe ran their job
         assert (r.knobs["precision"], r.knobs["max_length"]) == ("bf16", 32)
         assert (r.knobs["eval_batch_size"], r.knobs["generate"]) == (50, True)
-        assert r.config["job"] == {
+        job_run = r.config["job"]
+        held = ("max_target_length", "generation_max_length", "num_beams", "max_grad_norm", "lora")
+        assert {k: job_run[k] for k in held} == {
             "max_target_length": 16,
             "generation_max_length": None,
             "num_beams": 1,
             "max_grad_norm": 1.0,
             "lora": None,  # a full fine-tune: their files name no adapters
         }
+        # their TrainingArguments, as a Seq2SeqTrainer takes them: the probe builds its optimizer, eval and clipping
+        assert job_run["seq2seq_args"] is True and job_run["compile"] is None
+        assert job_run["trainer_args"]["eval_strategy"] == "epoch" and job_run["trainer_args"]["learning_rate"] == 2e-5
         # the probe ran their DeepSpeed JSON: their optimizer (lr from their args), scheduler, reduce_scatter ...
         ds = r.config["deepspeed"]
         assert ds["optimizer"]["params"]["lr"] == 2e-5 and ds["scheduler"]["type"] == "WarmupLR"
@@ -315,8 +328,8 @@ def test_memory_estimate_skips_configs_without_probing(tmp_path):
 
 @pytest.mark.slow
 def test_a_causal_lm_from_a_local_directory_runs_the_same_path(tmp_path):
-    """A tiny Llama-shaped model saved with save_pretrained: its training args (bf16, eval batch 4, their
-    ZeRO-1 JSON with "auto") fix the job, every probe runs it through DeepSpeed, the export is their files."""
+    """A tiny Llama-shaped model saved with save_pretrained: its training args (bf16, eval every 50 steps at batch 4,
+    their ZeRO-1 JSON with "auto") fix the job, every probe runs it through DeepSpeed, the export is their files."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     model_dir = tmp_path / "tiny-llama"
@@ -344,6 +357,8 @@ def test_a_causal_lm_from_a_local_directory_runs_the_same_path(tmp_path):
         "per_device_train_batch_size": 2,
         "gradient_accumulation_steps": 2,
         "per_device_eval_batch_size": 4,
+        "eval_strategy": "steps",  # their Trainer evaluates: the eval forward at batch 4 is part of the job
+        "eval_steps": 50,
         "max_seq_length": 24,
         "deepspeed": "ds.json",
     }

@@ -29,9 +29,16 @@ def test_trial_0_is_refused_as_their_trainer_and_the_search_runs_what_the_export
     space.write_text("micro_batch_size: [1, 2]\nzero_stage: [0, 1]\ngradient_checkpointing: [false]\n")
     url = f"sqlite:///{tmp_path}/tuner.db"
     common = ["--storage", url, "--study", "t517"]
+    # their files as a transformers 5 Trainer takes them: overwrite_output_dir (4.x) dropped, the rest verbatim
+    theirs = json.loads((SEED / "training_args.json").read_text())
+    theirs.pop("overwrite_output_dir")
+    theirs["deepspeed"] = str(SEED / "ds_config.json")
+    (tmp_path / "training_args.json").write_text(json.dumps(theirs))
     done = tuner(
         "search",
         *common,
+        "--model",
+        "builtin:tiny-t5",
         "--budget",
         "3m",
         "--space",
@@ -39,7 +46,7 @@ def test_trial_0_is_refused_as_their_trainer_and_the_search_runs_what_the_export
         "--device-memory",
         "160MiB",
         "--baseline",
-        str(SEED / "training_args.json"),
+        str(tmp_path / "training_args.json"),
         "--max-length",
         "32",
         "--max-target-length",

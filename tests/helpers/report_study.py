@@ -14,7 +14,8 @@ from typing import Any
 import optuna
 
 from tests.helpers.sample_storage import SampleStudy
-from trials.contract import Knobs, ProbeConfig, ProbeResult, RankMemory, StepStats
+from trials.contract import FailedAllocation, Knobs, ProbeConfig, ProbeResult, RankMemory, StepStats
+from tuner.records.ruled_out import RuledOutBy
 
 MiB = 1 << 20
 CAPACITY = 512 * MiB
@@ -31,11 +32,18 @@ def _result(micro: int, length: int, stage: int, world: int) -> ProbeResult:
     """What the probe of this config measured: an OOM past the capacity, else a throughput that grows with the micro
     batch and falls with the ZeRO stage and the length."""
     peak = _peak(micro, length, stage)
-    if peak > CAPACITY:
+    if peak > CAPACITY:  # as the emulated device records it: in use when refused, the refused allocation, their sum
+        live = CAPACITY - 8 * MiB
+        refused = FailedAllocation(
+            nbytes=peak - live, live=live, capacity=CAPACITY, op="aten::mm", shape=[micro, length, 512], phase="train"
+        )
         return ProbeResult(
             status="oom",
-            cause="torch.OutOfMemoryError: emulated device full",
-            ranks=[RankMemory(rank=0, peak_allocated=CAPACITY, capacity=CAPACITY)],
+            cause=f"torch.OutOfMemoryError: emulated device out of memory: tried to allocate "
+            f"{(peak - live) / MiB:.2f} MiB with {live / MiB:.2f} MiB live of {CAPACITY / MiB:.2f} MiB capacity",
+            ranks=[
+                RankMemory(rank=0, peak_allocated=live, capacity=CAPACITY, oom_need=peak, failed_allocation=refused)
+            ],
             capacity=CAPACITY,
             wall_s=3.0,
         )
@@ -55,7 +63,7 @@ def _result(micro: int, length: int, stage: int, world: int) -> ProbeResult:
     )
 
 
-def populate_study(url: str, name: str, *, two_rank_imbalance: bool = True) -> dict[str, Any]:
+def populate_study(url: str, name: str, *, two_rank_imbalance: bool = True, confirm: bool = True) -> dict[str, Any]:
     """A study of 40+ probes over micro batch x max_length x ZeRO stage, some OOM, one imbalanced 2-rank probe."""
     definition = {
         "model": {"source": "builtin:tiny-t5"},
@@ -64,6 +72,7 @@ def populate_study(url: str, name: str, *, two_rank_imbalance: bool = True) -> d
         "global_batch": 32,
         "world_size": 1,
         "note": XSS,
+        "objective": {"kind": "retained_tokens_per_s", "lengths": []},  # as SampleStudy's rows measure it
     }
     dists = {
         "micro_batch_size": optuna.distributions.IntDistribution(1, 64, log=True),
@@ -101,6 +110,30 @@ def populate_study(url: str, name: str, *, two_rank_imbalance: bool = True) -> d
         status="inferred-oom",
         stable=False,
     )
+    # the pick confirmed (re-probed longer, the same figure) with its per-phase peaks: a confirm probe has no trial
+    if confirm:
+        _confirm(sample, expected["best"][0])
+    # two configs ruled out as the search rules them out: by the memory estimate, by the OOM of trial 11 (micro 32,
+    # length 128, ZeRO-0: the frontier)
+    for key, ruled_knobs, ruled in (
+        ("inf-est", {"micro_batch_size": 64, "max_length": 64, "zero_stage": 0}, RuledOutBy(estimate_bytes=700 * MiB)),
+        (
+            "inf-frontier",
+            {"micro_batch_size": 64, "max_length": 128, "zero_stage": 1},
+            RuledOutBy(measured={"micro_batch_size": 32, "max_length": 128, "zero_stage": 0}),
+        ),
+    ):
+        sample.record(
+            trial_number=None,
+            fidelity="inferred",
+            config_key=key,
+            knobs=ruled_knobs,
+            config={},
+            status="inferred-oom",
+            stable=False,
+            estimate_bytes=ruled.estimate_bytes,
+            result={"ruled_out_by": ruled.to_json()},
+        )
     hostile = {"micro_batch_size": 3, "max_length": 64, "zero_stage": 1}
     sample.record(
         trial_number=number,
@@ -112,5 +145,25 @@ def populate_study(url: str, name: str, *, two_rank_imbalance: bool = True) -> d
         cause="ValueError: " + XSS,
         stable=False,
     )
-    expected["probes"] = number + 2
+    expected["probes"] = number + 4 + int(confirm)
+    expected["oom_need"] = {  # trial -> bytes: what each OOM needed (in use + the refused allocation)
+        n: _peak(m, length, stage)
+        for n, (stage, length, m) in enumerate(
+            (s, ln, m) for s in (0, 1, 2, 3) for ln in (64, 128) for m in (1, 2, 4, 8, 16, 32)
+        )
+        if _peak(m, length, stage) > CAPACITY
+    }
     return expected
+
+
+def _confirm(sample: SampleStudy, best_params: dict[str, int]) -> None:
+    """A confirm probe of the best config: the same figure, with its per-phase peaks."""
+    micro, length, stage = (best_params[k] for k in ("micro_batch_size", "max_length", "zero_stage"))
+    confirmed = _result(micro, length, stage, 1)
+    peak = confirmed.ranks[0].peak_allocated
+    confirmed.ranks[0].phases.update({"train": peak, "eval_forward": peak // 3})
+    config = ProbeConfig(
+        knobs=Knobs(**best_params), gradient_accumulation_steps=max(1, 32 // micro), device_memory=CAPACITY
+    )
+    key = hashlib.sha256(json.dumps(best_params, sort_keys=True).encode()).hexdigest()[:16]
+    sample.probe(config, confirmed, trial_number=None, config_key=key, fidelity="confirm")

@@ -24,3 +24,18 @@ def test_job_settings_default_to_the_input_length() -> None:
     job = JobSettings(max_target_length=16, generation_max_length=24, num_beams=2)
     assert job.label_length(128) == 16 and job.generation_length(128) == 24
     assert JobSettings(max_target_length=16).generation_length(128) == 16
+
+
+def test_a_padding_free_batch_is_one_row_with_position_ids_restarting_at_each_sequence() -> None:
+    """TRL 1.16's padding-free collator: the rows concatenated, position_ids from 0 at each sequence, labels -100 where
+    one starts, no attention_mask; a BFD row holds several samples (here two)."""
+    from trials.data import batch_dims
+
+    rows = worst_case_batch(3, 8, 100, encoder_decoder=False, padding_free="rows")
+    assert set(rows) == {"input_ids", "labels", "position_ids"} and rows["input_ids"].shape == (1, 24)
+    assert rows["position_ids"][0].tolist() == list(range(8)) * 3
+    assert (rows["labels"] == -100).sum() == 3 and rows["labels"][0, 1] == rows["input_ids"][0, 1]
+    bfd = worst_case_batch(2, 8, 100, encoder_decoder=False, padding_free="bfd")
+    assert bfd["position_ids"][0].tolist() == [0, 1, 2, 3] * 4
+    assert batch_dims(bfd, False, rows=2).input_length == 8 and not batch_dims(bfd, False, rows=2).padded
+    assert JobSettings(padding_free="bfd").padding_free == "bfd"

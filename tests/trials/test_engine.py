@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trials.engine import client_optimizer, hidden_size, probe_deepspeed_config
+from trials.engine import hidden_size, probe_deepspeed_config
+from trials.optim import client_optimizer
 
 USER = {
     "train_batch_size": 64,
@@ -107,7 +108,7 @@ def test_a_probe_cause_names_the_error_behind_the_error() -> None:
 def test_pinned_parts_read_torchs_host_memory_stats() -> None:
     """The engine's pinned host allocations on CUDA (issue 30 §3), from torch.cuda.host_memory_stats' documented keys
     (the stats themselves need a GPU: a dict of that shape stands in)."""
-    from trials.engine import pinned_parts
+    from trials.pinned import pinned_parts
 
     stats = {"host_alloc_time.total": 9_500_000, "allocated_bytes.peak": 12 * 2**30, "num_host_alloc": 40}
     assert pinned_parts(stats) == {"pinned_alloc": 9.5, "pinned_gib": 12.0}

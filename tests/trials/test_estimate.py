@@ -185,3 +185,24 @@ def test_cuda_kernels_keep_bool_dropout_masks_and_the_biased_attention_on_the_ma
     import torch
 
     assert torch.nn.functional.dropout.__module__ == "torch.nn.functional"  # restored after the trace
+
+
+def test_a_padding_free_batch_is_traced_as_on_real_tensors() -> None:
+    """TRL's padding-free row (trials.data.flattened): transformers reads its position_ids for packed sequences and
+    builds the row's block-diagonal mask, which a fake tensor's values cannot tell it. BFD rows hold several samples
+    (the mask, also at micro 1); a single wrapped row holds one sequence (no mask): fake and real equal to the byte,
+    and BFD's one row of 4 x 128 tokens above 4 padded rows of 128 (its 512^2 mask against four 128^2 ones)."""
+    from trials.trace_trainer import TracedTrainer
+
+    for free, micro in (("bfd", 4), ("bfd", 1), ("rows", 1), ("rows", 2)):
+        trainer = TracedTrainer(padding_free=free)  # type: ignore[arg-type]
+        fake = trace_point(LLAMA, micro, 128, False, "fp32", fake=True, trainer=trainer)["point"]
+        real = trace_point(LLAMA, micro, 128, False, "fp32", fake=False, trainer=trainer)["point"]
+        assert fake["peak_bytes"] == real["peak_bytes"], (free, micro)
+        assert fake["activation_bytes"] == real["activation_bytes"], (free, micro)
+    one_row = trace_point(LLAMA, 1, 128, False, "fp32", trainer=TracedTrainer(padding_free="rows"))["point"]
+    two_samples = trace_point(LLAMA, 1, 128, False, "fp32", trainer=TracedTrainer(padding_free="bfd"))["point"]
+    assert two_samples["activation_bytes"] > one_row["activation_bytes"]  # the mask a restart makes
+    bfd = trace_point(LLAMA, 4, 128, False, "fp32", trainer=TracedTrainer(padding_free="bfd"))["point"]
+    padded = trace_point(LLAMA, 4, 128, False, "fp32", padded=True)["point"]
+    assert bfd["activation_bytes"] > padded["activation_bytes"]

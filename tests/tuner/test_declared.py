@@ -75,3 +75,26 @@ def test_the_api_body_is_the_declared_settings_a_study_holds() -> None:
         assert fields[d.name].description == (d.spec.api_help or d.spec.help), d.name
     # what stays on the worker host is not in the body: files, LoRA (its check builds the model), run settings
     assert not {"lora_r", "storage", "study", "lengths", "seed", "n_trials", "budget"} & set(fields)
+
+
+def test_each_option_is_shown_in_its_declared_help_group_in_the_groups_order() -> None:
+    from tuner.declared import PANELS
+
+    for command, face in (("search", SEARCH), ("estimate", ESTIMATE)):
+        options = _options(command)
+        for d in _settings(face):
+            assert options[d.name].rich_help_panel == d.spec.panel in PANELS, (command, d.name)
+        shown = list(dict.fromkeys(o.rich_help_panel for o in options.values() if o.rich_help_panel in PANELS))
+        assert shown == sorted(shown, key=PANELS.index), command  # job, data, search, storage, output
+
+
+def test_tuner_explain_takes_the_job_and_its_data_but_nothing_only_a_search_uses() -> None:
+    from tuner.declared import EXPLAIN
+
+    options = _options("explain")
+    assert {d.name for d in _settings(EXPLAIN)} <= set(options)
+    job = {"model", "baseline", "training_args", "world_size", "device_memory", "global_batch", "max_length"}
+    assert job | {"dataset", "input_column", "lora_r", "storage", "study", "transformers_version"} <= set(options)
+    search_only = {"budget", "space", "headroom", "n_trials", "finalists", "seed", "estimate", "lengths"}
+    assert not search_only & set(options)
+    assert set(options) - {d.name for d in _settings(EXPLAIN)} == {"oom_text", "trial", "as_json_out"}

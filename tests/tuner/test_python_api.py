@@ -98,6 +98,7 @@ def test_dry_run_predicts_the_baseline_phase_by_phase(tmp_path: Path) -> None:
     tuner_bin = Path(sys.executable).with_name("tuner")
     args = ["search", "--budget", "30m", "--storage", f"sqlite:///{tmp_path / 'tuner.db'}", "--device-memory", "1MiB"]
     args += ["--space", str(_space_file(tmp_path)), "--baseline", str(baseline), "--dry-run"]
+    args += ["--model", "builtin:tiny-t5"]
     done = subprocess.run([str(tuner_bin), *args], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "your baseline, predicted peak per rank of 1 MiB device memory (uncalibrated):" in done.stdout

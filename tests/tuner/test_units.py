@@ -89,3 +89,12 @@ def test_fractional_sizes_round_down_to_whole_bytes():
     for bad in ("1.5B", "0.0001KiB"):  # a bare byte count stays whole; under one byte is no size
         with pytest.raises(LimitError, match="memory size"):
             parse_size(bad)
+
+
+def test_a_device_memory_without_a_unit_is_refused_naming_the_forms() -> None:
+    from tuner.units import parse_memory
+
+    assert parse_memory("80GiB") == 80 * 2**30 and parse_memory("80GB") == 80 * 10**9 and parse_memory(160) == 160
+    for bare in ("160", "80", " 2e8 "):
+        with pytest.raises(ConfigError, match=r"has no unit; write it like 160MiB, 80GiB or 80GB"):
+            parse_memory(bare)

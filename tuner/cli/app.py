@@ -8,6 +8,7 @@ import sys
 
 import typer
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from trials.contract import TRUST_REMOTE_CODE_ENV
 from tuner.cli.safe_console import SafeConsole
@@ -23,9 +24,49 @@ import click as _click
 
 _CLICK_ERRORS = (*_CLICK_ERRORS, _click.ClickException)
 
+#: the groups `tuner --help` lists the commands in, and the order within them: the workflow in the order a user runs it
+#: (check your files, explain the crash, search, see what it changes, export), then the rest
+WORKFLOW = "Workflow (in order)"
+RESULTS = "Results"
+LOOK_CLOSER = "Memory and data"
+SETUP = "Setup and service"
+COMMAND_ORDER = (
+    "doctor",
+    "explain",
+    "search",
+    "best",
+    "export",
+    "trials",
+    "report",
+    "studies",
+    "estimate",
+    "lengths",
+    "prepare",
+    "serve",
+    "db",
+)
+
+
+def example(*commands: str) -> str:
+    """A command's help epilog: the example(s) it shows (tests/docs runs each one)."""
+    return "\n\n".join(f"Example: {c}" for c in commands)
+
+
+class WorkflowGroup(TyperGroup):
+    """Lists the commands in COMMAND_ORDER (a command missing from it comes last)."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:  # type: ignore[override]
+        names = super().list_commands(ctx)
+        rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
+        return sorted(names, key=lambda name: rank.get(name, len(rank)))
+
+
 app = typer.Typer(
     name="tuner",
     help="Finds the fastest training configuration that will not run out of memory, by short real probe trainings.",
+    epilog=example("tuner search --budget 2m --study demo --device-memory 160MiB"),
+    cls=WorkflowGroup,
+    rich_markup_mode="markdown",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -70,8 +111,18 @@ def _register() -> None:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Prints ``error: message`` on one line to stderr and returns the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+    err_console.print(f"[bold red]error:[/] {escape(one_line(message))}", markup=True)
     return typer.Exit(code)
+
+
+#: characters of an error line at most: a message that quotes the user's text (a 3 MB key) is cut (issue 42 §9)
+MAX_ERROR_CHARS = 2000
+
+
+def one_line(message: str, keep: int = MAX_ERROR_CHARS) -> str:
+    """``message`` as one line of at most ``keep`` characters (its newlines as spaces, the rest cut)."""
+    flat = " ".join(message.splitlines())
+    return flat if len(flat) <= keep else f"{flat[:keep]}... (cut at {keep:,} characters)"
 
 
 def main() -> None:
@@ -81,7 +132,7 @@ def main() -> None:
         if isinstance(code, int) and not isinstance(code, bool) and code:
             sys.exit(code)
     except TunerError as err:
-        err_console.print(f"[bold red]error:[/] {escape(str(err))}")  # user text: never rich markup
+        err_console.print(f"[bold red]error:[/] {escape(one_line(str(err)))}")  # user text: never rich markup
         sys.exit(err.exit_code)
     except typer.Exit as ex:
         sys.exit(ex.exit_code)
@@ -92,5 +143,5 @@ def main() -> None:
         err_console.print("interrupted")
         sys.exit(130)
     except _CLICK_ERRORS as err:  # usage errors: unknown option, bad value, missing argument
-        err_console.print(f"[bold red]error:[/] {escape(getattr(err, 'format_message', err.__str__)())}")
+        err_console.print(f"[bold red]error:[/] {escape(one_line(getattr(err, 'format_message', err.__str__)()))}")
         sys.exit(2)

@@ -7,20 +7,26 @@ from typing import Annotated
 
 import typer
 
-from tuner.cli.app import app
+from tuner.cli.app import SETUP, app, example
+from tuner.declared import STORAGE_PANEL
 from tuner.settings import load_settings
 from tuner.storage import optuna_storage, upgrade
 from tuner.storage.db import current_revision
 
 db_app = typer.Typer(help="Storage schema commands.", no_args_is_help=True)
-app.add_typer(db_app, name="db")
+app.add_typer(db_app, name="db", rich_help_panel=SETUP)
 
 StorageOpt = Annotated[
-    str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
+    str | None,
+    typer.Option(
+        "--storage",
+        help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)",
+        rich_help_panel=STORAGE_PANEL,
+    ),
 ]
 
 
-@db_app.command("upgrade")
+@db_app.command("upgrade", epilog=example("tuner db upgrade --storage sqlite:///tuner.db"))
 def db_upgrade(storage: StorageOpt = None) -> None:
     """Create or migrate the tuner tables (and Optuna's) in the storage, keeping their rows."""
     url = load_settings(storage=storage).storage

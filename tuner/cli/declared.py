@@ -1,7 +1,8 @@
-"""Command-line options built from the declared settings (tuner.declared): `tuner search` and `tuner estimate` write
-none of them out. ``with_settings(face, into=...)`` gives the decorated command one typer option per setting the
-records declare for the face (their help, bounds and spelling), in declaration order before the command's own
-parameters, and hands the command the given values as one mapping (``into``)."""
+"""Command-line options built from the declared settings (tuner.declared): `tuner search`, `tuner estimate` and
+`tuner explain` write none of them out. ``with_settings(face, into=...)`` gives the decorated command one typer option
+per setting the records declare for the face (their help, bounds, spelling and help group), grouped in the order of
+tuner.declared.PANELS (declaration order within a group) before the command's own parameters, and hands the command
+the given values as one mapping (``into``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from tuner.declared import Declared, declared
+from tuner.declared import PANELS, Declared, declared
 from tuner.errors import ConfigError
 from tuner.job.definition import JobFlags
 from tuner.session.options import SearchOptions
@@ -32,7 +33,12 @@ def _cli_type(d: Declared) -> Any:
 def parameter(d: Declared, override: Mapping[str, Any]) -> inspect.Parameter:
     """One typer option for ``d``; ``override`` holds a command's own default, help or min where its meaning
     differs (`tuner estimate` assumes a world size of 1; its global batch only decides the accumulation)."""
-    option = typer.Option(d.flag, help=override.get("help", d.spec.help), min=override.get("min", d.spec.min))
+    option = typer.Option(
+        d.flag,
+        help=override.get("help", d.spec.help),
+        min=override.get("min", d.spec.min),
+        rich_help_panel=d.spec.panel,
+    )
     value = override.get("default", d.default)
     return inspect.Parameter(
         d.name,
@@ -56,6 +62,11 @@ def settings_of(face: str, only: set[str] | None = None) -> list[Declared]:
     return [d for d in found if only is None or d.name in only]
 
 
+def in_panels(settings: list[Declared]) -> list[Declared]:
+    """The settings grouped as a command's help shows them: by tuner.declared.PANELS, declaration order within."""
+    return sorted(settings, key=lambda d: PANELS.index(d.spec.panel))
+
+
 def with_settings(
     face: str,
     *,
@@ -70,7 +81,7 @@ def with_settings(
 
     def wrap(command: F) -> F:
         own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != into]
-        added = [parameter(d, overrides.get(d.name, {})) for d in settings]
+        added = [parameter(d, overrides.get(d.name, {})) for d in in_panels(settings)]
         params = [*added, *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own)]
 
         def run(**given: Any) -> Any:

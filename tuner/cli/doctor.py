@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from tuner.cli.app import app
+from tuner.cli.app import WORKFLOW, app, example
 from tuner.cli.safe_console import SafeConsole
+from tuner.declared import JOB_PANEL, OUTPUT_PANEL
 from tuner.errors import BaselineError, ConfigError
 from tuner.memory.precision import traced_precision
 
@@ -34,10 +35,13 @@ def _training_args_fields() -> tuple[frozenset[str] | None, str | None]:
     return fields, transformers.__version__
 
 
-def _basis(model: str, ds_config: Path | None, training_args: Path | None, world_size: int | None) -> Basis:
+def _basis(
+    model: str, ds_config: Path | None, training_args: Path | None, world_size: int | None, version: str | None
+) -> Basis | None:
     """The setup estimated as `tuner estimate --model M --baseline F [--training-args A] --world-size N` estimates
     it (the same job, knobs and trace): the findings' numbers are that command's parts. The training args alone
-    (naming their DeepSpeed file, or none) are the baseline file, as `tuner estimate --baseline ARGS` reads them."""
+    (naming their DeepSpeed file, or none) are the baseline file, as `tuner estimate --baseline ARGS` reads them.
+    None when the ledger refuses the files (the findings say why; `tuner estimate` would refuse them too)."""
     from tuner.cli.estimate import _traced
     from tuner.cli.estimate_job import estimate_job
     from tuner.interop.doctor import Basis
@@ -48,16 +52,28 @@ def _basis(model: str, ds_config: Path | None, training_args: Path | None, world
         settings = {"baseline": ds_config, "training_args": training_args, "world_size": world_size}
     else:
         settings = {"baseline": training_args, "training_args": None, "world_size": world_size}
-    ej = estimate_job(spec, settings, {}, None)
+    try:
+        ej = estimate_job(spec, {**settings, "transformers_version": version}, {}, None)
+    except BaselineError:
+        return None
     est, how = _traced(ej, [])
     return Basis(est, ej.knobs, f"{spec.source} on {ej.world_size} rank(s), {ej.job.describe()}; {how}")
 
 
-@app.command("doctor")
+@app.command(
+    "doctor",
+    rich_help_panel=WORKFLOW,
+    epilog=example("tuner doctor --ds-config ds_config.json --training-args training_args.json --oom-message @oom.txt"),
+)
 def doctor(
-    ds_config: Annotated[Path | None, typer.Option("--ds-config", help="your DeepSpeed JSON")] = None,
+    ds_config: Annotated[
+        Path | None, typer.Option("--ds-config", help="your DeepSpeed JSON", rich_help_panel=JOB_PANEL)
+    ] = None,
     training_args: Annotated[
-        Path | None, typer.Option("--training-args", help="your TrainingArguments as JSON (args.to_json_string())")
+        Path | None,
+        typer.Option(
+            "--training-args", help="your TrainingArguments as JSON (args.to_json_string())", rich_help_panel=JOB_PANEL
+        ),
     ] = None,
     model: Annotated[
         str | None,
@@ -65,14 +81,22 @@ def doctor(
             "--model",
             help="builtin:<preset>, an HF id or a local dir: each finding then carries its bytes from the estimate "
             "(tuner estimate's trace: seconds for a small model, minutes for a large one on CPU)",
+            rich_help_panel=JOB_PANEL,
         ),
     ] = None,
     world_size: Annotated[
-        int | None, typer.Option("--world-size", min=1, help="ranks the job runs on (with --model; default 1)")
+        int | None,
+        typer.Option(
+            "--world-size", min=1, help="ranks the job runs on (with --model; default 1)", rich_help_panel=JOB_PANEL
+        ),
     ] = None,
     oom_message: Annotated[
         str | None,
-        typer.Option("--oom-message", help="the PyTorch OOM text you saw (or @file): qualifies each finding by it"),
+        typer.Option(
+            "--oom-message",
+            help="the PyTorch OOM text you saw (or @file): qualifies each finding by it",
+            rich_help_panel=JOB_PANEL,
+        ),
     ] = None,
     transformers_version: Annotated[
         str | None,
@@ -80,13 +104,20 @@ def doctor(
             "--transformers-version",
             help="the transformers release your training runs on (default: this host's): 'auto' is filled as its "
             "Trainer fills it, and DeepSpeed (this host's) judges the result",
+            rich_help_panel=JOB_PANEL,
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the findings as JSON")] = False,
-    strict: Annotated[bool, typer.Option("--strict", help="exit 1 when there is any warning (for CI)")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the findings as JSON", rich_help_panel=OUTPUT_PANEL)
+    ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="exit 1 when there is any warning (for CI)", rich_help_panel=OUTPUT_PANEL)
+    ] = False,
 ) -> None:
-    """Check an existing setup for the known OOM traps, ranked by the bytes at stake (with --model, from the same
-    estimate as `tuner estimate`); say what to try and how `tuner search` would test it."""
+    """Check your DeepSpeed JSON and training args for the known out-of-memory traps.
+
+    The findings are ranked by the bytes at stake (with --model, from the same estimate as `tuner estimate`); each
+    says what to try and how `tuner search` would test it."""
     import os
 
     from tuner.interop.baseline_files import file_kind, read_json
@@ -114,7 +145,7 @@ def doctor(
     accepted, version = _training_args_fields() if hf is not None else (None, None)
     basis = None
     if model is not None:  # the same files, read as `tuner estimate --baseline` reads them
-        basis = _basis(model, ds_config, training_args, world_size)
+        basis = _basis(model, ds_config, training_args, world_size, transformers_version)
     baseline, findings = diagnose(
         ds,
         hf,

@@ -3,26 +3,26 @@ needed); ``--solve`` the longest length or largest micro batch that fits."""
 
 from __future__ import annotations
 
-from dataclasses import MISSING
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from trials.contract import Knobs, ModelSpec
-from tuner.cli.app import app
+from tuner.cli.app import LOOK_CLOSER, app, example
 from tuner.cli.declared import with_settings
 from tuner.cli.estimate_job import EstimateJob, estimate_job
 from tuner.cli.estimate_view import Shown, emit
-from tuner.declared import ESTIMATE
+from tuner.declared import ESTIMATE, OUTPUT_PANEL
 from tuner.errors import ConfigError
 from tuner.job.lora import check_lora
-from tuner.job.model_source import resolve_model
+from tuner.job.model_source import resolve_local_model
 from tuner.job.space import KNOB_RANGES, check_job_limits
 from tuner.memory import solve as solving
 from tuner.memory.estimator import Estimator, accumulates, fsdp_at, trace, trace_at
 from tuner.memory.precision import traced_precision
-from tuner.session.options import cli_option
+from tuner.session.options import cli_option, device_memory_size
 from tuner.settings import load_settings
+from tuner.trace_progress import shown
 from tuner.units import parse_size
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ SHORT_LENGTHS = (320, 640)  # the lengths traced then: not a model dimension of 
 KERNELS = ("cpu", "cuda")  # whose kernels the trace runs where their memory differs (trials.trace_modes.cuda_kernels)
 MiB = 1 << 20
 SOLVE = ("max-length", "micro-batch")
+CONFIG_PANEL = "Config (default: your baseline's)"  # the knobs of the config estimated
+ESTIMATE_PANEL = "Estimate"
 
 
 def _parse_size(text: str | None) -> int | None:
@@ -63,7 +65,11 @@ def _calibration_rows(study: str, storage: str | None, model: ModelSpec, world_s
 
 #: where `tuner estimate` means something else than `tuner search` by a declared setting
 ESTIMATE_OWN: dict[str, dict[str, Any]] = {
-    "model": {"default": MISSING, "help": "builtin:<preset>, an HF id or a local save_pretrained dir"},
+    "model": {
+        "default": None,
+        "help": "builtin:<preset>, an HF id or a local save_pretrained dir (default: your TRL recipe's "
+        "model_name_or_path)",
+    },
     "world_size": {"default": 1, "min": 1},
     "global_batch": {
         "min": 1,
@@ -75,7 +81,14 @@ ESTIMATE_OWN: dict[str, dict[str, Any]] = {
 }
 
 
-@app.command("estimate")
+@app.command(
+    "estimate",
+    rich_help_panel=LOOK_CLOSER,
+    epilog=example(
+        "tuner estimate --model builtin:t5-small --micro-batch-size 8 --max-length 512 --zero-stage 2 "
+        "--device-memory 16GiB"
+    ),
+)
 @with_settings(ESTIMATE, into="job", overrides=ESTIMATE_OWN)
 def estimate(
     job: dict[str, Any],
@@ -86,32 +99,60 @@ def estimate(
             min=KNOB_RANGES["micro_batch_size"][0],
             max=KNOB_RANGES["micro_batch_size"][1],
             help="default: baseline's",
+            rich_help_panel=CONFIG_PANEL,
         ),
     ] = None,
     zero_stage: Annotated[
-        int | None, typer.Option("--zero-stage", min=0, max=3, help="default: baseline's, else 0")
+        int | None,
+        typer.Option("--zero-stage", min=0, max=3, help="default: baseline's, else 0", rich_help_panel=CONFIG_PANEL),
     ] = None,
-    engine: Annotated[str | None, typer.Option("--engine", help="deepspeed (default), fsdp2 or torch")] = None,
+    engine: Annotated[
+        str | None, typer.Option("--engine", help="deepspeed (default), fsdp2 or torch", rich_help_panel=CONFIG_PANEL)
+    ] = None,
     reshard_after_forward: Annotated[
         bool | None,
-        typer.Option("--reshard-after-forward/--no-reshard-after-forward", help="FSDP2 (default: baseline's, else on)"),
+        typer.Option(
+            "--reshard-after-forward/--no-reshard-after-forward",
+            help="FSDP2 (default: baseline's, else on)",
+            rich_help_panel=CONFIG_PANEL,
+        ),
     ] = None,
     offload_params: Annotated[
-        bool | None, typer.Option("--offload-params/--no-offload-params", help="FSDP2's CPU offload")
+        bool | None,
+        typer.Option("--offload-params/--no-offload-params", help="FSDP2's CPU offload", rich_help_panel=CONFIG_PANEL),
     ] = None,
-    offload_optimizer: Annotated[bool | None, typer.Option("--offload-optimizer/--no-offload-optimizer")] = None,
+    offload_optimizer: Annotated[
+        bool | None, typer.Option("--offload-optimizer/--no-offload-optimizer", rich_help_panel=CONFIG_PANEL)
+    ] = None,
+    offload_param: Annotated[
+        bool | None,
+        typer.Option(
+            "--offload-param/--no-offload-param", help="ZeRO-3's parameter offload", rich_help_panel=CONFIG_PANEL
+        ),
+    ] = None,
     gradient_checkpointing: Annotated[
-        bool | None, typer.Option("--gradient-checkpointing/--no-gradient-checkpointing")
+        bool | None, typer.Option("--gradient-checkpointing/--no-gradient-checkpointing", rich_help_panel=CONFIG_PANEL)
     ] = None,
-    overlap_comm: Annotated[bool | None, typer.Option("--overlap-comm/--no-overlap-comm")] = None,
+    overlap_comm: Annotated[
+        bool | None, typer.Option("--overlap-comm/--no-overlap-comm", rich_help_panel=CONFIG_PANEL)
+    ] = None,
     contiguous_gradients: Annotated[
-        bool | None, typer.Option("--contiguous-gradients/--no-contiguous-gradients")
+        bool | None, typer.Option("--contiguous-gradients/--no-contiguous-gradients", rich_help_panel=CONFIG_PANEL)
     ] = None,
-    reduce_bucket_size: Annotated[str | None, typer.Option("--reduce-bucket-size", help="elements, e.g. 2e8")] = None,
-    allgather_bucket_size: Annotated[str | None, typer.Option("--allgather-bucket-size")] = None,
-    margin: Annotated[float, typer.Option("--margin", min=0.0, max=0.9, help="safety margin for the verdict")] = 0.10,
+    reduce_bucket_size: Annotated[
+        str | None, typer.Option("--reduce-bucket-size", help="elements, e.g. 2e8", rich_help_panel=CONFIG_PANEL)
+    ] = None,
+    allgather_bucket_size: Annotated[
+        str | None, typer.Option("--allgather-bucket-size", rich_help_panel=CONFIG_PANEL)
+    ] = None,
+    margin: Annotated[
+        float,
+        typer.Option(
+            "--margin", min=0.0, max=0.9, help="safety margin for the verdict", rich_help_panel=ESTIMATE_PANEL
+        ),
+    ] = 0.10,
     calibrate_from_study: Annotated[
-        str | None, typer.Option("--calibrate-from-study", help="fit to its probes")
+        str | None, typer.Option("--calibrate-from-study", help="fit to its probes", rich_help_panel=ESTIMATE_PANEL)
     ] = None,
     solve: Annotated[
         str | None,
@@ -119,6 +160,7 @@ def estimate(
             "--solve",
             help="max-length: the longest length that fits at the micro batch; micro-batch: the largest micro "
             "batch at the length (needs --device-memory)",
+            rich_help_panel=ESTIMATE_PANEL,
         ),
     ] = None,
     kernels: Annotated[
@@ -127,27 +169,34 @@ def estimate(
             "--kernels",
             help="cuda: trace the kernels a GPU runs where their memory differs (fused dropout, attention with a "
             "float bias on the math path); cpu (default): the CPU's, as the emulated device's probes run them",
+            rich_help_panel=ESTIMATE_PANEL,
         ),
     ] = "cpu",
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print JSON instead of a table", rich_help_panel=OUTPUT_PANEL)
+    ] = False,
 ) -> None:
-    """Predict the peak device memory per rank of one config, phase by phase (train forward+backward, optimizer step,
-    eval forward, generate) and part by part: a fake-tensor trace plus DeepSpeed's model-state arithmetic, optionally
-    calibrated against a study's measured probes. The job is read as `tuner search` reads it (--baseline,
-    --training-args, the job flags); the config's knobs are the baseline's unless an option names them."""
+    """Predict the peak device memory per rank of one config, phase by phase, without a GPU.
+
+    Phase by phase (train forward+backward, optimizer step, eval forward, generate) and part by part: a fake-tensor
+    trace plus DeepSpeed's model-state arithmetic, optionally calibrated against a study's measured probes. The job is
+    read as `tuner search` reads it (--baseline, --training-args, the job flags); the config's knobs are the baseline's
+    unless an option names them."""
     if solve is not None and solve not in SOLVE:
         raise ConfigError(f"--solve {solve!r}: choose one of {', '.join(SOLVE)}")
     if kernels not in KERNELS:
         raise ConfigError(f"--kernels {kernels!r}: choose one of {', '.join(KERNELS)}")
-    capacity = _parse_size(job["device_memory"])
+    capacity = device_memory_size(job["device_memory"], cli_option)
     if solve is not None and capacity is None:
         raise ConfigError(f"--solve {solve} needs --device-memory (what must it fit in?)")
-    spec = resolve_model(job["model"])
+    job["model"] = _model_of(job)
+    spec = resolve_local_model(job["model"])
     knob_options = {
         "micro_batch_size": micro_batch_size,
         "engine": engine,
         "zero_stage": zero_stage,
         "offload_optimizer": offload_optimizer,
+        "offload_param": offload_param,
         "gradient_checkpointing": gradient_checkpointing,
         "overlap_comm": overlap_comm,
         "contiguous_gradients": contiguous_gradients,
@@ -207,6 +256,21 @@ DATA_SETTINGS = (
 )
 
 
+def _model_of(job: dict[str, Any]) -> str:
+    """--model, else the model_name_or_path of their TRL recipe (tuner.session.their_files.named_model)."""
+    if job.get("model"):
+        return str(job["model"])
+    from tuner.session.their_files import named_model
+
+    named = named_model(job.get("baseline"), job.get("training_args"))
+    if named is None:
+        raise ConfigError(
+            "pass --model: the model to estimate (builtin:<preset>, an HF id like google/flan-t5-large, or its "
+            "directory); a TRL recipe given as --baseline names its own (model_name_or_path)"
+        )
+    return named
+
+
 def _data(job: dict[str, Any]) -> DataJob | None:
     """The user's data, read as `tuner search` reads it (the same cache), or None without --dataset."""
     if job.get("dataset") is None:
@@ -232,19 +296,22 @@ def _traced(ej: EstimateJob, calib: list[tuple[Knobs, int]], kernels: str = "cpu
     if k.engine == "fsdp2":  # its own points at the traced lengths: FSDP2's memory is traced per config
         acc = accumulates(ej.global_batch, k.micro_batch_size, ej.world_size)
         fsdp |= {fsdp_at(k, ej.world_size, acc, length=n) for n in lengths}
-    tr = trace(
-        ej.model,
-        sorted(wanted),
-        lora=ej.job.lora,
-        label_length=labels,
-        evaluation=ej.evaluation,
-        padded=padded,
-        kernels=kernels,
-        fsdp_points=sorted(fsdp),
-        fsdp=ej.fsdp,
-    )
+    with shown():  # signs of life on stderr while it traces
+        tr = trace(
+            ej.model,
+            sorted(wanted),
+            lora=ej.job.lora,
+            label_length=labels,
+            evaluation=ej.evaluation,
+            padded=padded,
+            kernels=kernels,
+            fsdp_points=sorted(fsdp),
+            fsdp=ej.fsdp,
+            trainer=ej.trainer,
+        )
     est = Estimator(trace=tr, world_size=ej.world_size, global_batch=ej.global_batch)
-    how = f"traced in {tr.trace_s:.1f} s with {tr.kernels.upper()} kernels"
+    took = f"traced in {tr.trace_s:.1f} s" if tr.trace_s else "traced earlier (read from the trace cache)"
+    how = f"{took} with {tr.kernels.upper()} kernels"
     if long:
         how += (
             f"; length {k.max_length:,} extrapolated from lengths {', '.join(map(str, SHORT_LENGTHS))} "

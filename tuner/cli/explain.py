@@ -14,11 +14,11 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from tuner.cli.app import app
+from tuner.cli.app import WORKFLOW, app, example
 from tuner.cli.declared import settings_of, with_settings
 from tuner.cli.explain_view import as_json, lines
 from tuner.cli.safe_console import SafeConsole
-from tuner.declared import SEARCH
+from tuner.declared import EXPLAIN, JOB_PANEL, OUTPUT_PANEL, SEARCH, STORAGE_PANEL
 from tuner.errors import ConfigError
 from tuner.memory import oom_message
 from tuner.memory.explain import Explanation, explain, explain_trial
@@ -27,18 +27,30 @@ from tuner.session.explain_trial import trial_inputs
 from tuner.session.options import CLI, SearchOptions
 from tuner.session.session import SearchSession
 from tuner.settings import load_settings
+from tuner.trace_progress import shown
 
-#: where `tuner explain` reads a search setting differently: nothing is searched, so no budget is needed
-EXPLAIN_OWN: dict[str, dict[str, Any]] = {"budget": {"default": "1h", "help": "not used: explain probes nothing"}}
+#: the budget of the request explain reads (its face has none: nothing is searched) and of the search it suggests
+SUGGESTED_BUDGET = "1h"
 
 
-@app.command("explain")
-@with_settings(SEARCH, into="settings", overrides=EXPLAIN_OWN)
+@app.command(
+    "explain",
+    rich_help_panel=WORKFLOW,
+    epilog=example(
+        "tuner explain --model google/flan-t5-large --baseline ds_config.json --training-args training_args.json "
+        "--transformers-version 4.46.3 "
+        "--max-length 512 --max-target-length 128 --world-size 4 --device-memory 79GiB --oom-message @oom.txt"
+    ),
+)
+@with_settings(EXPLAIN, into="settings")
 def explain_command(
+    ctx: typer.Context,
     settings: dict[str, Any],
     oom_text: Annotated[
         str | None,
-        typer.Option("--oom-message", help="the CUDA out-of-memory text you saw, or @file holding it"),
+        typer.Option(
+            "--oom-message", help="the CUDA out-of-memory text you saw, or @file holding it", rich_help_panel=JOB_PANEL
+        ),
     ] = None,
     trial: Annotated[
         int | None,
@@ -47,20 +59,29 @@ def explain_command(
             min=0,
             help="after a search: explain this trial of --study (default with --study and no --baseline: the first "
             "probed, the baseline when there is one) from what it measured",
+            rich_help_panel=STORAGE_PANEL,
         ),
     ] = None,
-    as_json_out: Annotated[bool, typer.Option("--json", help="print JSON instead of text")] = False,
+    as_json_out: Annotated[
+        bool, typer.Option("--json", help="print JSON instead of text", rich_help_panel=OUTPUT_PANEL)
+    ] = False,
 ) -> None:
-    """Explain why your config runs out of device memory on your data: each phase's peak at the worst batch, part
-    by part, which phase crosses the memory and when a run would meet it, your OOM message matched to the traced
-    allocation of its size, and the smallest changes that fit, each with the search that probes it. With --study
-    (and --trial N) after a search: a probed trial, its measured peaks and recorded failure against the estimate."""
-    if trial is not None or (settings.get("study") is not None and settings.get("baseline") is None):
-        found, search = _of_trial(settings, trial, oom_text)
-    else:
-        oom = oom_message.read(oom_text) if oom_text is not None else None
-        request, _ = SearchSession(SearchOptions.of(settings), face=CLI).request()
-        found, search = explain(explain_inputs(request), oom), _search_command(settings)
+    """Explain why your config runs out of device memory, and which single changes fit.
+
+    On your data: each phase's peak at the worst batch, part by part, which phase crosses the memory and when a run
+    would meet it, your OOM message matched to the traced allocation of its size, and the smallest changes that fit,
+    each with the search that probes it. With --study (and --trial N) after a search: a probed trial, its measured peaks
+    and recorded failure against the estimate."""
+    with shown():  # signs of life on stderr while it traces
+        if trial is not None or (settings.get("study") is not None and settings.get("baseline") is None):
+            found, search = _of_trial(settings, trial, oom_text)
+        else:
+            oom = oom_message.read(oom_text) if oom_text is not None else None
+            from tuner.cli.search import typed
+
+            given = {"budget": SUGGESTED_BUDGET, **settings, "given": typed(ctx, settings)}
+            request, _ = SearchSession(SearchOptions.of(given), face=CLI).request()
+            found, search = explain(explain_inputs(request), oom), _search_command(settings)
     if as_json_out:
         typer.echo(as_json(found))
         return
@@ -84,8 +105,9 @@ def _search_command(settings: dict[str, Any]) -> str:
     """The `tuner search` of this job (the settings given, as their flags) that probes a change."""
     out = ["tuner", "search"]
     for d in settings_of(SEARCH):
-        value = settings.get(d.name)
-        if value is None or value is False or value == d.default:
+        value = settings.get(d.name, SUGGESTED_BUDGET if d.name == "budget" else None)
+        named = d.name == "model" and settings.get("baseline") is not None  # with their files: always named
+        if value is None or value is False or (value == d.default and not named):
             continue
         flag = d.flag.split("/")[0]
         out += [flag] if value is True else [flag, str(value)]

@@ -6,16 +6,27 @@ import json
 import re
 
 from tuner.cli.estimate_view import phase_json
-from tuner.memory.breakdown import PARTS, PHASE_TITLES, PhaseEstimate, RankEstimate, columns
+from tuner.memory.breakdown import (
+    ACTIVATIONS,
+    PARTS,
+    PHASE_TITLES,
+    REFERENCE,
+    PhaseEstimate,
+    RankEstimate,
+    columns,
+)
 from tuner.memory.explain import Change, Explanation, RecordedFailure, TrialFacts
 from tuner.memory.oom_match import Landing
 from tuner.memory.precision import traced_precision
+from tuner.memory.reference import PAIRS_NOTE
 from tuner.memory.snapshot_parts import SnapshotParts, SnapshotRead
+from tuner.units import memory_text
 
 GiB = 1 << 30
 SHOWN_FAILURES = 2  # ranks whose recorded failure the text prints (the text stays about 40 lines); --json has all
 _SHORT = {
     "parameters": "params",
+    "reference model": "ref",
     "gradients": "grads",
     "optimizer states": "optim",
     "ZeRO buffers": "ZeRO",
@@ -25,9 +36,30 @@ _SHORT = {
 }
 
 
-def _row(p: PhaseEstimate, names: tuple[str, ...] = PARTS) -> str:
-    cells = "".join(f"{p.part(name) / GiB:>8.2f}" for name in names)
-    return f"  {p.title:<25}{cells}{p.total / GiB:>9.2f}"
+def _unit(capacity: int) -> tuple[str, int]:
+    """The table's unit: GiB, MiB for a device under one GiB (a tiny model's numbers are not 0.04 GiB)."""
+    return ("GiB", GiB) if capacity >= GiB else ("MiB", 1 << 20)
+
+
+def _row(p: PhaseEstimate, names: tuple[str, ...] = PARTS, unit: int = GiB) -> str:
+    cells = "".join(f"{p.part(name) / unit:>8.2f}" for name in names)
+    return f"  {p.title:<25}{cells}{p.total / unit:>9.2f}"
+
+
+def _dpo_shares(peak: PhaseEstimate, unit_name: str, unit: int) -> list[str]:
+    """A DPO step's shares of the phase (tuner.memory.reference): its frozen reference model's column and the pairs'
+    activations, with the parts' own notes. None for any other job."""
+    notes = {part.name: part for part in peak.parts}
+    ref, act = notes.get(REFERENCE), notes.get(ACTIVATIONS)
+    pairs = act is not None and PAIRS_NOTE in act.note
+    if (ref is None or not ref.nbytes) and not pairs:
+        return []
+    said = []
+    if ref is not None and ref.nbytes:
+        said.append(f"the reference model {ref.nbytes / unit:.2f} {unit_name} ({ref.note})")
+    if pairs and act is not None:
+        said.append(f"the pairs' activations {act.nbytes / unit:.2f} {unit_name} (2 x micro rows: chosen + rejected)")
+    return [f"    DPO in the {peak.title}: " + "; ".join(said)]
 
 
 def _config(e: Explanation) -> str:
@@ -66,7 +98,7 @@ def _oom(e: Explanation) -> list[str]:
 
 
 def _size(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / (1 << 20):,.2f} MiB"
+    return memory_text(n)
 
 
 def _where(f: RecordedFailure) -> str:
@@ -106,6 +138,9 @@ def _snapshot(read: SnapshotRead, estimate: PhaseEstimate) -> list[str]:
         ("unattributed (no rule matches its frames)", s.unattributed),
     )
     out += [f"    {name:<56}{n / GiB:>10.2f}{'-':>10}" for name, n in rest]
+    if s.unframed:  # counted in the gradients above, by the recording's trace: no frames to read
+        said = "of the gradients, recorded with no Python frames (the backward's thread)"
+        out.append(f"    {said}: {s.unframed / GiB:.2f} GiB")
     cut = f"; cut at {s.blocks:,} blocks, the rest not summed" if s.cut else ""
     out.append(
         f"    live {s.live / GiB:.2f} GiB of {s.reserved / GiB:.2f} GiB reserved "
@@ -170,21 +205,30 @@ def _trial(t: TrialFacts, rank: RankEstimate) -> list[str]:
     return out
 
 
+def _shape(e: Explanation) -> str:
+    """What the worst batch is: the probe's, the data's longest, or every sample at max_length (no data given)."""
+    if e.trial is not None:
+        return "the probe's: every sample at max_length"
+    if e.with_data:
+        return "your data's longest, padded to the longest in the batch"
+    return "every sample at max_length: no --dataset given"
+
+
 def lines(e: Explanation, search: str) -> list[str]:
     t = e.trial
     head = [] if t is None else [f"trial {t.trial} of study {t.study}: {t.status}" + (f" ({t.cause})" * bool(t.cause))]
-    shape = (
-        "the probe's: every sample at max_length" if t else "your data's longest, padded to the longest in the batch"
-    )
+    shape = _shape(e)
     names = columns(e.breakdown.worst.phases)
+    unit_name, unit = _unit(e.capacity)
     out = [
         *head,
-        f"config: {_config(e)}; device memory {e.capacity / GiB:.2f} GiB a rank",
+        f"config: {_config(e)}; device memory {memory_text(e.capacity)} a rank",
         f"worst batch: {e.worst.describe()} ({shape})",
-        "  peak by phase and part, GiB" + "".join(f"{_SHORT[n]:>8}" for n in names) + f"{'total':>9}",
-        *(_row(p, names) for p in e.breakdown.worst.phases),
+        f"  peak by phase and part, {unit_name}" + "".join(f"{_SHORT[n]:>8}" for n in names) + f"{'total':>9}",
+        *(_row(p, names, unit) for p in e.breakdown.worst.phases),
     ]
     peak = e.breakdown.worst.phase(e.crossing) if e.crossing else e.breakdown.worst.peak
+    out += _dpo_shares(peak, unit_name, unit)
     for part in peak.parts:
         for a in part.largest:
             out.append(f"    largest in the {peak.title}: {a.describe()}")
@@ -256,6 +300,7 @@ def _snapshot_json(s: SnapshotParts) -> dict[str, object]:
         "reserved": s.reserved,
         "blocks": s.blocks,
         "cut": s.cut,
+        "unframed": s.unframed,
     }
 
 

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from tuner.cli.app import app
+from tuner.cli.app import LOOK_CLOSER, app, example
 from tuner.cli.safe_console import SafeConsole
+from tuner.declared import DATA_PANEL, OUTPUT_PANEL
 from tuner.errors import ConfigError
 from tuner.job.dataset import DataLengths, DataSource, tokenizer_for
 from tuner.job.lengths import IntArray, Quantiles, cut, cut_points, histogram
@@ -43,27 +44,59 @@ def render(read: DataLengths) -> list[str]:
     return lines
 
 
-@app.command("lengths")
+@app.command(
+    "lengths",
+    rich_help_panel=LOOK_CLOSER,
+    epilog=example(
+        "tuner lengths --dataset data.jsonl --tokenizer tok/ --input-column source --target-column target "
+        "-o lengths.tsv"
+    ),
+)
 def lengths_command(
     dataset: Annotated[
-        str, typer.Option("--dataset", help="save_to_disk folder, data file/folder, or cached hub name")
+        str,
+        typer.Option(
+            "--dataset", help="save_to_disk folder, data file/folder, or cached hub name", rich_help_panel=DATA_PANEL
+        ),
     ],
-    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="tokenizer id or directory")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="use this model's own tokenizer")] = None,
-    split: Annotated[str, typer.Option("--split", help="the split to read")] = "train",
-    input_column: Annotated[str | None, typer.Option("--input-column", help="seq2seq input text column")] = None,
-    target_column: Annotated[str | None, typer.Option("--target-column", help="seq2seq label text column")] = None,
-    text_column: Annotated[str | None, typer.Option("--text-column", help="causal LM text column")] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option("--tokenizer", help="tokenizer id or directory", rich_help_panel=DATA_PANEL)
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="use this model's own tokenizer", rich_help_panel=DATA_PANEL)
+    ] = None,
+    split: Annotated[str, typer.Option("--split", help="the split to read", rich_help_panel=DATA_PANEL)] = "train",
+    input_column: Annotated[
+        str | None, typer.Option("--input-column", help="seq2seq input text column", rich_help_panel=DATA_PANEL)
+    ] = None,
+    target_column: Annotated[
+        str | None, typer.Option("--target-column", help="seq2seq label text column", rich_help_panel=DATA_PANEL)
+    ] = None,
+    text_column: Annotated[
+        str | None, typer.Option("--text-column", help="causal LM text column", rich_help_panel=DATA_PANEL)
+    ] = None,
     max_samples: Annotated[
-        int | None, typer.Option("--max-samples", help="scan a seeded random sample of this many")
+        int | None,
+        typer.Option("--max-samples", help="scan a seeded random sample of this many", rich_help_panel=DATA_PANEL),
     ] = None,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="write input<TAB>target per sample (what --lengths reads)")
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="write input<TAB>target per sample (what --lengths reads)",
+            rich_help_panel=OUTPUT_PANEL,
+        ),
     ] = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="a progress bar while tokenizing")] = True,
+    progress: Annotated[
+        bool,
+        typer.Option("--progress/--no-progress", help="a progress bar while tokenizing", rich_help_panel=OUTPUT_PANEL),
+    ] = True,
 ) -> None:
-    """The distribution of your samples' token lengths (inputs and targets): quantiles, what a cut would truncate,
-    a histogram; -o writes the per-sample lengths for --lengths."""
+    """Show your samples' token lengths: quantiles, what a cut would truncate, a histogram.
+
+    Inputs and targets, read with the datasets library and your tokenizer, offline; -o writes the per-sample lengths
+    that `tuner search --lengths` reads."""
     from tuner.job.dataset import read_lengths
     from tuner.job.lengths import write_tsv
     from tuner.settings import load_settings

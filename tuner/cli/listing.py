@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.cli.progress import brief_cause, compact, fmt_num
 from tuner.memory.frontier import describe
 from tuner.records import Fidelity, ProbeRow, ProbeStatus
+from tuner.records.throughput import Throughput
 from tuner.reporting.production import ProductionRun
 from tuner.reporting.trials import TrialRecord
 from tuner.units import format_size
@@ -41,6 +42,7 @@ class Listed:
     production: ProductionRun | None = None  # a production run: what it recorded beside the probes
     phase_peaks: dict[str, int] = field(default_factory=dict)  # peak per phase, most over ranks (Measurement)
     crash: str | None = None  # with the study's data: when this config would crash on it (tuner.session.crash_line)
+    pick: Throughput | None = None  # the study's pick (its trial's row): ``objective`` is then the pick's figure
 
     @property
     def status_text(self) -> str:
@@ -64,6 +66,7 @@ class Listed:
             "ranks": self.ranks,
             "phase_peaks": self.phase_peaks,
             "crash": self.crash,
+            "pick": self.pick is not None,
         }
         if self.production is not None:
             rec = self.production.recorded
@@ -173,18 +176,35 @@ def select_rows(
 
 
 def production_entries(runs: Sequence[ProductionRun], status: str | None = None) -> list[Listed]:
-    """The production runs, oldest first, as --json / --csv list them after the trials (the table prints each as one
-    line below it); ``status`` filters them as it filters the trials."""
+    """The production runs, oldest first, as --json / --csv list them after the trials (the table as its last rows,
+    each with its whole line as the cause); ``status`` filters them as it filters the trials."""
     listed = [listed_row(run.row, "", run) for run in runs]
     return [r for r in listed if status is None or r.status_text == status]
 
 
-def _cause(r: Listed) -> str:
-    """The cause cell: an OOM's failed allocation (its whole message: --json), any other cause as stored (an
-    error's stderr is what a user needs to act on), at most 160 characters."""
+def mark_pick(rows: Sequence[Listed], trial: int | None, figure: Throughput | None) -> list[Listed]:
+    """The rows with the pick's trial marked and showing the pick's figure (tuner.records.throughput: the median of
+    its probes), the number every face shows for it; the other rows show their own probe's measurement."""
+    if trial is None or figure is None:
+        return list(rows)
+    return [
+        dataclasses.replace(r, objective=figure.value, pick=figure)
+        if r.trial == trial and r.state not in ("CONFIRM", "PRODUCTION")
+        else r
+        for r in rows
+    ]
+
+
+def cause_text(r: Listed) -> str:
+    """The cause cell: an OOM's failed allocation (its whole message: --json); a refusal whole (it is the only answer
+    to why the config never ran, and it names the fix); any other cause's first 160 characters (an error's stderr
+    can run to pages: --json has it whole). Always one line."""
     if r.status == ProbeStatus.OOM and r.cause:
         return brief_cause(ProbeStatus.OOM, r.cause)
-    return r.cause[:160]
+    text = " ".join(r.cause.split())
+    if r.status == ProbeStatus.REFUSED or len(text) <= 160:
+        return text
+    return text[:159] + "\u2026"
 
 
 #: the phase-peak column's heading per phase (trials.contract.MEMORY_PHASES)
@@ -202,27 +222,48 @@ def phase_cell(r: Listed, phases: Sequence[str]) -> str:
     return " / ".join(format_size(r.phase_peaks[p]) if p in r.phase_peaks else "-" for p in phases)
 
 
-def cells(r: Listed, job: Mapping[str, Any] | None = None) -> tuple[str, ...]:
-    """A table row: trial (and fidelity when not a short probe), status, objective, peak, seconds, config, cause."""
+@dataclass(frozen=True)
+class Cells:
+    """A listed row as text, one field per column of `tuner trials` (tuner.cli.trials_table lays them out)."""
+
+    trial: str
+    status: str
+    value: str
+    peak: str
+    seconds: str
+    phases: str
+    config: str
+    cause: str  # the cause and a multi-rank probe's per-rank peaks, "; "-joined ("" when neither)
+    crash: str = ""  # with the study's data: when this config would crash on it (a pipe's column; the table's notes)
+
+
+def cells(r: Listed, job: Mapping[str, Any] | None = None, phases: Sequence[str] = ()) -> Cells:
+    """A table row: trial (and fidelity when not a short probe), status ("pick" on the pick's), objective, peak,
+    seconds, per-phase peaks, config, cause."""
     trial = "-" if r.trial is None else str(r.trial)
     status = r.status_text + ("" if r.status != ProbeStatus.OK or r.stable else " unstable")
-    return (
-        trial if r.fidelity in (Fidelity.SHORT, "") else f"{trial} {r.fidelity}",
-        status,
-        fmt_num(r.objective),
-        format_size(r.peak),
-        f"{r.seconds:.0f}" if r.seconds else "-",
-        compact(r.knobs, job) if r.knobs else "-",
-        "; ".join(x for x in (_cause(r), r.ranks) if x),
+    return Cells(
+        trial=trial if r.fidelity in (Fidelity.SHORT, "") else f"{trial} {r.fidelity}",
+        status=status + (" pick" if r.pick is not None else ""),
+        value=fmt_num(r.objective),
+        peak=format_size(r.peak),
+        seconds=f"{r.seconds:.0f}" if r.seconds else "-",
+        phases=phase_cell(r, phases) if phases else "",
+        config=compact(r.knobs, job) if r.knobs else "-",
+        cause="; ".join(x for x in (cause_text(r), " ".join(r.ranks.split())) if x),
+        crash=r.crash or "",
     )
 
 
 __all__ = [
     "CSV_FIELDS",
+    "Cells",
     "Listed",
+    "cause_text",
     "cells",
     "listed_row",
     "listed_trial",
+    "mark_pick",
     "phase_cell",
     "phases_shown",
     "production_entries",

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import typer
 
-from tuner.cli.app import app
+from tuner.cli.app import SETUP, app, example
 from tuner.settings import load_settings
 
 
-@app.command("prepare")
+@app.command("prepare", rich_help_panel=SETUP, epilog=example("tuner prepare"))
 def prepare() -> None:
     """Compile the DeepSpeed ops the probes load into the op cache (once per Python environment), one by one."""
     from tuner.cli.app import err_console

@@ -14,72 +14,19 @@ from rich.panel import Panel
 from rich.text import Text
 
 from tuner.job.objective import Objective
-from tuner.memory.frontier import describe
 from tuner.records import Candidate, Fidelity, ProbeOutcome, ProbeRow, ProbeStatus, ProposedProbe
+from tuner.records.probe import refusal_reason
+from tuner.records.throughput import Throughput, config_throughput, number, speedup_text, throughput
+from tuner.reporting.labels import compact
 from tuner.session.driver import SearchSummary
 from tuner.units import Deadline, format_duration, format_size
 
 RECENT = 8
 
 
-def compact(knobs: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> str:
-    """A config's label for a row: the knobs that differ from the defaults and from the job (held fixed, shown once
-    above the table), large numbers as 2e8, equal allgather and reduce buckets as one buckets=."""
-    fixed = {k: v for k, v in (job or {}).items() if k in ("precision", "max_length", "eval_batch_size", "generate")}
-    shown = {k: v for k, v in knobs.items() if k not in fixed or str(fixed[k]) != str(v)}  # str: parsed labels
-    parts = []
-    for part in describe(shown).split():
-        name, _, value = part.partition("=")
-        if value == "None":
-            continue
-        if value.isdigit() and len(value) > 5:  # 200000000 -> 2e8
-            value = f"{int(value):.3g}".replace("e+0", "e").replace("e+", "e")
-        short = _SHORT.get(name, name)
-        if value == "True" and name in _FLAGS:
-            parts.append(short)
-        elif value == "False" and name in _FLAGS:
-            parts.append(f"no-{short}")
-        else:
-            parts.append(value if name == "engine" else f"{short}{'' if name == 'zero_stage' else '='}{value}")
-    return " ".join(_merge_buckets(parts))
-
-
-def _merge_buckets(parts: list[str]) -> list[str]:
-    """allgather=1e7 reduce=1e7 -> buckets=1e7 (one value for both, as DeepSpeed's docs size them together)."""
-    gather = next((p for p in parts if p.startswith("allgather=")), None)
-    reduce = next((p for p in parts if p.startswith("reduce=")), None)
-    if gather is None or reduce is None or gather.partition("=")[2] != reduce.partition("=")[2]:
-        return parts
-    return [f"buckets={reduce.partition('=')[2]}" if p == reduce else p for p in parts if p != gather]
-
-
-_SHORT = {
-    "zero_stage": "z",
-    "allgather_bucket_size": "allgather",
-    "reduce_bucket_size": "reduce",
-    "overlap_comm": "overlap",
-    "contiguous_gradients": "contiguous",
-    "offload_optimizer": "offload",
-    "gradient_checkpointing": "ckpt",
-    "eval_batch_size": "eval",
-    "reshard_after_forward": "reshard",
-    "offload_params": "offload-params",
-}
-_FLAGS = (
-    "overlap_comm",
-    "contiguous_gradients",
-    "offload_optimizer",
-    "gradient_checkpointing",
-    "generate",
-    "reshard_after_forward",
-    "offload_params",
-)
-
-
 def fmt_num(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
+    """A throughput as every face rounds it (tuner.records.throughput.number)."""
+    return number(value)
 
 
 class LiveProgress:
@@ -99,6 +46,7 @@ class LiveProgress:
         self.crash = crash  # the baseline's crash line on the study's data (tuner.session.crash_line), None: none
         self.trials: dict[str, tuple[int, ProbeStatus]] = {}  # a probed config's label -> its trial and status
         self.cited: set[str] = set()  # the reasons already printed: later configs they rule out are only counted
+        self.refusals: set[str] = set()  # the refusal causes already printed whole (under the first refused probe)
         self.held: tuple[ProposedProbe, ProbeRow] | None = None  # the last probe, printed with what it rules out
         self.deadline = deadline
         self.objective = objective
@@ -167,10 +115,15 @@ class LiveProgress:
             label = compact(row.knobs, self.job)
             own = [r for r in rows if cause_label(r, self.job) == label]
             rows = [r for r in rows if r not in own]
-            line = probe_line(proposal.trial_number, proposal.fidelity, row, self.objective.unit, self.job)
+            refusal = refusal_reason(row.cause) if row.status == ProbeStatus.REFUSED else ""
+            said = refusal in self.refusals
+            line = probe_line(proposal.trial_number, proposal.fidelity, row, self.objective.unit, self.job, said)
             if own:
                 self.cited.add(_reason(own[0], self.job, self.trials))
             self.console.print(line + (f"  [dim](rules out {len(own)})[/]" if own else ""))
+            if refusal and not said:  # the only answer to why it never ran, with its fix: whole, once
+                self.refusals.add(refusal)
+                self.console.print(Text(f"  \u21b3 {refusal}"))
             crash = self.crash(row.knobs) if self.crash is not None and proposal.fidelity == Fidelity.BASELINE else None
             if crash:
                 self.console.print(Text(f"  {crash}"))  # quotes stored text: never markup
@@ -217,14 +170,24 @@ class LiveProgress:
         return Panel(Group(*parts), title=Text(f"tuner search: {self.study}"), border_style="blue")
 
 
-def probe_line(number: int | None, fidelity: str, row: ProbeRow, unit: str, job: Mapping[str, Any] | None) -> str:
+def probe_line(
+    number: int | None,
+    fidelity: str,
+    row: ProbeRow,
+    unit: str,
+    job: Mapping[str, Any] | None,
+    said: bool = False,
+) -> str:
     """One probe's line of the live stream, within 100 columns for most configs: trial (or "confirm"), status, the
     throughput or a brief cause (`tuner trials` shows the whole), peak, seconds, the config without the job's values.
-    Stored text (cause, knobs) is escaped so rich never reads it as markup."""
+    A refusal's reason is never cut: the stream prints it whole under the line ("reason below"), or under an earlier
+    one (``said``: "as above"). Stored text (cause, knobs) is escaped so rich never reads it as markup."""
     head = f"trial {number:>3}" if number is not None else f"{fidelity:<9}"
     status = row.status.value + ("" if row.status != ProbeStatus.OK or row.stable else " unstable")
     colour = {ProbeStatus.OK: "green", ProbeStatus.OOM: "yellow"}.get(row.status, "red")
     value = f"{fmt_num(row.objective)} {unit}" if row.objective is not None else brief_cause(row.status, row.cause)
+    if row.status == ProbeStatus.REFUSED:
+        value = "as above" if said else "reason below"
     label = compact(row.knobs, job) + ("" if fidelity in ("short", "confirm") else f" ({fidelity})")
     return (
         f"{head}  [{colour}]{status:<11}[/]  {escape(f'{value:<17}')}  peak {format_size(row.peak_allocated):>9}  "
@@ -301,33 +264,40 @@ def summary_table(summary: SearchSummary, objective: Objective, job: Mapping[str
         + f"; {inferred} ruled out without running",
     ]
     best, base = summary.best, summary.baseline
+    pick = throughput(best.rows) if best is not None else None
+    mine = summary.baseline_throughput or config_throughput([], base)
     if base is not None:
-        if base.objective and best is not None:
-            speedup = best.objective / base.objective
-            lines.append(f"your config: {fmt_num(base.objective)} {objective.unit}; the pick is x{speedup:.2f}")
-        else:
-            lines.append(
-                f"your config: {base.status.value}: {base.cause or ''} (peak {format_size(base.peak_allocated)})"
-            )
-    if best is not None:
+        lines.append(_yours(base, mine, pick, objective.unit))
+    if best is not None and pick is not None:
         lines.append(
             f"the pick: trial {best.trial_number}, {compact(best.knobs, job)} "
             f"accum={best.config.get('gradient_accumulation_steps')}, peak {format_size(best.peak_allocated)} of "
             f"{format_size(best.capacity)}"
         )
-        lines.append(f"  {fmt_num(best.objective)} {objective.unit}{_evidence(best)}")
+        lines.append(f"  {pick.text(objective.unit)}{_evidence(best, pick)}")
         formats = "accelerate|hf|env" if best.knobs.get("engine") == "fsdp2" else "deepspeed|hf|accelerate|env"
-        lines.append(f"next: tuner best --study {summary.study_name} --changes   (then --format {formats} -o FILE)")
+        lines.append(f"next: tuner best --study {summary.study_name} --changes")
+        lines.append(f"then: tuner export --study {summary.study_name} --format {formats} -o FILE")
     else:
         lines.append("the pick: no stable config yet")
     return Group(*(Text(line) for line in lines))
 
 
-def _evidence(best: Candidate) -> str:
-    """What the pick's throughput rests on: confirmed or not, and with several probes of it, that the figure is
-    their lower bound (median, or mean - one std when less), with each measurement."""
+def _yours(base: ProbeRow, mine: Throughput | None, pick: Throughput | None, unit: str) -> str:
+    """The user's config beside the pick: the speed-up (the ratio of the two figures printed), its own figure without
+    a pick, or how its probe failed."""
+    if mine is not None and pick is not None:
+        return speedup_text(pick, mine, unit)
+    if mine is not None:
+        return f"your config: {mine.text(unit)} ({mine.statistic()})"
+    return f"your config: {base.status.value}: {base.cause or ''} (peak {format_size(base.peak_allocated)})"
+
+
+def _evidence(best: Candidate, pick: Throughput) -> str:
+    """What the pick's figure is (the statistic every face shows: tuner.records.throughput), confirmed or not, and
+    with several probes of it, each measurement."""
     measured = [fmt_num(r.objective) for r in best.rows if r.objective is not None]
     confirmed = "confirmed" if best.confirmed else "not confirmed"
     if len(measured) < 2:
-        return f" ({confirmed})"
-    return f" ({confirmed}; the lower bound of {len(measured)} probes: {', '.join(measured)})"
+        return f" ({pick.statistic()}; {confirmed})"
+    return f" ({pick.statistic()}: {', '.join(measured)}; {confirmed})"

@@ -7,23 +7,42 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from tuner.cli.app import app, err_console
+from tuner.cli.app import SETUP, app, err_console, example
+from tuner.declared import STORAGE_PANEL
 from tuner.errors import ConfigError
 from tuner.hosts import is_loopback, serve_default
 from tuner.settings import load_settings
 
+SERVER_PANEL = "Server"
 
-@app.command("serve")
+
+@app.command("serve", rich_help_panel=SETUP, epilog=example("tuner serve --port 8000"))
 def serve(
     storage: Annotated[
-        str | None, typer.Option("--storage", help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)")
+        str | None,
+        typer.Option(
+            "--storage",
+            help="SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)",
+            rich_help_panel=STORAGE_PANEL,
+        ),
     ] = None,
-    host: Annotated[str | None, typer.Option("--host", help="interface to bind (default 127.0.0.1)")] = None,
-    port: Annotated[int | None, typer.Option("--port", min=1, max=65535, help="TCP port (default 8000)")] = None,
-    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level")] = "info",
+    host: Annotated[
+        str | None, typer.Option("--host", help="interface to bind (default 127.0.0.1)", rich_help_panel=SERVER_PANEL)
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option("--port", min=1, max=65535, help="TCP port (default 8000)", rich_help_panel=SERVER_PANEL),
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="uvicorn log level", rich_help_panel=SERVER_PANEL)
+    ] = "info",
     default_study: Annotated[
         str | None,
-        typer.Option("--default-study", help="the study GET /best-config serves without study= (default: required)"),
+        typer.Option(
+            "--default-study",
+            help="the study GET /best-config serves without study= (default: required)",
+            rich_help_panel=STORAGE_PANEL,
+        ),
     ] = None,
     allowed_hosts: Annotated[
         str | None,
@@ -31,10 +50,12 @@ def serve(
             "--allowed-hosts",
             help="comma-separated Host names answered (tuner.internal,*.corp.example,10.0.0.5; * any); default: the "
             "loopback names on a loopback bind, any Host elsewhere ($TUNER_ALLOWED_HOSTS)",
+            rich_help_panel=SERVER_PANEL,
         ),
     ] = None,
 ) -> None:
-    """Serve GET /best-config, /studies ... over HTTP (reads the storage; writes need TUNER_API_TOKEN)."""
+    """Serve the dashboard at / (studies, each study's pick, exports, plots and trials) and the JSON API (GET
+    /best-config, /studies ...) over HTTP; reads the storage, writes need TUNER_API_TOKEN."""
     settings = load_settings(
         storage=storage, host=host, port=port, default_study=default_study, allowed_hosts=allowed_hosts
     )

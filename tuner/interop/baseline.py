@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from trials.contract import BUCKET_KNOBS, Knobs
 from tuner.errors import BaselineError
 from tuner.interop.baseline_fsdp import NO_BATCH_IN_ACCELERATE, fsdp_import
+from tuner.interop.baseline_plugin import config_world, is_deepspeed, plugin_import
 from tuner.interop.ds_json import as_bool, as_int, batch_fields, check_ds_keys, dotted, ds_value
 from tuner.interop.export.mapping import (
     AUTO,
@@ -31,12 +32,24 @@ from tuner.interop.export.mapping import (
     PRECISION_BLOCKS,
     auto_paths,
     decode_offload,
+    decode_offload_param,
     decode_precision,
     get_path,
     set_path,
 )
-from tuner.interop.trainer_fill import TrainerFill, TrainerFix, apply_fixes, trainer_fill, trainer_fixes
+from tuner.interop.trainer_fill import (
+    TrainerFill,
+    TrainerFix,
+    apply_fixes,
+    parse_version,
+    trainer_fill,
+    trainer_fixes,
+)
 from tuner.job.definition import HF_MAX_LENGTH_KEYS
+from tuner.job.evaluation import evaluates
+from tuner.job.ledger.accelerate import read_accelerate
+from tuner.job.ledger.deepspeed import read_deepspeed
+from tuner.job.ledger.held import read_training_args
 
 
 @dataclass(frozen=True)
@@ -57,12 +70,20 @@ class Baseline:
     # and the user's accelerate config as given when that is where they wrote them
     fsdp: dict[str, Any] | None = None
     accelerate_given: dict[str, Any] | None = None
+    # the training args through the ledger (tuner.job.ledger.held): what the probe's TrainingArguments are built from,
+    # whether they are Seq2SeqTrainingArguments, and the keys kept without a probe (key -> why they change nothing)
+    trainer_args: dict[str, Any] | None = None
+    seq2seq_args: bool = False
+    kept: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # strict=False (tuner doctor): key -> the refusal's line
+    compile: dict[str, Any] | None = None  # torch.compile's keywords from their accelerate config's dynamo_config
+    args_yaml: bool = False  # their training-args file (a TRL recipe) was YAML: the recipe export writes YAML back
 
     def files(self) -> dict[str, Any]:
-        """The user's files as given, what an export starts from: {"deepspeed": ..., "training_args": ...}, and
-        "accelerate" when they gave an accelerate config."""
-        files = {"deepspeed": self.ds_given, "training_args": self.hf_args or None}
-        return {**files, "accelerate": self.accelerate_given} if self.accelerate_given is not None else files
+        """The user's files as given, what an export starts from (tuner.interop.export.own.UserFiles)."""
+        files: dict[str, Any] = {"deepspeed": self.ds_given, "training_args": self.hf_args or None}
+        files |= {"accelerate": self.accelerate_given} if self.accelerate_given is not None else {}
+        return files | ({"training_args_format": "yaml"} if self.args_yaml else {})
 
     def trainer_fixes(self) -> list[TrainerFix]:
         return [TrainerFix.from_dict(f) for f in self.fixes]
@@ -85,14 +106,15 @@ class Baseline:
 
 
 class _Hf:
-    """Training-args values with TrainingArguments' defaults for what the JSON leaves out."""
+    """Training-args values with TrainingArguments' defaults (a TRL recipe's own) for what the JSON leaves out."""
 
     def __init__(self, args: Mapping[str, Any] | None) -> None:
         self.given = dict(args or {})
         self.present = args is not None
+        self.defaults: dict[str, Any] = {}  # a TRL recipe's changed defaults (tuner.job.ledger.trl)
 
     def __call__(self, key: str) -> Any:
-        return self.given.get(key, HF_DEFAULTS.get(key))
+        return self.given.get(key, self.defaults.get(key, HF_DEFAULTS.get(key)))
 
     def int(self, key: str, minimum: int = 1) -> int:
         return as_int(f"training args {key}", self(key), minimum)
@@ -159,6 +181,7 @@ def parse_baseline(
     max_length: int | None = None,
     transformers_version: str | None = None,
     accelerate: Mapping[str, Any] | None = None,
+    strict: bool = True,
 ) -> Baseline:
     """Maps a DeepSpeed config and/or training args onto the knobs, "auto" filled as the Trainer of
     ``transformers_version`` fills it (None: this host's release). ``world_size`` (the study's) checks
@@ -167,18 +190,28 @@ def parse_baseline(
     default search space's max_length (noted in ``notes``). Every DeepSpeed and TrainingArguments name is read from
     tuner.interop.export.mapping's tables, the ones the exports write with. An FSDP2 setup (training args with
     ``fsdp``, or ``accelerate``: the user's accelerate config with an ``fsdp_config``, beside their training args)
-    is read by tuner.interop.baseline_fsdp: engine fsdp2 and the settings every probe holds."""
+    is read by tuner.interop.baseline_fsdp: engine fsdp2 and the settings every probe holds. Every key of the
+    training args goes through the ledger (tuner.job.ledger.held): a refused one is a BaselineError, or with
+    ``strict=False`` (tuner doctor) kept in ``Baseline.refused``."""
     if accelerate is not None and not isinstance(accelerate, Mapping):
         raise BaselineError(f"the accelerate config must be a mapping, got {type(accelerate).__name__}")
     if accelerate is not None and hf_args is None:
         raise BaselineError(NO_BATCH_IN_ACCELERATE)
-    ds_config, hf = _inputs(ds_config, hf_args)
+    accel = read_accelerate(accelerate) if accelerate is not None else None
     notes: list[str] = []
+    if accelerate is not None and hf_args is not None and is_deepspeed(accelerate):  # accelerate's DeepSpeed plugin
+        plugin = plugin_import(accelerate, hf_args, ds_config)
+        ds_config, notes = plugin.ds or ds_config, plugin.notes
+        world_size = config_world(world_size, plugin.world_size)
+    ds_config, hf = _inputs(ds_config, hf_args)
     fill = trainer_fill(transformers_version)
-    fsdp = fsdp_import(accelerate, hf.given if hf.present else None, ds_config is not None)
+    held = read_training_args(hf.given, transformers_version, strict) if hf.present else None
+    hf.defaults, notes = (dict(held.recipe.defaults), notes + held.recipe.notes()) if held else ({}, notes)
+    fsdp_from = None if is_deepspeed(accelerate) else accelerate
+    fsdp = fsdp_import(fsdp_from, hf.given if hf.present else None, ds_config is not None, fsdp_default(fill.version))
     if fsdp is not None:
         notes += fsdp.notes
-        world_size = _fsdp_world(world_size, fsdp.world_size)
+        world_size = config_world(world_size, fsdp.world_size)
     ds = _checked_ds(ds_config, hf, hidden_size, notes, fill)
     micro, accum, world, global_batch = batch_fields(ds, world_size)
     if ds.get("train_batch_size") == AUTO and world is not None and global_batch is not None:
@@ -218,17 +251,24 @@ def parse_baseline(
         fixes=[f.to_dict() for f in trainer_fixes(ds_config, hf_args if hf.present else None, fill)],
         fsdp=fsdp.held.model_dump(mode="json") if fsdp is not None else None,
         accelerate_given=copy.deepcopy(dict(accelerate)) if accelerate is not None else None,
+        trainer_args=copy.deepcopy(held.trainer) if held is not None else None,
+        seq2seq_args=held.seq2seq if held is not None else False,
+        kept={
+            **(held.neutral if held is not None else {}),
+            **(accel.kept if accel is not None else {}),
+            **(read_deepspeed(ds) if ds_config is not None else {}),
+        },
+        refused=dict(held.refused) if held is not None else {},
+        compile=accel.compile if accel is not None else None,
     )
 
 
-def _fsdp_world(study: int | None, config: int | None) -> int | None:
-    """The world size: the study's, else the accelerate config's num_processes; both given, they must agree."""
-    if study is not None and config is not None and study != config:
-        raise BaselineError(
-            f"the world size {study} contradicts your accelerate config's num_processes {config}; make them equal "
-            "or leave the world size out"
-        )
-    return study or config
+def fsdp_default(transformers_version: str | None) -> int:
+    """The FSDP version TrainingArguments' ``fsdp`` runs in a release when fsdp_config names none: 2 from
+    transformers 5 (``fsdp_config.get("version", 2)``), 1 before (4.57's TrainingArguments leave it to accelerate's
+    plugin, whose default is FSDP1)."""
+    parsed = parse_version(transformers_version)
+    return 1 if parsed is not None and parsed < (5, 0) else 2
 
 
 def _inputs(
@@ -252,12 +292,12 @@ def _inputs(
 def _checked_ds(
     ds_config: Mapping[str, Any] | None, hf: _Hf, hidden_size: int | None, notes: list[str], fill: TrainerFill
 ) -> dict[str, Any]:
-    """A copy of the user's DeepSpeed JSON, checked, its "auto" resolved from the training args; without one, the
-    batch fields the training args give."""
+    """The user's DeepSpeed JSON checked, "auto" resolved from the training args (none: the args' batch fields)."""
     ds = copy.deepcopy(dict(ds_config or {}))
     if "bfloat16" in ds and PRECISION_BLOCKS["bf16"] not in ds:
         ds[PRECISION_BLOCKS["bf16"]] = ds.pop("bfloat16")
     check_ds_keys(ds)
+    read_deepspeed(ds)  # the ledger's refusals (pipeline / tensor parallelism, elastic batches, curricula ...)
     if ds_config is None:
         set_path(ds, DS_PATH["micro_batch_size"], hf.int(HF_ARGS["micro_batch_size"]))
         ds["gradient_accumulation_steps"] = hf.int("gradient_accumulation_steps")
@@ -311,6 +351,22 @@ def _ds_knobs(ds: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
         "overlap_comm": as_bool(dotted("overlap_comm"), overlap) if overlap is not None else stage == 3,
         "contiguous_gradients": as_bool(dotted("contiguous_gradients"), contiguous),
         "offload_optimizer": decode_offload(ds),
+        "offload_param": stage == 3 and decode_offload_param(ds),  # DeepSpeed reads it under ZeRO-3 only
+        **(_zero_pp(ds) if stage == 3 else {}),
+    }
+
+
+def _zero_pp(ds: Mapping[str, Any]) -> dict[str, Any]:
+    """A ZeRO-3 JSON's ZeRO++ (hpZ's partition size, quantized weights / gradients): trial 0 runs them as given."""
+    hpz = ds_value(ds, "zero_hpz_partition_size")
+    return {
+        "zero_hpz_partition_size": as_int(dotted("zero_hpz_partition_size"), hpz) if hpz not in (None, 1) else None,
+        "zero_quantized_weights": as_bool(
+            dotted("zero_quantized_weights"), ds_value(ds, "zero_quantized_weights", False)
+        ),
+        "zero_quantized_gradients": as_bool(
+            dotted("zero_quantized_gradients"), ds_value(ds, "zero_quantized_gradients", False)
+        ),
     }
 
 
@@ -328,12 +384,14 @@ def _bucket(ds: Mapping[str, Any], key: str, notes: list[str]) -> int | None:
 
 
 def _hf_knobs(hf: _Hf) -> dict[str, Any]:
-    """The knobs training args set (checkpointing; the eval batch and generate, when they are given)."""
-    checkpointing = next((hf.given[k] for k in HF_CHECKPOINTING_KEYS if hf.given.get(k) is not None), False)
+    """The knobs training args set (checkpointing; the eval batch and generate, when they evaluate)."""
+    given = (hf.given[k] for k in HF_CHECKPOINTING_KEYS if hf.given.get(k) is not None)
+    checkpointing = next(given, hf.defaults.get("gradient_checkpointing", False))
+    evaluating = hf.present and evaluates(hf.given)
     return {
         "gradient_checkpointing": as_bool("training args gradient_checkpointing", checkpointing),
-        "eval_batch_size": hf.int(HF_ARGS["eval_batch_size"]) if hf.present else None,
-        "generate": hf.bool(HF_ARGS["generate"]) if hf.present else False,
+        "eval_batch_size": hf.int(HF_ARGS["eval_batch_size"]) if evaluating else None,
+        "generate": hf.bool(HF_ARGS["generate"]) if evaluating else False,
     }
 
 

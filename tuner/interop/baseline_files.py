@@ -4,11 +4,12 @@ training-args file's ``deepspeed`` / ``fsdp_config`` path is read relative to th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tuner.bounded import MAX_DEPTH, ShapeError, check_shape, loads_json, read_text_file
+from tuner.bounded import loads_json, read_text_file
 from tuner.errors import BaselineError
 from tuner.interop.baseline import Baseline, parse_baseline
 from tuner.job.definition import HF_MAX_LENGTH_KEYS
@@ -63,17 +64,9 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 
 
 def _loads_yaml(text: str, what: str) -> Any:
-    import yaml
+    from tuner.bounded_yaml import loads_yaml  # aliases counted expanded, libyaml's parser (issue 42 §3)
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        first = str(err).strip().splitlines()[0]
-        raise BaselineError(f"the {what} is not valid YAML: {first}") from None
-    except RecursionError:
-        raise ShapeError(f"the {what} nests deeper than {MAX_DEPTH} levels") from None
-    check_shape(data, what)
-    return data
+    return loads_yaml(text, what, error=BaselineError)
 
 
 def file_kind(data: Mapping[str, Any]) -> str:
@@ -124,7 +117,7 @@ def load_baseline(
         hf = _named_files(hf, hf_path)
         if ds is None and isinstance(hf.get("deepspeed"), str):
             ds = read_json(_beside(hf_path, hf["deepspeed"]), "DeepSpeed config")
-    return parse_baseline(
+    base = parse_baseline(
         ds,
         hf,
         world_size=world_size,
@@ -133,6 +126,8 @@ def load_baseline(
         transformers_version=transformers_version,
         accelerate=accelerate,
     )
+    yaml_args = hf_path is not None and hf_path.suffix.lower() in YAML_SUFFIXES  # a TRL recipe's YAML, written back
+    return dataclasses.replace(base, args_yaml=True) if yaml_args else base
 
 
 def _beside(args_path: Path, named: str) -> Path:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from trials.contract import FsdpSettings
 from tuner.errors import BaselineError
-from tuner.interop.ds_json import nearest
+from tuner.interop.ds_json import MAX_INT, nearest
 from tuner.interop.export.mapping import HF_CHECKPOINTING_KEYS
 from tuner.interop.fsdp_names import (
     ACCELERATE_DEFAULTS,
@@ -34,6 +34,7 @@ from tuner.interop.fsdp_names import (
     TRAINER_DEFAULTS,
     TRAINER_KNOWN,
     TRAINER_OBSOLETE,
+    TRAINER_PREFIX,
     VERSION,
     WRAP_POLICIES,
     FsdpKey,
@@ -66,18 +67,18 @@ def _bool(where: str, value: Any) -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise BaselineError(f"{where} must be true or false, got {value!r}")
+    raise BaselineError(f"{where} must be true or false, got {_shown(value)}")
 
 
 def _reshard(where: str, value: Any) -> bool:
     if isinstance(value, int) and not isinstance(value, bool):
         raise BaselineError(
-            f"{where}: {value!r} is an integer (FSDP1's ShardingStrategy number); accelerate's FSDP2 plugin takes "
-            "a bool: write true (FULL_SHARD: free gathered parameters after forward) or false (SHARD_GRAD_OP)"
+            f"{where}: {_shown(value)} is an integer (FSDP1's ShardingStrategy number); accelerate's FSDP2 plugin "
+            "takes a bool: write true (FULL_SHARD: free gathered parameters after forward) or false (SHARD_GRAD_OP)"
         )
     if isinstance(value, str) and value.strip().lower() not in ("true", "false"):
         raise BaselineError(
-            f"{where}: {value!r} is FSDP1's sharding strategy; FSDP2 takes a bool: write true (FULL_SHARD) or "
+            f"{where}: {_shown(value)} is FSDP1's sharding strategy; FSDP2 takes a bool: write true (FULL_SHARD) or "
             "false (SHARD_GRAD_OP)"
         )
     return _bool(where, value)
@@ -89,7 +90,7 @@ def _classes(where: str, value: Any, lists: bool) -> tuple[str, ...]:
     items: list[Any] = [value] if isinstance(value, str) else list(value) if lists and isinstance(value, list) else []
     if not items or not all(isinstance(i, str) for i in items):
         spelled = "a comma-separated string or a list of class names" if lists else "a comma-separated string"
-        raise BaselineError(f"{where} must be {spelled}, e.g. 'LlamaDecoderLayer', got {value!r}")
+        raise BaselineError(f"{where} must be {spelled}, e.g. 'LlamaDecoderLayer', got {_shown(value)}")
     return tuple(name.strip() for item in items for name in item.split(",") if name.strip())
 
 
@@ -100,21 +101,22 @@ def _value(key: FsdpKey, where: str, value: Any, source: str) -> Any:
     if key.name == "auto_wrap_policy":
         policy = value.upper() if isinstance(value, str) and source == ACCELERATE else value  # accelerate: any case
         if policy not in WRAP_POLICIES:
-            raise BaselineError(f"{where} must be one of {', '.join(WRAP_POLICIES)}, got {value!r}")
+            raise BaselineError(f"{where} must be one of {', '.join(WRAP_POLICIES)}, got {_shown(value)}")
         return policy
     if key.name == "transformer_layer_cls_to_wrap":
         return _classes(where, value, lists=source == TRAINER)
     if key.name == "min_num_params":
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and value <= MAX_INT:
             value = int(value)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise BaselineError(f"{where} must be a whole number of parameters >= 0, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
+            said = _shown(value)
+            raise BaselineError(f"{where} must be a whole number of parameters >= 0 (at most 2^53), got {said}")
         return value
     if key.name == "state_dict_type":
         kind = value.upper() if isinstance(value, str) else value
         if kind not in STATE_DICT_TYPES:
             raise BaselineError(
-                f"{where} {value!r}: FSDP2 saves {' or '.join(STATE_DICT_TYPES)} (accelerate refuses "
+                f"{where} {_shown(value)}: FSDP2 saves {' or '.join(STATE_DICT_TYPES)} (accelerate refuses "
                 "LOCAL_STATE_DICT under FSDP2); pick one"
             )
         return kind
@@ -122,13 +124,13 @@ def _value(key: FsdpKey, where: str, value: Any, source: str) -> Any:
 
 
 def _version(where: str, value: Any, missing: str) -> None:
-    try:
-        version = int(value)
-    except (TypeError, ValueError):
-        version = None
-    if version == 2 and not isinstance(value, bool):
+    """Version 2, as an integer (or the text "2", which accelerate's launcher reads with int()); 2.9, 2.5 or b"2"
+    are not read as 2 (accelerate's int("2.9") fails; issue 42 §6)."""
+    if (isinstance(value, int) and not isinstance(value, bool) and value == 2) or (
+        isinstance(value, str) and value.strip() == "2"
+    ):
         return
-    said = missing if value is None else f"{value!r}"
+    said = missing if value is None else _shown(value)
     raise BaselineError(
         f"{where} is {said}: tuner searches FSDP2 (fully_shard), not FSDP1; set it to 2 (`accelerate to-fsdp2 "
         "--config_file FILE --output_file NEW` converts an accelerate config)"
@@ -168,24 +170,21 @@ def accelerate_fsdp(config: Mapping[str, Any]) -> FsdpImport:
     """An accelerate config's FSDP2 setup, as `accelerate launch --config_file` passes it to the training process."""
     kind = config.get("distributed_type")
     if kind != "FSDP":
-        hint = (
-            "give its DeepSpeed JSON (deepspeed_config.deepspeed_config_file) as the baseline"
-            if kind == "DEEPSPEED"
-            else "give your DeepSpeed JSON or training args as the baseline"
-        )
         raise BaselineError(
-            f"{ACCELERATE} has distributed_type {kind!r}; tuner imports an accelerate config that shards with FSDP "
-            f"(distributed_type: FSDP); {hint}"
+            f"{ACCELERATE} has distributed_type {_shown(kind)}; tuner imports an accelerate config that shards with "
+            "FSDP (distributed_type: FSDP) or DeepSpeed (DEEPSPEED); give your DeepSpeed JSON or training args as the "
+            "baseline"
         )
     block = config.get("fsdp_config") or {}
     if not isinstance(block, Mapping):
         raise BaselineError(f"{ACCELERATE} fsdp_config must be a mapping of fsdp_* keys, got {type(block).__name__}")
     notes: list[str] = []
     for key, value in block.items():
-        if key not in ACCELERATE_KNOWN:
+        if not isinstance(key, str) or key not in ACCELERATE_KNOWN:
+            shown = _shown(key)
             raise BaselineError(
-                f"{ACCELERATE} fsdp_config.{key} is not a key accelerate reads (its launcher ignores it without a "
-                f"word){nearest(str(key), ACCELERATE_KNOWN)}; fix its spelling or remove it"
+                f"{ACCELERATE} fsdp_config.{shown} is not a key accelerate reads (its launcher ignores it without a "
+                f"word){nearest(shown, ACCELERATE_KNOWN)}; fix its spelling or remove it"
             )
         _refused(ACCELERATE, key, value)
         if key in ACCELERATE_OBSOLETE:
@@ -199,13 +198,13 @@ def accelerate_fsdp(config: Mapping[str, Any]) -> FsdpImport:
             "refuses it false); set it true or remove it (FSDP2 does not read it)"
         )
     mixed = config.get("mixed_precision") or "no"
-    if mixed not in MIXED_PRECISION:
+    if not isinstance(mixed, str) or mixed not in MIXED_PRECISION:  # a list is not looked up (issue 42 §4)
         raise BaselineError(
-            f"{ACCELERATE} mixed_precision {mixed!r}: tuner probes {', '.join(MIXED_PRECISION)}; pick one of them"
+            f"{ACCELERATE} mixed_precision {_shown(mixed)}: tuner probes {', '.join(MIXED_PRECISION)}; pick one of them"
         )
     world = config.get("num_processes")
     if world is not None and (isinstance(world, bool) or not isinstance(world, int) or world == 0 or world < -1):
-        raise BaselineError(f"{ACCELERATE} num_processes must be a whole number >= 1, got {world!r}")
+        raise BaselineError(f"{ACCELERATE} num_processes must be a whole number >= 1, got {_shown(world)}")
     return FsdpImport(
         ACCELERATE, knobs, held, MIXED_PRECISION[mixed], world if world and world > 0 else None, notes=notes
     )
@@ -220,16 +219,23 @@ def _legacy(fsdp: Any, config: dict[str, Any], notes: list[str]) -> None:
     cpu_offload, auto_wrap -> the default wrap; FSDP1-only strategies refused as transformers refuses them."""
     items = fsdp.split() if isinstance(fsdp, str) else list(fsdp)
     for item in items:
+        if not isinstance(item, str):  # [["full_shard"]], [{"a": 1}]: not looked up (issue 42 §4)
+            raise BaselineError(
+                f"{TRAINER} fsdp={_shown(fsdp)}: each item is one of transformers' option strings (full_shard, "
+                f"shard_grad_op, offload, auto_wrap), got {type(item).__name__}; or give fsdp=true with fsdp_config"
+            )
         if item in _LEGACY_RESHARD:
             config.setdefault("reshard_after_forward", _LEGACY_RESHARD[item])
         elif item == "offload":
             config.setdefault("cpu_offload", True)
         elif item != "auto_wrap":
             raise BaselineError(
-                f"{TRAINER} fsdp={fsdp!r}: {item!r} is not an FSDP2 option (transformers refuses it under FSDP2); use "
-                "fsdp=true with fsdp_config reshard_after_forward / cpu_offload"
+                f"{TRAINER} fsdp={_shown(fsdp)}: {_shown(item)} is not an FSDP2 option (transformers refuses it under "
+                "FSDP2); use fsdp=true with fsdp_config reshard_after_forward / cpu_offload"
             )
-    notes.append(f"{TRAINER} fsdp={fsdp!r}: deprecated spelling, read as transformers reads it (exports write true)")
+    notes.append(
+        f"{TRAINER} fsdp={_shown(fsdp)}: deprecated spelling, read as transformers reads it (exports write true)"
+    )
 
 
 def _enabled(fsdp: Any) -> bool:
@@ -237,39 +243,77 @@ def _enabled(fsdp: Any) -> bool:
         return False
     if fsdp is True or isinstance(fsdp, (str, list)):
         return True
-    raise BaselineError(f"{TRAINER} fsdp must be true (or transformers' option string), got {fsdp!r}")
+    raise BaselineError(f"{TRAINER} fsdp must be true (or transformers' option string), got {_shown(fsdp)}")
 
 
-def trainer_fsdp(args: Mapping[str, Any]) -> FsdpImport | None:
-    """TrainingArguments' FSDP2 setup as ``_process_fsdp_args`` reads it; None when ``fsdp`` does not enable FSDP."""
+def _folded(given: Mapping[Any, Any], notes: list[str]) -> dict[str, Any]:
+    """The fsdp_config keys as TrainingArguments folds them (``_process_fsdp_args``: each fsdp_-prefixed key, in
+    order, popped and set unprefixed, so it replaces the plain one wherever either stands; issue 42 §6); both
+    spellings given is said."""
+    config: dict[str, Any] = {}
+    for key, value in given.items():
+        if not isinstance(key, str):
+            raise BaselineError(f"{TRAINER} fsdp_config key {_shown(key)} is not text; name the setting")
+        config[key] = value
+    for key in list(config):
+        if key.startswith(TRAINER_PREFIX):
+            plain = unprefixed(key)
+            if plain in config and config[plain] != config[key]:
+                notes.append(
+                    f"{TRAINER} fsdp_config gives {key} {_shown(config[key])} and {plain} {_shown(config[plain])}: "
+                    f"transformers keeps {key}'s, and so does tuner"
+                )
+            config[plain] = config.pop(key)
+    return config
+
+
+def _shown(value: Any, keep: int = 80) -> str:
+    """``repr(value)``, cut: a 3 MB key is not a 3 MB line (issue 42 §9)."""
+    text = repr(value)
+    return text if len(text) <= keep else f"{text[:keep]}..."
+
+
+def _release_runs_fsdp2(fsdp: Any, default_version: int) -> None:
+    """transformers 4.x's Trainer hands FSDP to accelerate's plugin, whose default is FSDP1: refused in one line."""
+    if default_version != 2:
+        raise BaselineError(
+            f"{TRAINER} fsdp={fsdp!r}: transformers 4.x's Trainer runs FSDP1 from its fsdp arguments (accelerate's "
+            "default), and tuner searches FSDP2; launch with an accelerate config with fsdp_version: 2, or train on "
+            "transformers >= 5 (pass --transformers-version)"
+        )
+
+
+def trainer_fsdp(args: Mapping[str, Any], default_version: int = 2) -> FsdpImport | None:
+    """TrainingArguments' FSDP2 setup as ``_process_fsdp_args`` reads it; None when ``fsdp`` does not enable FSDP.
+    ``default_version``: the FSDP version their release runs when fsdp_config names none (transformers 5: 2;
+    4.x: 1, accelerate's plugin default, which tuner refuses in one line)."""
     fsdp = args.get("fsdp")
     if not _enabled(fsdp):
         return None
     given = args.get("fsdp_config") or {}
     if isinstance(given, str):
         raise BaselineError(
-            f"{TRAINER} name fsdp_config={given!r}; give the training-args file (its path is read next to it) or "
+            f"{TRAINER} name fsdp_config={_shown(given)}; give the training-args file (its path is read next to it) or "
             "the fsdp_config object inline"
         )
     if not isinstance(given, Mapping):
         raise BaselineError(f"{TRAINER} fsdp_config must be an object, got {type(given).__name__}")
-    config: dict[str, Any] = {}
-    for key, value in given.items():  # as transformers: a fsdp_-prefixed key replaces the plain one
-        config[unprefixed(str(key))] = value
     notes: list[str] = []
+    config = _folded(given, notes)
     if fsdp is not True:
         _legacy(fsdp, config, notes)
     for key, value in config.items():
         if key not in TRAINER_KNOWN:
             raise BaselineError(
-                f"{TRAINER} fsdp_config.{key} is not a key transformers reads (the Trainer ignores it without a "
-                f"word){nearest(key, TRAINER_KNOWN)}; fix its spelling or remove it"
+                f"{TRAINER} fsdp_config.{key[:80]} is not a key transformers reads (the Trainer ignores it without a "
+                f"word){nearest(key[:80], TRAINER_KNOWN)}; fix its spelling or remove it"
             )
         _refused(TRAINER, key, value)
         if key in TRAINER_OBSOLETE:
             notes.append(f"{TRAINER} fsdp_config.{key}: FSDP1's, not read under FSDP2 (kept in your file)")
     if config.get("xla"):
         raise BaselineError(f"{TRAINER} fsdp_config.xla: XLA's FSDP is not FSDP2, which tuner searches; remove it")
+    _release_runs_fsdp2(fsdp, default_version)
     _version(f"{TRAINER} fsdp_config.version", config.get("version", 2), "missing")
     knobs, held = _settings(config, TRAINER, lambda k: k.trainer, TRAINER_DEFAULTS)
     return FsdpImport(TRAINER, knobs, held, notes=notes)
@@ -296,14 +340,17 @@ def _checkpointing(args: Mapping[str, Any], found: FsdpImport) -> FsdpImport:
 
 
 def fsdp_import(
-    accelerate: Mapping[str, Any] | None, training_args: Mapping[str, Any] | None, deepspeed: bool
+    accelerate: Mapping[str, Any] | None,
+    training_args: Mapping[str, Any] | None,
+    deepspeed: bool,
+    default_version: int = 2,
 ) -> FsdpImport | None:
     """The FSDP2 setup of the user's files (None: they configure no FSDP). With both files configuring FSDP, the
     training args' is what runs (the Trainer hands accelerate its own plugin; the launcher's FSDP_* are not read);
     ``deepspeed``: the files configure DeepSpeed too, which no launcher runs beside FSDP."""
     if accelerate is not None and training_args is None:
         raise BaselineError(NO_BATCH_IN_ACCELERATE)
-    from_args = trainer_fsdp(training_args) if training_args is not None else None
+    from_args = trainer_fsdp(training_args, default_version) if training_args is not None else None
     from_config = accelerate_fsdp(accelerate) if accelerate is not None else None
     found = from_args or from_config
     if found is not None and training_args is not None:

@@ -21,8 +21,10 @@ from tuner.interop.doctor_env import env_traps, visible_gpus
 from tuner.interop.doctor_finding import Finding, fixed, rank, when
 from tuner.interop.doctor_oom import qualify
 from tuner.interop.doctor_trainer import ScheduleCheck, trainer_findings
+from tuner.interop.doctor_trl import trl_findings
 from tuner.interop.export.mapping import auto_paths, get_path
 from tuner.job.definition import HF_MAX_LENGTH_KEYS
+from tuner.job.ledger.trl import recipe_fields
 from tuner.memory.oom_message import OomMessage
 
 __all__ = ["Basis", "Finding", "diagnose", "eval_first_runs", "visible_gpus"]
@@ -182,6 +184,27 @@ def _unknown_keys(hf: Mapping[str, Any], accepted: frozenset[str] | None, versio
     ]
 
 
+def _ledger_refusals(baseline: Baseline | None, accepted: frozenset[str] | None) -> list[Finding]:
+    """The keys or values of the training args a probe refuses (tuner.job.ledger), each as its one line; the keys this
+    host's TrainingArguments does not take are ``_unknown_keys``' finding already when ``accepted`` is known."""
+    if baseline is None:
+        return []
+    lines = [line for key, line in baseline.refused.items() if accepted is None or key in accepted]
+    if not lines:
+        return []
+    return [
+        Finding(
+            code="training-args-refused",
+            severity="warn",
+            title=f"{len(lines)} training-args field(s) a probe cannot run as your Trainer runs them",
+            why="; ".join(lines),
+            fix="change or drop each as its line says; tuner search refuses these files until then",
+            search="tuner search --baseline ... refuses them in one line, before any probe",
+            number="no number: not probed",
+        )
+    ]
+
+
 def diagnose(
     ds_config: Mapping[str, Any] | None,
     hf_args: Mapping[str, Any] | None,
@@ -226,7 +249,7 @@ def diagnose(
     else:
         # max_length=1 only lets a setup without a length parse; the no-truncation check reads the args themselves
         release = trainer or transformers_version
-        baseline = parse_baseline(ds or None, hf_args, max_length=1, transformers_version=release)
+        baseline = parse_baseline(ds or None, hf_args, max_length=1, transformers_version=release, strict=False)
     micro = baseline.knobs["micro_batch_size"] if baseline else hf.get("per_device_train_batch_size")
     findings += trainer_findings(baseline, schedule)
     findings += _zero_traps(ds, basis)
@@ -234,8 +257,11 @@ def diagnose(
         ds.get("steps_per_print") == 1 or ds.get("wall_clock_breakdown") is True, fixed("deepspeed-logging")
     )
     if hf_args is not None:
+        accepted = accepted | recipe_fields(hf) if accepted is not None else None  # a TRL recipe's own keys
         findings += _unknown_keys(hf, accepted, transformers_version)
+        findings += _ledger_refusals(baseline, accepted)
         findings += _hf_traps(hf, micro if isinstance(micro, int) else None, basis)
+        findings += trl_findings(hf, basis)  # a TRL recipe's own traps
     else:
         findings.append(fixed("no-training-args"))
     findings += env_traps(env, gpus)

@@ -28,7 +28,6 @@ from typing import Any
 
 from trials.contract import AUTO
 from tuner.errors import ConfigError
-from tuner.interop.export.mapping import get_path
 
 #: the first transformers release whose Trainer clamps the warmup it fills to at least 1
 WARMUP_CLAMPED_SINCE = (5, 18)
@@ -158,6 +157,8 @@ def trainer_fixes(
     kept) with their training ``args`` (as given; None: none): where the warmup DeepSpeed would receive is below 1,
     warmup 1 in the DeepSpeed file and, with training args, ``warmup_steps: 1`` too (the Trainer checks an explicit
     DeepSpeed value against them). Empty when nothing needs it."""
+    from tuner.interop.export.mapping import get_path  # here: the export package imports this module
+
     given = get_path(ds or {}, WARMUP_PATH)
     if given is None:
         return []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from trials.contract import Knobs
@@ -67,3 +67,22 @@ def validated_knobs(
             f"{micro_name} x {world_name} = {knobs.micro_batch_size * world_size}"
         )
     return knobs
+
+
+def held_global_batch(
+    given: int | None, files: int | None, files_how: str, change: bool, option: Callable[[str], str] = str
+) -> int | None:
+    """The global batch of a job: their files' (``files``: micro x accumulation x world, ``files_how`` in words),
+    unless ``given`` (the option) differs and ``change`` asks for it as a change to their job. A different one
+    without ``change``: one line naming both. None: neither gives one."""
+    if change and given is None:
+        raise ConfigError(f"{option('change_global_batch')} goes with {option('global_batch')} N: the batch to search")
+    if given is None or files is None or given == files:
+        return given or files
+    if not change:
+        raise ConfigError(
+            f"{option('global_batch')} {given} differs from your files' global batch {files} ({files_how}): drop "
+            f"{option('global_batch')} to keep yours, or add {option('change_global_batch')} to use {given} as a "
+            "change to your job"
+        )
+    return given

@@ -40,6 +40,8 @@ MAX_SCAN = 2_000_000
 #: below this many samples one process tokenizes (forking workers costs more than it saves); 2 cores or fewer: always
 PARALLEL_FROM = 20_000
 _CACHE_VERSION = 2  # 2: keys hold every file's resolved path, size and time (issue 33 §8)
+#: the lengths cache's size at most: the least recently used files go first (a file is 8 bytes a sample)
+MAX_CACHE_BYTES = 256 << 20
 
 
 def _flag(name: str) -> str:
@@ -162,6 +164,8 @@ def _local_key(source: DataSource, tokenizer: str) -> str | None:
     path = Path(source.path).expanduser()
     if not path.exists():
         return None
+    if path.is_dir():
+        data_files.saved_files(path)  # a saved dataset's files inside it (issue 42 §7), before any cached lengths
     ident = [data_files.saved_fingerprints(path) if path.is_dir() else None, _files_identity(path)]
     return _key(["local", ident, *_source_fields(source), _tokenizer_identity(tokenizer)])
 
@@ -194,6 +198,8 @@ def _read_cache(cache_dir: Path, key: str, source: DataSource, tokenizer: str) -
             total = int(data["total"])
     except (OSError, ValueError, KeyError):  # a torn or foreign file: read the data again
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recently used: pruned last
     return DataLengths(lengths, source, tokenizer, total, cached=True)
 
 
@@ -206,6 +212,24 @@ def _write_cache(cache_dir: Path, key: str, lengths: SampleLengths, total: int) 
         arrays["target"] = lengths.target
     np.savez(tmp, **arrays)
     tmp.replace(path)  # whole or absent: a reader never sees half a file
+    _prune(path.parent, keep=path)
+
+
+def _prune(folder: Path, keep: Path) -> None:
+    """The oldest lengths files removed until the folder holds at most MAX_CACHE_BYTES (``keep`` stays)."""
+    entries = []
+    for entry in folder.glob("*.npz"):
+        with contextlib.suppress(OSError):
+            info = entry.stat()
+            entries.append((info.st_mtime_ns, info.st_size, entry))
+    total = sum(size for _, size, _ in entries)
+    for _, size, entry in sorted(entries, key=lambda e: e[0]):
+        if total <= MAX_CACHE_BYTES:
+            break
+        if entry != keep:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+            total -= size
 
 
 __all__ = ["MAX_SCAN", "DataLengths", "DataSource", "read_lengths", "tokenizer_for"]

@@ -20,14 +20,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trials.contract import JobSettings, LoraSpec, Precision
-from tuner.declared import API, ESTIMATE, SEARCH, TUNE, setting
+from trials.contract import FSDP_KNOBS, DpoSpec, JobSettings, LoraSpec, Precision
+from trials.contract_job import PaddingFree
+from tuner.declared import API, ESTIMATE, EXPLAIN, SEARCH, TUNE, setting
 from tuner.errors import ConfigError
+from tuner.job.evaluation import held_eval_batches
+from tuner.job.ledger.trl import recipe_dpo, recipe_lora
 from tuner.job.lora import LORA_FLAGS, lora_spec
+from tuner.job.padding_free import padding_free_of
 from tuner.job.space import KNOB_RANGES, Space
+from tuner.job.trainer_line import trainer_parts
 
-_ALL = frozenset({SEARCH, TUNE, API, ESTIMATE})
-_LOCAL = frozenset({SEARCH, TUNE, ESTIMATE})
+_ALL = frozenset({SEARCH, TUNE, API, ESTIMATE, EXPLAIN})
+_LOCAL = frozenset({SEARCH, TUNE, ESTIMATE, EXPLAIN})
 
 
 class Job(BaseModel):
@@ -42,6 +47,13 @@ class Job(BaseModel):
     num_beams: int = Field(1, ge=1)
     max_grad_norm: float = Field(1.0, ge=0)  # clipping of a job without DeepSpeed (TrainingArguments' default)
     lora: LoraSpec | None = None  # adapters on a frozen base (None: a full fine-tune)
+    dpo: DpoSpec | None = None  # a DPO recipe's pairs and reference (tuner.job.ledger.trl; None: one row per sample)
+    # the user's training args the probe runs (tuner.job.ledger.held: every field but those the probe sets itself)
+    trainer_args: dict[str, Any] | None = None
+    seq2seq_args: bool = False
+    eval_held_batches: int = Field(0, ge=0)  # eval batches whose logits stay on the device (tuner.job.evaluation)
+    compile: dict[str, Any] | None = None  # torch.compile's keywords from their accelerate config's dynamo_config
+    padding_free: PaddingFree | None = None  # a TRL SFT recipe's padding-free batches (tuner.job.packing)
 
     @property
     def evaluates(self) -> bool:
@@ -55,6 +67,12 @@ class Job(BaseModel):
             num_beams=self.num_beams,
             max_grad_norm=self.max_grad_norm,
             lora=self.lora,
+            dpo=self.dpo,
+            trainer_args=self.trainer_args,
+            seq2seq_args=self.seq2seq_args,
+            eval_held_batches=self.eval_held_batches if self.evaluates else 0,
+            compile=self.compile,
+            padding_free=self.padding_free,
         )
 
     def describe(self) -> str:
@@ -73,6 +91,13 @@ class Job(BaseModel):
             parts.append("no eval step")
         if self.lora is not None:
             parts.append(self.lora.describe())
+        if self.dpo is not None:
+            parts.append(self.dpo.describe())
+        parts += trainer_parts(self.trainer_args)
+        if self.padding_free is not None:
+            parts.append("padding-free (each micro batch one row of micro x length tokens)")
+        if self.compile:
+            parts.append(f"torch.compile ({self.compile.get('backend')}; accelerate config: dynamo_config)")
         return ", ".join(parts)
 
 
@@ -128,25 +153,26 @@ def resolve_job(
     length_hint: str = "pass --max-length (the longest input your job trains on; --max-target-length for seq2seq "
     "labels), or training args with max_source_length / max_seq_length",
     option: Callable[[str], str] = str,
+    trainer: tuple[dict[str, Any] | None, bool] | None = None,
+    compile: dict[str, Any] | None = None,
 ) -> Job:
     """The job from its sources, later wins: built-in defaults (``builtin`` presets only), the baseline (its parsed
     knobs: precision, eval batch, predict_with_generate; its training args: lengths, generation), then ``flags``
-    (the lora_* flags only from there). Without a length from any source: a ConfigError saying ``length_hint`` (how
-    this caller's user gives one); a bad LoRA flag: one naming it as ``option`` spells it."""
+    (the lora_* flags from there, over a TRL recipe's use_peft + lora_*: tuner.job.ledger.trl); ``trainer``: the
+    baseline's (trainer_args, seq2seq_args), what the probe's TrainingArguments are built from. Without a length from
+    any source: a ConfigError saying ``length_hint`` (how this caller's user gives one); a bad LoRA flag: one naming it
+    as ``option`` spells it."""
     values: dict[str, Any] = dict(BUILTIN_DEFAULTS) if builtin else {}
-    if baseline_knobs is not None:
-        values["precision"] = baseline_knobs.get("precision", values.get("precision"))
-        if hf_args:  # a job with training args evaluates the way they say
-            values["eval_batch_size"] = baseline_knobs.get("eval_batch_size")
-            values["generate"] = bool(baseline_knobs.get("generate"))
-    for name, keys in _HF_KEYS.items():
-        found = next((hf_args[k] for k in keys if hf_args and hf_args.get(k) is not None), None)
-        if found is not None:
-            values[name] = found
+    values.update(_from_baseline(baseline_knobs, hf_args, values.get("precision")))
+    if trainer is not None:
+        values["trainer_args"], values["seq2seq_args"] = trainer
+    values["compile"] = compile
+    values["padding_free"] = padding_free_of(hf_args)
+    values.update(_from_args(hf_args))
     values.update({k: v for k, v in vars(flags).items() if v is not None and k not in LORA_FLAGS})
-    values["lora"] = lora_spec(
-        flags.lora_r, flags.lora_alpha, flags.lora_dropout, flags.lora_target_modules, flags.lora_bias, option=option
-    )
+    lora = {**recipe_lora(hf_args or {}), **{k: getattr(flags, k) for k in LORA_FLAGS if getattr(flags, k) is not None}}
+    values["lora"] = lora_spec(*(lora.get(k) for k in LORA_FLAGS), option=option)
+    values["dpo"] = _dpo(recipe_dpo(hf_args or {}), values["lora"])
     if values.get("max_length") is None:
         raise ConfigError(f"no sequence length for this model: {length_hint}")
     if values.get("precision") is None:
@@ -160,6 +186,51 @@ def resolve_job(
         where = ".".join(str(x) for x in first.get("loc", ()))
         named = f"{option(where)} {first.get('input')!r}: " if where else ""
         raise ConfigError(f"job settings: {named}{first['msg']}") from None
+
+
+def _dpo(given: dict[str, Any] | None, lora: LoraSpec | None) -> dict[str, Any] | None:
+    """A DPO recipe's job: its reference is the adapter-disabled model where the job is LoRA (a --lora-r flag over a
+    recipe without use_peft too: DPOTrainer's policy is then a PEFT model), unless precomputed."""
+    if given is None or lora is None or given["reference"] != "model":
+        return given
+    return {**given, "reference": "adapter"}
+
+
+def _from_baseline(
+    knobs: Mapping[str, Any] | None, hf_args: Mapping[str, Any] | None, precision: str | None
+) -> dict[str, Any]:
+    """The job's precision from the baseline's knobs, and with training args their evaluation (tuner.job.
+    evaluation: a job with training args evaluates the way they say)."""
+    if knobs is None:
+        return {}
+    values = {"precision": knobs.get("precision", precision)}
+    if hf_args:
+        values["eval_batch_size"] = knobs.get("eval_batch_size")
+        values["generate"] = bool(knobs.get("generate"))
+        values["eval_held_batches"] = held_eval_batches(hf_args)
+    return values
+
+
+def _from_args(hf_args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The lengths and generation settings the training args give (their keys, then their generation_config)."""
+    values = {}
+    for name, keys in _HF_KEYS.items():
+        found = next((hf_args[k] for k in keys if hf_args and hf_args.get(k) is not None), None)
+        if found is None:
+            found = _generation_config(hf_args, name)
+        if found is not None:
+            values[name] = found
+    return values
+
+
+def _generation_config(hf_args: Mapping[str, Any] | None, name: str) -> Any:
+    """A generation setting from their ``generation_config`` (inline), as their Seq2SeqTrainer reads it where the
+    training args' own generation_max_length / generation_num_beams say nothing."""
+    config = (hf_args or {}).get("generation_config")
+    if not isinstance(config, Mapping):
+        return None
+    key = {"generation_max_length": "max_new_tokens", "num_beams": "num_beams"}.get(name)
+    return config.get(key) if key else None
 
 
 #: the knobs that belong to the job, fixed to its values in the space unless a space file lists them
@@ -179,3 +250,17 @@ def fix_space(space: Space, job: Job, listed: Collection[str] = ()) -> tuple[Spa
             continue
         fixed[name] = [value]
     return space.restrict(**fixed), changed
+
+
+def hold_engine(space: Space, engine: str | None, listed: Collection[str] = ()) -> Space:
+    """The space searching the engine of the user's files (``engine``: their baseline's; None: no files), unless a
+    space file names engines (``listed``). FSDP2: its own knobs (resharding, parameter offload) searched where the
+    space file does not name them; torch (plain DDP): no ZeRO stage."""
+    if engine is None or "engine" in listed:
+        return space
+    held: dict[str, list[Any]] = {"engine": [engine]}
+    if engine == "fsdp2":
+        held.update({name: [False, True] for name in FSDP_KNOBS if name not in listed})
+    if engine == "torch" and "zero_stage" not in listed:
+        held["zero_stage"] = [0]
+    return space.restrict(**held)

@@ -56,3 +56,44 @@ def resolve_model(source: str) -> ModelSpec:
             "google/flan-t5-large"
         )
     return ModelSpec(source=source)
+
+
+def resolve_local_model(source: str) -> ModelSpec:
+    """``resolve_model`` for the faces that run on the user's host (`tuner search`, `estimate`, `explain`,
+    ``tuner.tune``): a hub id must also resolve, checked before anything runs (``check_hub_model``)."""
+    spec = resolve_model(source)
+    if not spec.source.startswith(BUILTIN_PREFIX) and not Path(spec.source).is_absolute():
+        check_hub_model(spec.source)
+    return spec
+
+
+def check_hub_model(repo_id: str) -> None:
+    """A hub id resolves: its config.json in the local Hugging Face cache (no request), else, unless HF_HUB_OFFLINE is
+    set, one request to the hub (no retries). A ModelSourceError in one line when it does not, within seconds."""
+    import huggingface_hub
+    from huggingface_hub import constants, errors
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise ModelSourceError(
+            f"model {repo_id!r} is not in your Hugging Face cache and HF_HUB_OFFLINE is set: check the id, download "
+            f"it first (hf download {repo_id}), or give a local model directory"
+        )
+    try:
+        huggingface_hub.HfApi().model_info(repo_id, timeout=10)
+    except errors.GatedRepoError:
+        raise ModelSourceError(
+            f"model {repo_id!r} is gated on the Hugging Face Hub: accept its terms and log in (hf auth login), or give "
+            "a local model directory"
+        ) from None
+    except errors.RepositoryNotFoundError:
+        raise ModelSourceError(
+            f"model {repo_id!r} is not on the Hugging Face Hub (or is private): check the id, e.g. "
+            "google/flan-t5-large, or give a local model directory"
+        ) from None
+    except Exception as err:  # the hub unreachable (no network, a proxy, a timeout): one line, not the retries
+        raise ModelSourceError(
+            f"model {repo_id!r} is not in your Hugging Face cache and the hub is unreachable "
+            f"({type(err).__name__}): download it where the hub is reachable, or give a local model directory"
+        ) from None

@@ -43,11 +43,33 @@ def wanted_code(folder: Path) -> tuple[str, object] | None:
             continue
         try:
             data = loads_json(read_text_file(path, name), name)
-        except TunerError:  # unreadable config: transformers' own loading says so, with code refused
+        except TunerError:  # unreadable config: transformers' own loading says so, with code refused, unless ...
+            if _names_auto_map(path):  # ... a file past the read bound names one: refused here (issue 42 §9)
+                return name, f"in a file too large to read whole ({path.stat().st_size:,} bytes)"
             continue
         if isinstance(data, dict) and data.get("auto_map"):
             return name, data["auto_map"]
     return None
+
+
+def _names_auto_map(path: Path, limit: int = 1 << 30, chunk: int = 1 << 20) -> bool:
+    """Whether the regular file ``path`` holds the key ``"auto_map"`` anywhere in its first ``limit`` bytes."""
+    needle = b'"auto_map"'
+    tail = b""
+    try:
+        if not path.is_file():
+            return False
+        with open(path, "rb") as fh:
+            for _ in range(limit // chunk):
+                block = fh.read(chunk)
+                if not block:
+                    return False
+                if needle in tail + block:
+                    return True
+                tail = block[-len(needle) :]
+    except OSError:
+        return False
+    return False
 
 
 def refuse_own_code(source: str, what: str, error: type[TunerError] = ConfigError) -> None:

@@ -12,6 +12,7 @@ a shuffled batch), an upper bound for micro_batch 1 otherwise. Pure: numpy, no t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -93,11 +94,20 @@ def worst_is_padded(clipped: SampleLengths, micro_batch: int, input_length: int)
     return shortest < input_length and (micro_batch >= 2 or int(clipped.input.max()) < input_length)
 
 
+#: the sampler's order of one epoch over the (clipped) input lengths: their Trainer's sampler (tuner.probing.batches)
+Sampler = Callable[[IntArray, int], IntArray]
+
+
 def draw_batches(
-    lengths: SampleLengths, micro_batch: int, collation: Collation, count: int, seed: int = 0
+    lengths: SampleLengths,
+    micro_batch: int,
+    collation: Collation,
+    count: int,
+    seed: int = 0,
+    sampler: Sampler | None = None,
 ) -> list[BatchShape]:
-    """``count`` micro batches as a shuffled epoch makes them (seeded), each padded as the collator pads it, with the
-    real input tokens it holds."""
+    """``count`` micro batches as a shuffled epoch makes them (seeded; ``sampler(input lengths, epoch)``: their
+    Trainer's sampler's order instead), each padded as the collator pads it, with the real input tokens it holds."""
     if micro_batch < 1 or count < 0:
         raise ConfigError(f"cannot draw {count} batches of {micro_batch} samples")
     clipped = collation.clip(lengths)
@@ -107,8 +117,11 @@ def draw_batches(
     rng = np.random.default_rng(seed)
     order: IntArray = np.empty(0, dtype=np.int64)
     need = count * micro_batch
+    epoch = 0
     while len(order) < need:  # more epochs when the data is smaller than the draw
-        order = np.concatenate([order, rng.permutation(n)])
+        drawn = sampler(clipped.input, epoch) if sampler is not None else rng.permutation(n)
+        order = np.concatenate([order, np.asarray(drawn, dtype=np.int64)])
+        epoch += 1
     out = []
     for k in range(count):
         idx = order[k * micro_batch : (k + 1) * micro_batch]

@@ -3,8 +3,10 @@
 Every knob is a list of choices. A file may write a knob as a list, a single value (fixed), or an integer range
 ``{low: 1, high: 64, scale: pow2}`` (``scale: linear`` with ``step`` for evenly spaced values). Knobs left out keep the
 built-in default's choices. Conditional knobs are only sampled where they apply: ZeRO settings only for the DeepSpeed
-engine; bucket sizes, overlap_comm, contiguous_gradients and offload only for ZeRO stage >= 1; reshard_after_forward
-and offload_params only for the FSDP2 engine.
+engine; bucket sizes, overlap_comm, contiguous_gradients and offload only for ZeRO stage >= 1, offload_param (parameter
+offload) only for ZeRO-3; reshard_after_forward
+and offload_params only for the FSDP2 engine; across nodes, ZeRO++ (zero_hpz_partition_size, zero_quantized_weights,
+zero_quantized_gradients) only for ZeRO-3 and dp_replicate_size (HSDP) only for FSDP2.
 """
 
 from __future__ import annotations
@@ -14,19 +16,29 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import tomllib
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from trials.contract import FSDP_KNOBS, Engine, Knobs, Precision
+from trials.contract import FSDP_KNOBS, NODE_KNOBS, ZERO_PP_KNOBS, Engine, Knobs, Precision
 from tuner.bounded import MAX_DEPTH, ShapeError, check_shape, read_text_file
+from tuner.bounded_yaml import loads_yaml
 from tuner.errors import LimitError, SpaceError
+from tuner.job.space_values import MAX_CHOICES, as_list, to_int
+from tuner.job.space_values import IntRange as IntRange  # re-exported: a space file's range
 
 DEFAULT_SPACE_FILE = Path(__file__).with_name("default_space.yaml")
-MAX_CHOICES = 64
 # Workers list every config of the space when they start (the proposers, the memory trace): a space is counted, never
 # enumerated, when it is checked, and refused above this many configs (about 6 s of enumeration on this machine).
 MAX_CONFIGS = 100_000
@@ -55,69 +67,6 @@ class Suggester(Protocol):
     def suggest_categorical(self, name: str, choices: Any) -> Any: ...
 
 
-class IntRange(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    low: int = Field(ge=1)
-    high: int = Field(ge=1)
-    scale: Literal["pow2", "linear"] = "pow2"
-    step: int = Field(1, ge=1)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> IntRange:
-        if self.low > self.high:
-            raise ValueError(f"range low {self.low} is above high {self.high}")
-        return self
-
-    def count(self) -> int:
-        """How many values the range holds, without listing them."""
-        if self.scale == "linear":
-            return (self.high - self.low) // self.step + 1
-        return max(0, self.high.bit_length() - (self.low - 1).bit_length())
-
-    def values(self) -> list[int]:
-        n = self.count()
-        if n > MAX_CHOICES:
-            raise PydanticCustomError(
-                "too_many",
-                "the range {low}..{high} holds {n} values; at most {most} per knob",
-                {**self._ends(), "n": n},
-            )
-        if self.scale == "linear":
-            return list(range(self.low, self.high + 1, self.step))
-        out, v = [], 1
-        while v <= self.high:
-            if v >= self.low:
-                out.append(v)
-            v *= 2
-        if not out:
-            raise ValueError(f"no power of two lies in [{self.low}, {self.high}]")
-        return out
-
-    def _ends(self) -> dict[str, int]:
-        return {"low": self.low, "high": self.high, "most": MAX_CHOICES}
-
-
-def _as_list(value: Any) -> Any:
-    if isinstance(value, dict):
-        return IntRange.model_validate(value).values()
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
-
-
-def _to_int(value: Any) -> Any:
-    """Accepts 2e8 / "5e8" spellings for bucket sizes (YAML reads 5e8 as a string)."""
-    if isinstance(value, str):
-        try:
-            as_float = float(value)
-        except ValueError:
-            return value
-        return int(as_float) if as_float.is_integer() else value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
 #: the values a knob may take (a job setting that is also a knob, e.g. max_length, is held to the same)
 KNOB_RANGES: dict[str, tuple[int, int]] = {
     "micro_batch_size": (1, 65536),
@@ -126,6 +75,8 @@ KNOB_RANGES: dict[str, tuple[int, int]] = {
     "eval_batch_size": (1, 65536),
     "allgather_bucket_size": (1, 10**11),
     "reduce_bucket_size": (1, 10**11),
+    "zero_hpz_partition_size": (1, 1024),
+    "dp_replicate_size": (1, 1024),
 }
 
 
@@ -141,6 +92,7 @@ class Space(BaseModel):
     overlap_comm: list[bool] = Field(default=[False], min_length=1)
     contiguous_gradients: list[bool] = Field(default=[True], min_length=1)
     offload_optimizer: list[bool] = Field(default=[False], min_length=1)
+    offload_param: list[bool] = Field(default=[False], min_length=1)  # ZeRO-3's parameter offload
     gradient_checkpointing: list[bool] = Field(default=[False], min_length=1)
     precision: list[Precision] = Field(default=["fp32"], min_length=1)
     alloc_conf: list[str | None] = Field(default=[None], min_length=1)
@@ -148,19 +100,34 @@ class Space(BaseModel):
     generate: list[bool] = Field(default=[False], min_length=1)
     reshard_after_forward: list[bool] = Field(default=[True], min_length=1)
     offload_params: list[bool] = Field(default=[False], min_length=1)
+    # across nodes (trials.contract.NODE_KNOBS): ZeRO++ of ZeRO-3, FSDP2's replicate degree (HSDP)
+    zero_hpz_partition_size: list[int | None] = Field(default=[None], min_length=1)
+    zero_quantized_weights: list[bool] = Field(default=[False], min_length=1)
+    zero_quantized_gradients: list[bool] = Field(default=[False], min_length=1)
+    dp_replicate_size: list[int | None] = Field(default=[None], min_length=1)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The across-node knobs only where a choice is given (a stored space of a study from before them, and of any
+        one-node study, keeps its JSON: a resume compares it)."""
+        data: dict[str, Any] = handler(self)
+        for name in (*NODE_KNOBS, "offload_param"):  # offload_param likewise, where only off
+            if data.get(name) in ([None], [False]):
+                data.pop(name, None)
+        return data
 
     @field_validator("*", mode="before")
     @classmethod
     def _listify(cls, value: Any) -> Any:
-        return _as_list(value)
+        return as_list(value)
 
     @field_validator("allgather_bucket_size", "reduce_bucket_size", mode="before")
     @classmethod
     def _bucket_ints(cls, value: Any) -> Any:
         """Runs before _listify (pydantic runs "before" validators last-defined first): a range's ends as 5e7 too."""
         if isinstance(value, dict):
-            value = {key: _to_int(v) for key, v in value.items()}
-        return [_to_int(v) for v in _as_list(value)]
+            value = {key: to_int(v) for key, v in value.items()}
+        return [to_int(v) for v in as_list(value)]
 
     @field_validator("alloc_conf", mode="after")
     @classmethod
@@ -211,10 +178,11 @@ class Space(BaseModel):
         common = n(self.micro_batch_size) * n(self.max_length) * n(self.gradient_checkpointing) * n(self.precision)
         zero_rest = n(self.reduce_bucket_size) * n(self.overlap_comm) * n(self.contiguous_gradients)
         zero_rest *= n(self.offload_optimizer)
-        per_stage = {0: 1, 1: n(self.allgather_bucket_size) * zero_rest, 3: zero_rest}
+        zero_pp = n(self.zero_hpz_partition_size) * n(self.zero_quantized_weights) * n(self.zero_quantized_gradients)
+        per_stage = {0: 1, 1: n(self.allgather_bucket_size) * zero_rest, 3: zero_rest * zero_pp * n(self.offload_param)}
         per_engine = {
             "deepspeed": sum(per_stage.get(stage, per_stage[1]) for stage in self.zero_stage),
-            "fsdp2": n(self.reshard_after_forward) * n(self.offload_params),
+            "fsdp2": n(self.reshard_after_forward) * n(self.offload_params) * n(self.dp_replicate_size),
         }
         engines = sum(per_engine.get(engine, 1) for engine in self.engine)
         evals = sum(1 if e is None else n(self.generate) for e in self.eval_batch_size)
@@ -232,21 +200,29 @@ class Space(BaseModel):
         values: dict[str, Any] = {"engine": self._pick(trial, "engine")}
         for name in ("micro_batch_size", "max_length", "gradient_checkpointing", "precision"):
             values[name] = self._pick(trial, name)
-        if values["engine"] == "deepspeed":
-            values["zero_stage"] = self._pick(trial, "zero_stage")
-        if values["engine"] == "fsdp2":
-            for name in FSDP_KNOBS:
-                values[name] = self._pick(trial, name)
-        if values.get("zero_stage", 0) >= 1:
-            for name in ZERO_KNOBS:
-                if name == "allgather_bucket_size" and values["zero_stage"] == 3:
-                    continue  # stage 3 gathers by its own prefetch buckets
-                values[name] = self._pick(trial, name)
+        values.update(self._engine_knobs(trial, values["engine"]))
         for name in ("alloc_conf", "eval_batch_size"):
             values[name] = self._pick(trial, name)
         if values["eval_batch_size"] is not None:
             values["generate"] = self._pick(trial, "generate")
         return Knobs(**values)
+
+    def _engine_knobs(self, trial: Suggester, engine: str) -> dict[str, Any]:
+        """The knobs only ``engine`` reads, each drawn only where it applies (bucket sizes and the rest for ZeRO >= 1,
+        ZeRO++ for ZeRO-3, the replicate degree for FSDP2)."""
+        if engine == "fsdp2":
+            return {name: self._pick(trial, name) for name in (*FSDP_KNOBS, "dp_replicate_size")}
+        if engine != "deepspeed":
+            return {}
+        stage = self._pick(trial, "zero_stage")
+        out: dict[str, Any] = {"zero_stage": stage}
+        if stage >= 1:
+            for name in ZERO_KNOBS:
+                if name != "allgather_bucket_size" or stage != 3:  # stage 3 gathers by its own prefetch buckets
+                    out[name] = self._pick(trial, name)
+        if stage == 3:
+            out.update({name: self._pick(trial, name) for name in (*ZERO_PP_KNOBS, "offload_param")})
+        return out
 
     def configs(self) -> Iterator[Knobs]:
         """Every distinct config of the space (the full grid), conditional knobs respected."""
@@ -317,17 +293,17 @@ def _read(path: Path) -> dict[str, Any]:
         what = "is a directory" if path.is_dir() else "does not exist"
         raise SpaceError(f"space file {path} {what}; give a YAML or TOML file (see tuner/job/default_space.yaml)")
     text = read_text_file(path, "space file", error=SpaceError)
-    try:
-        if path.suffix.lower() == ".toml":
+    if path.suffix.lower() != ".toml":  # aliases counted expanded, libyaml's parser (issue 42 §3)
+        data = loads_yaml(text, f"space file {str(path)[:200]}", error=SpaceError)
+    else:
+        try:
             data = tomllib.loads(text)
-        else:
-            data = yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as err:
-        first = str(err).strip().splitlines()[0]
-        raise SpaceError(f"space file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {first}") from None
-    except RecursionError:
-        raise ShapeError(f"space file {path} nests deeper than {MAX_DEPTH} levels") from None
-    check_shape(data, f"space file {path}")
+        except tomllib.TOMLDecodeError as err:
+            first = str(err).strip().splitlines()[0][:200]
+            raise SpaceError(f"space file {path} is not valid toml: {first}") from None
+        except RecursionError:
+            raise ShapeError(f"space file {path} nests deeper than {MAX_DEPTH} levels") from None
+        check_shape(data, f"space file {path}")
     if data is None:
         data = {}
     if not isinstance(data, dict):

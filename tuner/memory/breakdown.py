@@ -25,25 +25,32 @@ PHASE_TITLES = {
 
 #: the parts of a phase, in the order they print
 PARAMETERS = "parameters"
+REFERENCE = "reference model"  # a DPO job's frozen reference model (tuner.memory.reference)
 GRADIENTS = "gradients"
 OPTIMIZER = "optimizer states"
 ZERO_BUFFERS = "ZeRO buffers"
 GATHERED = "gathered parameters"  # FSDP2's all-gathered blocks (where DeepSpeed has its ZeRO buffers)
 ACTIVATIONS = "activations + temporaries"
 GENERATION_CACHE = "generation cache"
-PARTS = (PARAMETERS, GRADIENTS, OPTIMIZER, ZERO_BUFFERS, GATHERED, ACTIVATIONS, GENERATION_CACHE)
+PARTS = (PARAMETERS, REFERENCE, GRADIENTS, OPTIMIZER, ZERO_BUFFERS, GATHERED, ACTIVATIONS, GENERATION_CACHE)
 
 
 def columns(phases: tuple[PhaseEstimate, ...] | list[PhaseEstimate]) -> tuple[str, ...]:
     """The parts a table of these phases shows: FSDP2's gathered parameters in the ZeRO buffers' place when a phase
     has them (an FSDP2 config), else every part but them (as before FSDP2)."""
     fsdp = any(part.name == GATHERED for p in phases for part in p.parts)
-    return tuple(n for n in PARTS if n != (ZERO_BUFFERS if fsdp else GATHERED))
+    reference = any(part.name == REFERENCE for p in phases for part in p.parts)
+    return tuple(n for n in PARTS if n != (ZERO_BUFFERS if fsdp else GATHERED) and (reference or n != REFERENCE))
 
 
 NOT_COVERED = (
     "not covered: the CUDA context and cuBLAS workspace, NCCL buffers, the allocator's reserve and fragmentation "
     "(outside the trace; a calibration against measured probes absorbs them)"
+)
+#: added when the job compiles its model (torch_compile)
+NOT_COVERED_COMPILED = (
+    "; compiled graphs (torch_compile): the trace runs the eager kernels, a compiled step fuses and frees "
+    "differently (the search calibrates on its compiled probes)"
 )
 
 

@@ -27,6 +27,8 @@ from tuner.memory.breakdown import (
     GENERATE,
     GENERATION_CACHE,
     GRADIENTS,
+    NOT_COVERED,
+    NOT_COVERED_COMPILED,
     OPTIMIZER,
     OPTIMIZER_STEP,
     PARAMETERS,
@@ -38,6 +40,7 @@ from tuner.memory.breakdown import (
 )
 from tuner.memory.fsdp import fsdp_phases, fsdp_states
 from tuner.memory.fsdp import matching as fsdp_matching
+from tuner.memory.reference import pairs_note, reference_parts, solve3
 from tuner.memory.states import (
     PhaseBuffers,
     StateBytes,
@@ -46,7 +49,17 @@ from tuner.memory.states import (
     zero_order_sound,
     zero_stage_need,
 )
-from tuner.memory.trace import Evaluation, FsdpPoint, Trace, TracePoint, fsdp_at, same_mode, trace, trace_at
+from tuner.memory.trace import (
+    Evaluation,
+    FsdpPoint,
+    Trace,
+    TracePoint,
+    fsdp_at,
+    same_mode,
+    shard_world,
+    trace,
+    trace_at,
+)
 from tuner.memory.traced import named, traced
 
 __all__ = [
@@ -150,10 +163,16 @@ class Estimator:
 
     def step_temporaries(self, knobs: Knobs) -> int:
         """The optimizer step's temporaries: the traced AdamW's for plain torch, ZeRO-0 and ZeRO-3; none beyond the
-        grad partition for ZeRO-1/2, whose step runs on the partition (measured on the recorded tables)."""
+        grad partition for ZeRO-1/2, whose step runs on the partition (measured on the recorded tables). ZeRO-3 in
+        bf16 / fp16 adds one more flat fp32 copy of the rank's grad partition: its step unscales it out of place
+        (``div.Tensor`` of the flat partition, seen at the failed allocation of a ZeRO-3 bf16 probe; t5-wide-1rank-bf16
+        was 12.6% low without it where the step is the peak)."""
         if knobs.engine == "deepspeed" and knobs.zero_stage in (1, 2):
             return 0
-        return traced(self.trace, knobs, lambda p: p.step_temp_bytes) or 0
+        step = traced(self.trace, knobs, lambda p: p.step_temp_bytes) or 0
+        if knobs.engine == "deepspeed" and knobs.zero_stage == 3 and knobs.precision in ("bf16", "fp16"):
+            step += self._zero(knobs).grad_partition
+        return step
 
     def activation_bytes(self, knobs: Knobs) -> int:
         """The larger of the two phases' activations + temporaries (what the calibration scales)."""
@@ -163,20 +182,25 @@ class Estimator:
         tr = self.trace
         if knobs.engine == "fsdp2":
             return fsdp_states(self._fsdp(knobs), knobs)
-        return model_state_bytes(knobs, tr.param_count, self.world_size, tr.largest_param, tr.trainable_count)
+        return model_state_bytes(
+            knobs, tr.param_count, self.world_size, tr.largest_param, tr.trainable_count, tr.optimizer_state()
+        )
 
     def breakdown(self, knobs: Mapping[str, Any] | Knobs) -> Breakdown:
         """Each phase's peak on a rank, part by part (uncalibrated); data-parallel ranks alike. The eval phases
         appear when the config evaluates and the trace has them (traced with the job's Evaluation)."""
         k = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(dict(knobs))
         if k.engine == "fsdp2":
-            return Breakdown(ranks=(RankEstimate(rank=None, phases=tuple(fsdp_phases(self._fsdp(k), k))),))
-        return Breakdown(ranks=(RankEstimate(rank=None, phases=(*self._train_phases(k), *self._eval_phases(k))),))
+            phases = tuple(fsdp_phases(self._fsdp(k), k, self.trace.padding_free is not None))
+        else:
+            phases = (*self._train_phases(k), *self._eval_phases(k))
+        said = NOT_COVERED + (NOT_COVERED_COMPILED if self.trace.compiled else "")
+        return Breakdown(ranks=(RankEstimate(rank=None, phases=phases),), not_covered=said)
 
     def _fsdp(self, k: Knobs) -> list[FsdpPoint]:
         """An FSDP2 config's traced points (tuner.memory.fsdp: its own probe traced, not the plain trace's
         arithmetic); a ConfigError when the trace has none of its kind."""
-        return fsdp_matching(self.trace, k, self.world_size, self.accumulates(k))
+        return fsdp_matching(self.trace, k, shard_world(k, self.world_size), self.accumulates(k))
 
     def _zero(self, k: Knobs) -> PhaseBuffers:
         tr = self.trace
@@ -197,7 +221,13 @@ class Estimator:
         fb_zero, fb_act, fb_note = self._backward_peak(k, buffers)
         phases = []
         for phase, zero, act, note, grad_part in (
-            (FORWARD_BACKWARD, fb_zero, fb_act, "fake-tensor trace" + resident + fb_note, backward_grads),
+            (
+                FORWARD_BACKWARD,
+                fb_zero,
+                fb_act,
+                "fake-tensor trace" + resident + fb_note + pairs_note(self.trace),
+                backward_grads,
+            ),
             (
                 OPTIMIZER_STEP,
                 buffers.optimizer_step,
@@ -207,9 +237,13 @@ class Estimator:
             ),
         ):
             if k.engine == "torch" or k.zero_stage in (0, 3):  # ZeRO-3's step: + the fp32 grad partition it builds
-                zero = st.buffers + (buffers.grad_partition if phase == OPTIMIZER_STEP else 0)
+                # and hpZ's secondary partition (ZeRO++), which an accumulating forward+backward carries too
+                step = buffers.grad_partition + buffers.secondary
+                carried = buffers.secondary if buffers.secondary_in_backward else 0
+                zero = st.buffers + (step if phase == OPTIMIZER_STEP else carried)
             parts = (
-                Part(PARAMETERS, st.params),
+                Part(PARAMETERS, st.params, "host memory (offload_param)" if k.offload_param else ""),
+                *reference_parts(self.trace, k, self.world_size),
                 grad_part,
                 Part(OPTIMIZER, st.optimizer, host),
                 Part(ZERO_BUFFERS, zero),
@@ -244,9 +278,10 @@ class Estimator:
             return []
         size = k.eval_batch_size or k.micro_batch_size
         tr, st, buffers = self.trace, self.states(k), self._zero(k)
+        ek = self._eval_knobs(k)
 
         def at(value: Callable[[TracePoint], int | None]) -> int | None:
-            return traced(tr, k, value, batch=lambda p: p.eval_batch_size or 1, wanted=size)
+            return traced(tr, ek, value, batch=lambda p: p.eval_batch_size or 1, wanted=size)
 
         def less_copies(value: Callable[[TracePoint], int | None]) -> Callable[[TracePoint], int | None]:
             return lambda p: None if (v := value(p)) is None else v - _copies(p)
@@ -260,7 +295,8 @@ class Estimator:
         persistent = st.buffers if k.engine == "torch" or k.zero_stage in (0, 3) else buffers.offload_staging
         host = "host memory (offload_optimizer)" if k.offload_optimizer and k.engine == "deepspeed" else ""
         states = (
-            Part(PARAMETERS, st.params),
+            Part(PARAMETERS, st.params, "host memory (offload_param)" if k.offload_param else ""),
+            *reference_parts(tr, k, self.world_size),
             self._eval_grads(k, st),
             Part(OPTIMIZER, st.optimizer, host),
             Part(ZERO_BUFFERS, persistent),
@@ -269,14 +305,25 @@ class Estimator:
         note = f"eval batch {size}" + (f", with autocast's weight copies ({copies / 2**20:,.1f} MiB)" if copies else "")
         forward = at(less_copies(lambda p: p.eval_bytes))
         if forward is not None:
-            act = Part(ACTIVATIONS, forward + copies, note, named(tr, k, EVAL_FORWARD, size))
+            act = Part(ACTIVATIONS, forward + copies, note, named(tr, ek, EVAL_FORWARD, size))
             phases.append(PhaseEstimate(EVAL_FORWARD, (*states, act)))
         decode, cache = at(less_copies(lambda p: p.generate_bytes)), at(lambda p: p.generate_cache_bytes)
         if k.generate and decode is not None:
             c = cache or 0
-            act = Part(ACTIVATIONS, max(0, decode - c) + copies, note, named(tr, k, GENERATE, size))
+            act = Part(ACTIVATIONS, max(0, decode - c) + copies, note, named(tr, ek, GENERATE, size))
             phases.append(PhaseEstimate(GENERATE, (*states, act, Part(GENERATION_CACHE, c, "KV cache, full length"))))
         return phases
+
+    def _eval_knobs(self, k: Knobs) -> Knobs:
+        """The config whose traced points hold ``k``'s eval phases: its own, or for a checkpointed config whose
+        points were traced without them (tuner.memory.trace.trace ``evaluate_checkpointed``), the same config
+        without checkpointing (evaluation runs in eval mode, checkpointing off: the same bytes)."""
+        if not k.gradient_checkpointing:
+            return k
+        size = k.eval_batch_size or k.micro_batch_size
+        if traced(self.trace, k, lambda p: p.eval_bytes, batch=lambda p: p.eval_batch_size or 1, wanted=size) is None:
+            return k.model_copy(update={"gradient_checkpointing": False})
+        return k
 
     @staticmethod
     def _eval_grads(k: Knobs, st: StateBytes) -> Part:
@@ -327,7 +374,7 @@ class Estimator:
                 aty[i] += x[i] * y
                 for j in range(3):
                     ata[i][j] += x[i] * x[j]
-        t = _solve3(ata, aty)
+        t = solve3(ata, aty)
         self._theta = (max(t[0], 0.0), max(t[1], 0.0), t[2] * unit)
 
     def errors(self) -> list[float]:
@@ -343,18 +390,6 @@ def accumulates(global_batch: int | None, micro_batch_size: int, world_size: int
     if global_batch is None:
         return True
     return (accumulation_steps(global_batch, micro_batch_size, world_size) or 2) > 1
-
-
-def _solve3(m: list[list[float]], v: list[float]) -> list[float]:
-    a = [[*row[:], v[i]] for i, row in enumerate(m)]
-    for c in range(3):
-        piv = max(range(c, 3), key=lambda r: abs(a[r][c]))
-        a[c], a[piv] = a[piv], a[c]
-        for r in range(3):
-            if r != c and a[c][c]:
-                f = a[r][c] / a[c][c]
-                a[r] = [x - f * y for x, y in zip(a[r], a[c], strict=False)]
-    return [a[i][3] / a[i][i] if a[i][i] else 0.0 for i in range(3)]
 
 
 def _copies(p: TracePoint) -> int:

@@ -24,8 +24,7 @@ from tuner.memory.crash import CrashOdds
 from tuner.memory.oom_match import Attribution, Match
 from tuner.memory.oom_message import OomMessage
 from tuner.memory.snapshot_parts import SnapshotRead
-
-GiB = 1 << 30
+from tuner.units import memory_text
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ class Change:
     changes_job: bool = False  # truncation changes what the model trains on
 
     def line(self) -> str:
-        return f"{self.what}: peak {self.peak / GiB:.2f} GiB, throughput ~{self.speed:.2f}x ({self.basis})"
+        return f"{self.what}: peak {memory_text(self.peak)}, throughput ~{self.speed:.2f}x ({self.basis})"
 
 
 #: a probe's measured phases (trials.contract.MEMORY_PHASES) -> the estimate's phases whose peak it measures
@@ -70,8 +69,8 @@ class PhaseCheck:
 
     def describe(self) -> str:
         return (
-            f"{MEASURED_TITLES.get(self.phase, self.phase)}: measured {self.measured / GiB:.3f} GiB, estimated "
-            f"{self.estimate.total / GiB:.3f} GiB ({self.estimate.title}, {self.error:+.1%})"
+            f"{MEASURED_TITLES.get(self.phase, self.phase)}: measured {memory_text(self.measured)}, estimated "
+            f"{memory_text(self.estimate.total)} ({self.estimate.title}, {self.error:+.1%})"
         )
 
 
@@ -142,6 +141,7 @@ class Explanation:
     not_covered: str = NOT_COVERED
     traced_lengths: tuple[int, ...] = ()
     trial: TrialFacts | None = None  # `tuner explain --study S --trial N`: what the trial measured
+    with_data: bool = False  # the worst batch is the data's (--dataset given), not every sample at max_length
 
 
 def phase_checks(rank: RankEstimate, measured: Mapping[str, int]) -> tuple[PhaseCheck, ...]:

@@ -17,6 +17,7 @@ eval_batch_size        larger or equal; ``None`` (no eval pass) needs the least
 generate               on, or equal (generation runs on top of the eval forward)
 reshard_after_forward  off, or equal (FSDP2 keeps each block's gathered parameters to its backward)
 offload_params         off, or equal (FSDP2 keeps the sharded parameters, gradients and optimizer on the host)
+offload_param          off, or equal (ZeRO-3 keeps its parameter partitions on the host)
 everything else        equal: engine, overlap_comm, contiguous_gradients, precision, alloc_conf
 ====================== ===================================================================================
 
@@ -68,6 +69,7 @@ DEFAULT_ORDER: dict[str, Direction] = {
     "generate": "up",
     "reshard_after_forward": "down",  # FSDP2: keeping the gathered blocks to the backward needs more
     "offload_params": "down",
+    "offload_param": "down",  # ZeRO-3's parameter offload (a dump leaves it out when off)
     "engine": "equal",
     "overlap_comm": "equal",
     "contiguous_gradients": "equal",
@@ -101,7 +103,7 @@ def _value(knobs: Mapping[str, Any], name: str) -> Any:
     v = knobs.get(name)
     if name in BUCKET_KNOBS and v is None:
         return DS_DEFAULT_BUCKET
-    if name == "eval_batch_size" and v is None:
+    if name in ("eval_batch_size", "offload_param") and v is None:
         return 0
     if isinstance(v, bool):
         return int(v)

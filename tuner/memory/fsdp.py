@@ -74,11 +74,15 @@ def fitted(
     batch: Callable[[FsdpPoint], int],
     want: int,
     length: int,
+    flat: bool = False,
 ) -> int | None:
     """``value`` at (``want`` samples, ``length``): a traced point's own, else ``c + n x (a*len + b*len^2)`` least
     squares over the traced points (c >= 0, b >= 0; the constant only where two batch sizes or token counts tell it
-    from the per-sample term)."""
+    from the per-sample term). ``flat``: a padding-free trace (each batch one row of n x len tokens), every point and
+    the config read as one row of its flattened length."""
     have = [(batch(p), p.max_length, float(got)) for p in points if (got := value(p)) is not None]
+    if flat:
+        have, want, length = [(1, n * s, v) for n, s, v in have], 1, want * length
     for n, s, v in have:
         if (n, s) == (want, length):
             return int(v)
@@ -130,8 +134,9 @@ def fsdp_states(points: list[FsdpPoint], k: Knobs) -> StateBytes:
     return StateBytes(params=p.param_shard_bytes, grads=0, optimizer=p.states_bytes - p.param_shard_bytes, buffers=0)
 
 
-def fsdp_phases(points: list[FsdpPoint], k: Knobs) -> list[PhaseEstimate]:
-    """The config's phases part by part on one rank (FSDP2 ranks hold equal, padded shards)."""
+def fsdp_phases(points: list[FsdpPoint], k: Knobs, flat: bool = False) -> list[PhaseEstimate]:
+    """The config's phases part by part on one rank (FSDP2 ranks hold equal, padded shards); ``flat``: traced
+    padding-free (``fitted``)."""
     st = fsdp_states(points, k)
     near = _nearest(points, k)
     n = near.world_size
@@ -144,7 +149,7 @@ def fsdp_phases(points: list[FsdpPoint], k: Knobs) -> list[PhaseEstimate]:
     micro, length = k.micro_batch_size, k.max_length
 
     def at(value: Callable[[FsdpPoint], int | None]) -> int | None:
-        return fitted(points, value, lambda p: p.micro_batch_size, micro, length)
+        return fitted(points, value, lambda p: p.micro_batch_size, micro, length, flat)
 
     rest = at(lambda p: p.forward_backward_bytes - p.gathered_bytes) or 0
     held = "kept to the backward (reshard_after_forward false)" if not k.reshard_after_forward else "resharded"
@@ -166,16 +171,16 @@ def fsdp_phases(points: list[FsdpPoint], k: Knobs) -> list[PhaseEstimate]:
             ),
         ),
     ]
-    return phases + _eval_phases(points, k, states)
+    return phases + _eval_phases(points, k, states, flat)
 
 
-def _eval_phases(points: list[FsdpPoint], k: Knobs, states: tuple[Part, ...]) -> list[PhaseEstimate]:
+def _eval_phases(points: list[FsdpPoint], k: Knobs, states: tuple[Part, ...], flat: bool) -> list[PhaseEstimate]:
     if k.eval_batch_size is None and not k.generate:
         return []
     size = k.eval_batch_size or k.micro_batch_size
 
     def at(value: Callable[[FsdpPoint], int | None]) -> int | None:
-        return fitted(points, value, lambda p: p.eval_batch_size or 1, size, k.max_length)
+        return fitted(points, value, lambda p: p.eval_batch_size or 1, size, k.max_length, flat)
 
     out = []
     note = f"eval batch {size}, the blocks gathered one by one as in training"

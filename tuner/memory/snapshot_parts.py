@@ -5,9 +5,13 @@ that allocated it, innermost first) summed per part of tuner.memory.breakdown by
 
 Each block goes to the first rule (``RULES``, an ordered table) that matches its innermost frame, else its next frame
 outwards, and so on: the most specific call site decides (an AdamW state created by torch.optim under DeepSpeed's
-step is an optimizer state; a forward recomputed in the backward, an activation). A block with no frames was
+step is an optimizer state; a forward recomputed in the backward, an activation). A block with no frames was either
 allocated before the probe started recording (its memory window opens after the model is built: the parameters as
-loaded, and what else setup left); a block no rule matches is unattributed, and its innermost frames are listed.
+loaded, and what else setup left), or recorded on a thread that runs no Python: with ``stacks="python"`` (the probe's
+recording) the blocks the autograd engine's own thread allocates on CUDA, the backward's gradients and temporaries,
+carry none. The snapshot's allocation trace (``device_traces``) tells them apart: a frameless block whose address an
+``alloc`` of the recording made (and nothing freed since) is the backward's (``unframed``, counted as gradients);
+the others were there before. A block no rule matches is unattributed, and its innermost frames are listed.
 
 Reading is bounded and safe (issue 33 §2, §4-§7): only a regular file of at most ``MAX_FILE_BYTES`` is read, by
 an unpickler that builds only builtin containers and scalars (the snapshot is plain dicts, lists, strings and ints;
@@ -44,6 +48,7 @@ from tuner.memory.breakdown import (
 
 MAX_FILE_BYTES = 256 << 20  # trials.oom_snapshot keeps none larger
 MAX_BLOCKS = 200_000  # blocks summed (about 1 s per 100,000 of 40-frame stacks); more: cut, and it says so
+MAX_TRACE_ENTRIES = 1_000_000  # allocation-trace entries read (torch keeps max_entries of them per device)
 MAX_FRAMES = 256  # frames of one stack read, innermost first (a CUDA stack holds tens)
 MAX_FILE_TEXT = 240  # a frame's file, its last characters kept (the rules match the path's end)
 MAX_NAME_TEXT = 360  # a frame's function (a profiler frame's carries its file too), its first characters kept
@@ -116,8 +121,10 @@ class CallSite:
 @dataclass(frozen=True)
 class SnapshotParts:
     """A snapshot's live bytes per estimate part (``parts``, in breakdown.PARTS order), those allocated before the
-    recording started (no frames), the unattributed rest and its largest call sites; ``reserved`` is the segments'
-    total (live + cached). ``blocks`` were summed; ``cut`` when the snapshot had more (MAX_BLOCKS)."""
+    recording started (no frames, and no alloc in the recording's trace), the unattributed rest and its largest call
+    sites; ``reserved`` is the segments' total (live + cached). ``blocks`` were summed; ``cut`` when the snapshot had
+    more (MAX_BLOCKS). ``unframed``: of the gradients, the bytes recorded with no Python frames (the autograd
+    engine's thread), attributed by the trace, not by frames."""
 
     path: str
     parts: tuple[tuple[str, int], ...]
@@ -128,6 +135,7 @@ class SnapshotParts:
     reserved: int
     blocks: int
     cut: bool = False
+    unframed: int = 0
 
     def part(self, name: str) -> int:
         return dict(self.parts).get(name, 0)
@@ -248,6 +256,26 @@ def _bytes(value: object, what: str) -> int | None:
     return value
 
 
+def recorded_live(snapshot: object, max_entries: int = MAX_TRACE_ENTRIES) -> set[int]:
+    """The addresses an ``alloc`` of the recording's trace (``device_traces``, oldest first) made and nothing freed
+    since: the blocks allocated while recording, frames or not. Empty where the snapshot has no trace."""
+    traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
+    live: set[int] = set()
+    entries = (e for trace in (traces if isinstance(traces, list) else []) if isinstance(trace, list) for e in trace)
+    for n, entry in enumerate(entries):
+        if n >= max_entries:
+            break
+        addr = entry.get("addr") if isinstance(entry, dict) else None
+        if not isinstance(addr, int) or isinstance(addr, bool):
+            continue
+        action = entry.get("action")
+        if action == "alloc":
+            live.add(addr)
+        elif action in ("free_requested", "free_completed"):
+            live.discard(addr)
+    return live
+
+
 #: a stack read once: None (no frames: allocated before the recording), else its rule and innermost frame's text
 Stack = tuple[Rule | None, str] | None
 
@@ -262,7 +290,8 @@ def _stack(held: object, seen: dict[tuple[str, str], Rule | None]) -> Stack:
 def attribute(snapshot: object, path: str = "", max_blocks: int = MAX_BLOCKS) -> SnapshotParts:
     """The snapshot's live bytes per estimate part (see the module's rules)."""
     by_part = dict.fromkeys(PARTS, 0)
-    before = unattributed = live = 0
+    before = unattributed = live = unframed = 0
+    recorded = recorded_live(snapshot)
     sites: dict[str, list[int]] = {}
     seen_frames: dict[tuple[str, str], Rule | None] = {}
     stacks: dict[int, Stack] = {}  # by the frames list's identity: one list shared by many blocks is read once
@@ -282,7 +311,9 @@ def attribute(snapshot: object, path: str = "", max_blocks: int = MAX_BLOCKS) ->
         if id(held) not in stacks:
             stacks[id(held)] = _stack(held, seen_frames)
         found = stacks[id(held)]
-        if found is None:
+        if found is None and block.get("address") in recorded:
+            unframed += size  # recorded, on a thread without Python: the autograd engine's (the backward)
+        elif found is None:
             before += size
         elif found[0] is None:
             unattributed += size
@@ -293,6 +324,7 @@ def attribute(snapshot: object, path: str = "", max_blocks: int = MAX_BLOCKS) ->
             by_part[found[0].part] += size
     reserved = sum(n for s in segments if (n := _bytes(s.get("total_size"), "segment")) is not None)
     largest = sorted(sites.items(), key=lambda kv: -kv[1][0])[:SHOWN_FRAMES]
+    by_part[GRADIENTS] += unframed
     return SnapshotParts(
         path=path,
         parts=tuple(by_part.items()),
@@ -303,6 +335,7 @@ def attribute(snapshot: object, path: str = "", max_blocks: int = MAX_BLOCKS) ->
         reserved=reserved,
         blocks=seen,
         cut=cut,
+        unframed=unframed,
     )
 
 

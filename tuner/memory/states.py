@@ -16,7 +16,7 @@ torch   4P               4P               8P (autocast keeps fp32 weights)
 w = 2 for bf16/fp16, 4 for fp32. A LoRA job (trainable T < P: adapters on a frozen base) keeps the params column
 at P (the base weights once, at the job's precision) and charges the grads and optimizer columns, and the ZeRO-1/2
 all-gather, T instead of P: only the adapters get grads and optimizer states. offload_optimizer moves the optimizer
-column to host memory. ZeRO with
+column to host memory, offload_param (ZeRO-3) the params column (the gathered layer stays on the device). ZeRO with
 contiguous_gradients (stage 1 or 2) keeps a reduce bucket of ``reduce_bucket_size`` elements (two with overlap_comm),
 whatever the model size (DeepSpeed 0.19 ``setup_buckets``); ZeRO-1/2
 all-gather updated params in chunks of at most ``allgather_bucket_size`` elements; ZeRO-3 gathers the largest layer.
@@ -30,6 +30,23 @@ from typing import Any
 
 from trials.contract import DS_DEFAULT_BUCKET, Knobs
 from tuner.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class OptimizerState:
+    """The job's optimizer state, as the trace measured it (trials.trace_trainer.optimizer_bytes): bytes over the
+    trainable parameters as they are (the plain torch engine; ZeRO-0 in fp32), and bytes per element of a flat fp32
+    partition (ZeRO-1/2/3 and ZeRO-0's bf16/fp16 optimizers hand the optimizer flat partitions: Adafactor factors
+    nothing there). Adam's: 8 bytes per element both ways."""
+
+    per_param: int | None = None  # None: Adam's 8 bytes per trainable parameter
+    per_element: float = 8.0
+
+    def over_params(self, trainable: int) -> int:
+        return self.per_param if self.per_param is not None else 8 * trainable
+
+
+ADAM = OptimizerState()
 
 
 @dataclass(frozen=True)
@@ -50,26 +67,31 @@ def model_state_bytes(
     world_size: int = 1,
     largest_param: int | None = None,
     trainable: int | None = None,
+    optimizer_state: OptimizerState = ADAM,
 ) -> StateBytes:
     """DeepSpeed's model-state arithmetic (see the module docstring) for one rank; ``trainable``: the params that
-    get grads and optimizer states (a LoRA job's adapters; None: all ``param_count``)."""
+    get grads and optimizer states (a LoRA job's adapters; None: all ``param_count``); ``optimizer_state``: the job's
+    optimizer as traced (Adam's m and v by default: the 8 of 8P / 12P below; the 4 of 12P is the fp32 master)."""
     if world_size < 1:
         raise ConfigError(f"world size {world_size} must be at least 1")
     p, n = param_count, world_size
     t = p if trainable is None else min(trainable, p)
     mixed = knobs.precision in ("bf16", "fp16")
+    opt = optimizer_state
     if knobs.engine == "torch":
-        return StateBytes(params=4 * p, grads=4 * t, optimizer=8 * t, buffers=0)
+        return StateBytes(params=4 * p, grads=4 * t, optimizer=opt.over_params(t), buffers=0)
     w = 2 if mixed else 4
     stage = knobs.zero_stage
     params = w * p if stage < 3 else math.ceil(w * p / n)
     grads = w * t if stage < 2 else math.ceil(w * t / n)
     if stage == 0:
-        optimizer = (12 if mixed else 8) * t
+        optimizer = math.ceil((4 + opt.per_element) * t) if mixed else opt.over_params(t)
     else:
-        optimizer = math.ceil(12 * t / n)
+        optimizer = math.ceil((4 + opt.per_element) * t / n)
     if knobs.offload_optimizer:
         optimizer = 0
+    if knobs.offload_param:  # ZeRO-3's parameter partitions in host memory (gathered to the device as before)
+        params = 0
     reduce = knobs.reduce_bucket_size or DS_DEFAULT_BUCKET
     allgather = knobs.allgather_bucket_size or DS_DEFAULT_BUCKET
     buffers = 0
@@ -147,6 +169,7 @@ def zero_stage_need(
             k.zero_stage,
             k.precision,
             k.offload_optimizer,
+            k.offload_param,
             k.reduce_bucket_size,
             k.allgather_bucket_size,
             k.overlap_comm,
@@ -222,10 +245,20 @@ class PhaseBuffers:
     grad_partition: int = 0
     offload_staging: int = 0
     partition_grads_in_backward: bool = True
+    # ZeRO++ hpZ (ZeRO-3, zero_hpz_partition_size h > 1): each parameter's secondary partition over the h ranks of
+    # its group (a node's), w * P / h (partition_parameters.py ``_partition_param_sec``), made as the backward
+    # releases each parameter and dropped after the optimizer step (stage3.py ``_post_step``:
+    # ``invalidate_secondary_tensor``; DeepSpeed 0.19.8 on 4 gloo ranks: none after a step's forward, all after its
+    # backward and through the step, and through the next micro-step when the step accumulates): charged to the step,
+    # and to the forward+backward of a step that accumulates (``secondary_in_backward``)
+    secondary: int = 0
+    secondary_in_backward: bool = False
 
     @property
     def forward_backward(self) -> int:
-        return self.reduce + self.offload_staging + (self.allgather if self.allgather_in_backward else 0)
+        gathered = self.allgather if self.allgather_in_backward else 0
+        carried = self.secondary if self.secondary_in_backward else 0
+        return self.reduce + self.offload_staging + gathered + carried
 
     @property
     def optimizer_step(self) -> int:
@@ -252,11 +285,14 @@ def zero_buffers(
     allgather = knobs.allgather_bucket_size or DS_DEFAULT_BUCKET
     copies = 2 if knobs.overlap_comm else 1
     if stage == 3:
+        hpz = min(knobs.zero_hpz_partition_size or 1, n)
         return PhaseBuffers(
             reduce=zero3_reduce_bucket(knobs, w, t),
             allgather=zero3_gathered(w, p, n, largest_param, allgather),
             allgather_in_backward=True,
             grad_partition=0 if knobs.offload_optimizer or w == 4 else math.ceil(4 * t / n),
+            secondary=math.ceil(w * p / hpz) if hpz > 1 else 0,
+            secondary_in_backward=accumulates,
         )
     if knobs.contiguous_gradients:
         bucket = w * reduce * copies

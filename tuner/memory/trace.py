@@ -3,19 +3,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trials.contract import FsdpSettings, Knobs, LoraSpec, ModelSpec
-from tuner.errors import ConfigError, ModelSourceError
+from trials.contract import DpoSpec, FsdpSettings, Knobs, LoraSpec, ModelSpec
+from trials.contract_job import PaddingFree
 from tuner.memory.precision import traced_precision
+from tuner.memory.states import ADAM, OptimizerState
 
 #: one traced shape: (micro batch, max_length, gradient checkpointing, precision, cast_module); cast_module: the
 #: module itself in the half precision (DeepSpeed bf16/fp16), else fp32 weights under autocast (tuner.memory.precision)
@@ -38,10 +34,19 @@ def trace_at(knobs: Knobs, micro: int | None = None, length: int | None = None) 
 FsdpAt = tuple[int, int, bool, str, bool, bool, int, bool]
 
 
+def shard_world(knobs: Knobs, world_size: int) -> int:
+    """The ranks an FSDP2 config shards its parameters over: the world, or a replica's under HSDP
+    (``dp_replicate_size``): its memory per rank is plain FSDP2's at that world (a replica holds the same shards; the
+    all-reduce across replicas is in place). Traced and matched at this world size."""
+    return world_size // (knobs.dp_replicate_size or 1)
+
+
 def fsdp_at(
     knobs: Knobs, world_size: int, accumulates: bool, micro: int | None = None, length: int | None = None
 ) -> FsdpAt:
-    """The traced FSDP2 config of ``knobs`` (at ``micro`` / ``length`` if given)."""
+    """The traced FSDP2 config of ``knobs`` (at ``micro`` / ``length`` if given), on the ranks it shards over
+    (``shard_world``: HSDP's replica)."""
+    world_size = shard_world(knobs, world_size)
     return (
         knobs.micro_batch_size if micro is None else micro,
         knobs.max_length if length is None else length,
@@ -145,6 +150,48 @@ class FsdpPoint(BaseModel):
         )
 
 
+class TraceTrainer(BaseModel):
+    """The job's training args as the trace runs them (trials.trace_trainer): their optimizer (unless DeepSpeed runs
+    its own section), their loss, checkpointing keywords and eval pile; ``args`` None: a job without them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    args: dict[str, Any] | None = None
+    seq2seq: bool = False
+    eval_held_batches: int = Field(0, ge=0)
+    deepspeed_optimizer: bool = False
+    compiled: bool = False  # their accelerate config compiles the model (dynamo_config): the trace says it ran eager
+    # a TRL SFT recipe's padding-free batches (trials.contract_job.PaddingFree): each micro batch one flattened row
+    padding_free: PaddingFree | None = None
+    dpo: DpoSpec | None = None  # a DPO job's step (trials.dpo): the pairs, the reference model's forward
+
+
+def trace_trainer(
+    args: Mapping[str, Any] | None,
+    seq2seq: bool,
+    eval_held_batches: int,
+    deepspeed: Mapping[str, Any] | None,
+    compiled: bool = False,
+    dpo: DpoSpec | None = None,
+    padding_free: PaddingFree | None = None,
+) -> TraceTrainer | None:
+    """What the trace runs of a job's training args (JobSettings' trainer_args, seq2seq_args, eval_held_batches),
+    beside their DeepSpeed JSON: an optimizer section there is what DeepSpeed runs (their optim is not read then, as
+    their Trainer does); ``dpo``: a DPO job's pairs and reference (trials.dpo); ``padding_free``: an SFT recipe's
+    padding-free batches (trials.data.flattened); None when there is nothing beyond the defaults."""
+    if not args and not eval_held_batches and not compiled and dpo is None and padding_free is None:
+        return None
+    section = isinstance((deepspeed or {}).get("optimizer"), Mapping)
+    return TraceTrainer(
+        args=dict(args) if args is not None else None,
+        seq2seq=seq2seq,
+        eval_held_batches=eval_held_batches,
+        deepspeed_optimizer=section,
+        compiled=compiled,
+        dpo=dpo,
+        padding_free=padding_free,
+    )
+
+
 class Trace(BaseModel):
     model_config = ConfigDict(extra="forbid")
     param_count: int
@@ -157,6 +204,22 @@ class Trace(BaseModel):
     # dropout, the math path of attention with a float bias: trials.trace_modes.cuda_kernels)
     kernels: str = "cpu"
     trace_s: float = 0.0
+    # the job's optimizer state (trials.trace_trainer.optimizer_bytes): over the trainable parameters, and per element
+    # of a flat fp32 partition; None: traced before the fields (Adam's 8 bytes per element)
+    optimizer_state_bytes: int | None = None
+    optimizer_flat_bytes: float | None = None
+    compiled: bool = False  # the job compiles its model (torch_compile): the trace ran eager kernels
+    # a DPO job's frozen reference model: its parameters (elements; None: no reference model in the step)
+    reference_count: int | None = None
+    pairs: bool = False  # a DPO job's trace: every point's rows are 2 x its micro batch (chosen + rejected)
+    # traced padding-free (TraceTrainer.padding_free): a point's micro batch of rows is one row of micro x max_length
+    # tokens, and the estimator fits over that flattened length (tuner.memory.traced)
+    padding_free: PaddingFree | None = None
+
+    def optimizer_state(self) -> OptimizerState:
+        if self.optimizer_flat_bytes is None:
+            return ADAM
+        return OptimizerState(self.optimizer_state_bytes, self.optimizer_flat_bytes)
 
     def find(self, micro: int, length: int, ckpt: bool, precision: str, cast_module: bool = False) -> TracePoint | None:
         """The point of that shape and precision mode (a trace older than ``cast_module``: its autocast point)."""
@@ -189,6 +252,8 @@ def trace(
     kernels: str = "cpu",
     fsdp_points: Sequence[FsdpAt] = (),
     fsdp: FsdpSettings | None = None,
+    trainer: TraceTrainer | None = None,
+    evaluate_checkpointed: bool = True,
 ) -> Trace:
     """Traces one training step per (micro, max_length, checkpointing, precision, cast_module) (``trace_at``) on CPU
     fake tensors, in the precision mode of the engine (tuner.memory.precision); seq2seq
@@ -196,8 +261,12 @@ def trace(
     adapters on the model as every probe of a LoRA job runs it; with ``evaluation`` the eval forward and generate
     of each point too; ``padded``: batches with the collator's padding (a job with data), as its probes run them;
     ``kernels``: "cuda" for a job that trains on a GPU (its kernels where their memory differs from the CPU's);
-    ``fsdp_points``: FSDP2 configs (``fsdp_at``) run as their probe runs them, with the user's ``fsdp`` settings."""
+    ``fsdp_points``: FSDP2 configs (``fsdp_at``) run as their probe runs them, with the user's ``fsdp`` settings;
+    ``trainer``: the job's training args (their optimizer, loss and eval pile); ``evaluate_checkpointed`` False: the
+    eval phases traced at the points without checkpointing only (evaluation runs the model in eval mode, where
+    checkpointing is off: the same bytes; the estimator reads a checkpointed config's eval phases from them)."""
     request = {
+        "trainer": trainer.model_dump(mode="json") if trainer is not None else None,
         "model": model.model_dump(),
         "label_length": label_length,
         "lora": lora.model_dump(mode="json") if lora is not None else None,
@@ -206,6 +275,7 @@ def trace(
         "kernels": kernels,
         "points": [
             {"micro_batch_size": m, "max_length": s, "gradient_checkpointing": c, "precision": p, "cast_module": cast}
+            | ({"evaluate": False} if c and not evaluate_checkpointed and evaluation is not None else {})
             for m, s, c, p, cast in points
         ],
         "fsdp": fsdp.model_dump(mode="json") if fsdp is not None else None,
@@ -223,19 +293,19 @@ def trace(
             for m, s, c, p, raf, off, n, acc in fsdp_points
         ],
     }
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    with tempfile.TemporaryDirectory(prefix="tuner-trace-") as tmp:
-        out = Path(tmp) / "trace.json"
-        cmd = [python or sys.executable, "-m", "trials.estimate", "--request", json.dumps(request), "--out", str(out)]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise ConfigError(f"the memory trace took longer than {timeout_s:.0f} s; trace fewer points") from exc
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        if done.returncode == 3:
-            raise ModelSourceError(last)
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError(f"trials.estimate exited {done.returncode}: {last}")
-        return Trace.model_validate_json(out.read_text())
+    from tuner.memory.trace_run import run_cached, run_request
+
+    flat = {"padding_free": trainer.padding_free} if trainer is not None and trainer.padding_free else {}
+    try:  # the points traced before read from the trace cache (tuner.memory.trace_cache), the rest traced now
+        return Trace.model_validate(run_cached(request, timeout_s, python, _readable) | flat)
+    except ValidationError:  # a cached entry's model-wide numbers do not read: the whole trace again
+        return Trace.model_validate(run_request(request, timeout_s, python) | flat)
+
+
+def _readable(kind: str, point: Mapping[str, Any]) -> bool:
+    """Whether a cached point reads as the trace's points do (a corrupt or foreign entry is traced again)."""
+    try:
+        (FsdpPoint if kind == "fsdp_points" else TracePoint).model_validate(point)
+    except ValidationError:
+        return False
+    return True

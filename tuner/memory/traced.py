@@ -42,8 +42,14 @@ def traced(
     """``value`` at the config's shape: the traced point's (same micro batch, length, checkpointing, precision;
     same ``batch``), or per sample of ``batch`` fitted over the traced lengths and times ``wanted`` (default: the
     micro batch). None: no traced point has the value. A shape whose checkpointing/precision was never traced: a
-    ConfigError saying to trace it."""
+    ConfigError saying to trace it. A padding-free trace (``Trace.padding_free``: each batch one row of batch x
+    length tokens, attention quadratic in that row): every point read as one row of its flattened length, and the
+    config's value fitted at its own flattened length."""
     want = knobs.micro_batch_size if wanted is None else wanted
+    if trace.padding_free is not None:
+        flat = knobs.model_copy(update={"micro_batch_size": 1, "max_length": want * knobs.max_length})
+        rows = [p.model_copy(update={"max_length": batch(p) * p.max_length}) for p in trace.points]
+        return traced(trace.model_copy(update={"points": rows, "padding_free": None}), flat, value, lambda p: 1, 1)
     same = _same(trace, knobs)
     if not same:
         mode = " (the module cast, as DeepSpeed runs it)" if traced_precision(knobs).cast_module else ""

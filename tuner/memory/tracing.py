@@ -14,7 +14,7 @@ from tuner.errors import TunerError
 from tuner.job.space import Space
 from tuner.memory.estimator import Estimator, Evaluation, accumulates, trace, zero_stage_need
 from tuner.memory.precision import casts_module
-from tuner.memory.trace import FsdpAt, TraceAt
+from tuner.memory.trace import FsdpAt, TraceAt, TraceTrainer
 
 ESTIMATE_AUTO_MIN_BUDGET_S = 600.0  # below this, tracing costs too large a share of the budget
 
@@ -36,6 +36,7 @@ class TraceShapes:
     length_cap: int | None = None  # no longer inputs traced; longer ones follow the fitted a*L + b*L^2
     padded: bool = False  # the batches carry the collator's padding (data whose samples differ in length)
     fsdp: FsdpSettings | None = None  # the user's FSDP2 settings (an FSDP2 baseline's), as its probes hold them
+    trainer: TraceTrainer | None = None  # the job's training args as the probes run them (their optimizer ...)
 
 
 #: with the user's data, the longest input length traced: a CPU fake-tensor trace of a large model at the data's
@@ -81,7 +82,7 @@ def fsdp_points(shapes: TraceShapes) -> list[FsdpAt]:
     """The FSDP2 configs to trace when the space searches engine fsdp2 (tuner.memory.fsdp: its memory is traced per
     config): the smallest and largest micro batch at each (capped) length of the space's accumulating micro batches
     and of its others (``no_sync`` keeps whole unsharded grads between micro-steps: another kind of point, not a
-    scaled one), every checkpointing, precision and FSDP2 knob of the space. fp16 is not
+    scaled one), every checkpointing, precision and FSDP2 knob of the space (HSDP: on a replica's ranks). fp16 is not
     traced (its grad scaler needs CUDA): those configs have no estimate and are probed."""
     space = shapes.space
     if "fsdp2" not in space.engine:
@@ -92,16 +93,17 @@ def fsdp_points(shapes: TraceShapes) -> list[FsdpAt]:
     for micro in space.micro_batch_size:
         by_accumulation.setdefault(accumulates(shapes.global_batch, micro, shapes.world_size), []).append(micro)
     for acc, micros in by_accumulation.items():  # a point of each kind at both ends of its micro batches
-        for micro, n, ckpt, prec, raf, off in itertools.product(
+        for micro, n, ckpt, prec, raf, off, rep in itertools.product(
             sorted({min(micros), max(micros)}),
             lengths,
             space.gradient_checkpointing,
             space.precision,
             space.reshard_after_forward,
             space.offload_params,
+            space.dp_replicate_size,  # HSDP: traced on a replica's ranks (tuner.memory.trace.shard_world)
         ):
             if prec != "fp16":
-                out.add((micro, n, ckpt, prec, raf, off, shapes.world_size, acc))
+                out.add((micro, n, ckpt, prec, raf, off, shapes.world_size // (rep or 1), acc))
     return sorted(out)
 
 
@@ -119,6 +121,7 @@ def build_estimator(shapes: TraceShapes, timeout_s: float) -> tuple[Estimator | 
             padded=shapes.padded,
             fsdp_points=fsdp_points(shapes),
             fsdp=shapes.fsdp,
+            trainer=shapes.trainer,
         )
     except (TunerError, RuntimeError, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__

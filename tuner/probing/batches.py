@@ -1,7 +1,8 @@
 """The batches a probe of a job with data runs (trials.contract.DataBatches), from the user's lengths under their
 collator (tuner.job.padding): the memory window at the worst batch one rank can get, the eval at the eval set's worst
 batch, the timed steps on micro batches drawn from seeded shuffled epochs, one per rank per step (as each rank's
-DistributedSampler draws its own). Pure: numpy through tuner.job.padding, no torch.
+DistributedSampler draws its own), or in their sampler's order where their training args choose another
+(``their_sampler``: transformers' own length grouping, imported only then). Pure but for that: numpy.
 
 The same seed draws the same shapes for every config of one micro batch size (common random numbers: configs are
 compared on the same batches); the draw at micro batch m groups the same shuffled order into batches of m.
@@ -9,10 +10,14 @@ compared on the same batches); the draw at micro batch m groups the same shuffle
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from trials.contract import BatchDims, DataBatches, JobSettings, Knobs, timed_micro_steps
-from tuner.job.padding import BatchShape, draw_batches, worst_batch
+from tuner.job.lengths import IntArray
+from tuner.job.padding import BatchShape, Sampler, draw_batches, worst_batch
 
 if TYPE_CHECKING:
     from tuner.job.data_job import DataJob
@@ -48,7 +53,8 @@ def data_batches(
         eval_lengths = data.eval_lengths if data.eval_lengths is not None else data.lengths
         eval_worst = worst_batch(eval_lengths, knobs.eval_batch_size or micro, collation)
     steps = timed_micro_steps(measure_steps, gradient_accumulation_steps)
-    drawn = draw_batches(data.lengths, micro, collation, steps * world_size, seed=seed)
+    sampler = their_sampler(job.trainer_args, micro * gradient_accumulation_steps, seed)
+    drawn = draw_batches(data.lengths, micro, collation, steps * world_size, seed=seed, sampler=sampler)
     # step s of rank r: batch s * world + r, so consecutive batches of the shuffled order go to the ranks in turn
     timed = [[dims(drawn[s * world_size + r]) for s in range(steps)] for r in range(world_size)]
     return DataBatches(
@@ -60,6 +66,34 @@ def data_batches(
     )
 
 
+def grouped(args: Mapping[str, Any] | None) -> bool:
+    """Whether their Trainer batches by length: ``train_sampling_strategy: group_by_length`` (transformers 5),
+    ``group_by_length`` (4.x)."""
+    args = args or {}
+    return bool(args.get("group_by_length")) or args.get("train_sampling_strategy") == "group_by_length"
+
+
+def their_sampler(args: Mapping[str, Any] | None, group: int, seed: int) -> Sampler | None:
+    """Their Trainer's sampler order where it is not a plain shuffle: transformers' own length grouping
+    (``trainer_pt_utils.get_length_grouped_indices``, as LengthGroupedSampler calls it with the micro batch x
+    accumulation, the longest batch first), or the sequential order; None: a shuffled epoch."""
+    args = args or {}
+    if grouped(args):
+
+        def by_length(lengths: IntArray, epoch: int) -> IntArray:
+            import torch
+            from transformers.trainer_pt_utils import get_length_grouped_indices
+
+            generator = torch.Generator().manual_seed(seed + epoch)
+            order = get_length_grouped_indices(lengths.tolist(), group, generator=generator)
+            return np.asarray(order, dtype=np.int64)
+
+        return by_length
+    if args.get("train_sampling_strategy") == "sequential":
+        return lambda lengths, _epoch: np.arange(len(lengths), dtype=np.int64)
+    return None
+
+
 def drawn_tokens_per_sample(batches: DataBatches, micro_batch: int) -> tuple[float, float]:
     """(real, padded) input tokens per sample over every rank's timed batches: tokens/s = samples/s x these."""
     shapes = [b for rank in batches.timed for b in rank]
@@ -69,4 +103,4 @@ def drawn_tokens_per_sample(batches: DataBatches, micro_batch: int) -> tuple[flo
     return real / samples, padded / samples
 
 
-__all__ = ["data_batches", "dims", "drawn_tokens_per_sample"]
+__all__ = ["data_batches", "dims", "drawn_tokens_per_sample", "grouped", "their_sampler"]

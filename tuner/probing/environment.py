@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from trials.contract import BUILTIN_PREFIX, ModelSpec
+from trials.contract import BUILTIN_PREFIX, PINNED_ALLOC_ENV, ModelSpec, pinned_alloc_text
 from tuner.files import private_dir
 from tuner.probing import gpus
 from tuner.probing.arch_list import ARCH_ENV, needs_rewrite, parseable_arch_list
@@ -36,6 +36,8 @@ def probe_env(
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     env.setdefault("NCCL_DEBUG", "WARN")  # a rank's stderr tail then carries NCCL's reason for a failure or hang
+    # how the engine's setup pins host memory (trials.pinned): the setting, with register's thread count decided here
+    env[PINNED_ALLOC_ENV] = pinned_alloc_text(settings.pinned_alloc, os.cpu_count() or 1)
     _arch_list_deepspeed_parses(env)
     return env
 

@@ -2,7 +2,9 @@
 
 A first-use compile costs 25-40 s on an idle machine, minutes on a busy one: inside a probe it eats the timeout, and
 a probe killed mid-build leaves torch's build lock behind so every later load waits on it. Builds are serialised
-across runner processes with an flock; a build this runner had to kill has its stale lock removed. A library ninja
+across runner processes with an flock; a build this runner had to kill has its stale lock removed. A lock another
+builder holds (DeepSpeed JIT-building in a Trainer that shares the cache) is waited on, and removed only once it is
+older than any build (``LOCK_STALE_S``): removing a live one fails that builder at its release. A library ninja
 would rebuild (sources newer than it: a reinstalled venv) counts as missing, so it is rebuilt here too.
 """
 
@@ -27,6 +29,7 @@ from trials.contract import ProbeConfig, needed_ops
 from tuner.probing import gpus
 
 BUILD_TIMEOUT_S = 1800.0
+LOCK_STALE_S = 900.0  # torch's FileBaton older than this: its builder died (a cpu_adam build is 1-3 min on 2 cores)
 
 
 def prepare_ops(gpu_host: bool) -> list[str]:
@@ -133,7 +136,9 @@ def _build_one(op: str, env: dict[str, str], ext_dir: Path) -> OpBuild:
     in its own session, killed at BUILD_TIMEOUT_S."""
     if not missing_ops([op], ext_dir):
         return OpBuild(op, "cached")
-    (ext_dir / OP_LIBS[op] / "lock").unlink(missing_ok=True)  # a lock left by a build that died: stale under our flock
+    _await_baton(ext_dir / OP_LIBS[op] / "lock")
+    if not missing_ops([op], ext_dir):
+        return OpBuild(op, "cached")  # the other builder finished it
     start = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "trials.ops", op],
@@ -153,6 +158,24 @@ def _build_one(op: str, env: dict[str, str], ext_dir: Path) -> OpBuild:
         (ext_dir / OP_LIBS[op] / "lock").unlink(missing_ok=True)  # torch's FileBaton of the build we killed
         return OpBuild(op, "failed", f"the build ran past {BUILD_TIMEOUT_S:.0f} s and was killed", BUILD_TIMEOUT_S)
     return _reported(op, stdout, proc.returncode, time.monotonic() - start, ext_dir)
+
+
+def baton_stale(lock: Path, now: float) -> bool | None:
+    """torch's build lock at ``lock``: None when there is none, True when it is older than ``LOCK_STALE_S`` (its
+    builder died), False while a build may still hold it."""
+    try:
+        age = now - lock.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    return age > LOCK_STALE_S
+
+
+def _await_baton(lock: Path, poll_s: float = 1.0) -> None:
+    """Waits while another builder holds torch's lock on this op; removes it once stale."""
+    while (held := baton_stale(lock, time.time())) is False:
+        time.sleep(poll_s)
+    if held:
+        lock.unlink(missing_ok=True)
 
 
 def _reported(op: str, stdout: str, code: int, seconds: float, ext_dir: Path) -> OpBuild:

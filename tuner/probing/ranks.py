@@ -75,8 +75,13 @@ class Rank:
     out: Path  # where its result file goes
     err: Path  # its stderr
     killed_by_us: bool = False
+    local_rank: int | None = None  # on a node of a probe across nodes (None: this host's ranks, local = global)
     _result: RankResult | None = None
     _reason: RankReason | None = None
+
+    @property
+    def local(self) -> int:
+        return self.rank if self.local_rank is None else self.local_rank
 
     def read(self) -> RankResult | None:
         """Its result file (trials.contract.RankResult), once written."""

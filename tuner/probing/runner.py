@@ -25,6 +25,7 @@ from tuner.probing.environment import probe_env, resolve_hub_model
 from tuner.probing.ops import ensure_ops
 from tuner.probing.ops import refusal as ops_refusal
 from tuner.probing.tempdirs import owned_dir, sweep_once
+from tuner.records.probe import EARLIER_REFUSAL
 from tuner.settings import Settings, load_settings
 
 LAUNCHERS = ("auto", "spawn", "forkserver")
@@ -90,7 +91,7 @@ class ProbeRunner:
             return ProbeResult(status=Status.REFUSED, cause=refused)
         said = self.engine_refused.get(engine_key(config))
         if said is not None:
-            return ProbeResult(status=Status.REFUSED, cause=f"{said} (said by an earlier probe; not launched)")
+            return ProbeResult(status=Status.REFUSED, cause=f"{said}{EARLIER_REFUSAL}")
         own = workdir is None
         work = Path(workdir) if workdir is not None else owned_dir("tuner-probe-")
         work.mkdir(parents=True, exist_ok=True)

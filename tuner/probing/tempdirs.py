@@ -12,8 +12,8 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-PREFIXES = ("tuner-fs-", "tuner-probe-")
-_OWNED = re.compile(r"^(?:tuner-fs-|tuner-probe-)(\d+)-")
+PREFIXES = ("tuner-fs-", "tuner-probe-", "tuner-node-")
+_OWNED = re.compile(r"^(?:tuner-fs-|tuner-probe-|tuner-node-)(\d+)-")
 
 
 def owned_dir(prefix: str) -> Path:

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trials.contract import Phase, ProbeConfig, ProbeResult, RankResult, Status
+from trials.contract import ProbeConfig, ProbeNode, ProbeResult, RankResult, Status
+from tuner.probing.accounts import RankAccount
 from tuner.probing.batches import drawn_tokens_per_sample
 from tuner.probing.ranks import Rank
 
@@ -133,22 +134,47 @@ def rank_status(r: Rank, timed_out: bool, oom_kills: int | None) -> tuple[Status
     return exit_status(r.rank, r.proc.returncode, said_tail(r.err), oom_kills)
 
 
-def _phase(r: Rank) -> Phase | None:
+def account(r: Rank, timed_out: bool, oom_kills: int | None = None, node: str = "") -> RankAccount:
+    """One rank's account (``rank_status`` and what it said), keyed by ``node`` and its local rank."""
+    status, cause = rank_status(r, timed_out, oom_kills)
     said = r.read() or r.reason()
-    return said.phase if said is not None else None
+    return RankAccount(
+        node=node,
+        local_rank=r.local,
+        rank=r.rank,
+        status=status,
+        cause=cause,
+        result=r.read(),
+        phase=said.phase if said is not None else None,
+        said=said_tail(r.err),
+        launch_fault=r.launch_fault,
+    )
 
 
 def merge(
     config: ProbeConfig, ranks: Sequence[Rank], timed_out: bool, wall_s: float, oom_kills: int | None = None
 ) -> ProbeResult:
-    """The probe's result from its ranks: the most telling failure names it (Status.severity), else rank 0's steps."""
-    statuses = [(r, *rank_status(r, timed_out, oom_kills)) for r in ranks]
-    results = [r.read() for r in ranks]
+    """The probe's result from its ranks on this host (``merge_accounts`` of their accounts)."""
+    return merge_accounts(config, [account(r, timed_out, oom_kills) for r in ranks], timed_out, wall_s)
+
+
+def merge_accounts(
+    config: ProbeConfig,
+    accounts: Sequence[RankAccount],
+    timed_out: bool,
+    wall_s: float,
+    nodes: Sequence[ProbeNode] = (),
+) -> ProbeResult:
+    """The probe's result from every rank's account (of one host, or of every node: ``nodes``): the most telling
+    failure names it (Status.severity, then the lowest rank), else rank 0's steps. ``timed_out``: the probe (any
+    node's part) passed its timeout."""
+    accounts = sorted(accounts, key=lambda a: (a.order, a.node, a.local_rank))
+    results = [a.result for a in accounts]
     memories = [res.memory for res in results if res is not None and res.memory is not None]
     first = next((res for res in results if res is not None), None)
     timed = [res for res in results if res is not None and res.setup_s is not None]
     slowest = max(timed, key=lambda res: res.setup_s or 0.0, default=None)
-    failures = [(r, s, c) for r, s, c in statuses if s not in (None, Status.OK)]
+    failures = [a for a in accounts if a.status not in (None, Status.OK)]
     common: dict[str, Any] = dict(
         ranks=memories,
         capacity=next((m.capacity for m in memories if m.capacity), None),
@@ -159,15 +185,19 @@ def merge(
         setup_phases=slowest.setup_phases if slowest else {},
         run_phases=slowest.run_phases if slowest else {},
         sharded=_sharded([res for res in results if res is not None]),
+        nodes=list(nodes),
     )
-    if timed_out and all(s == Status.TIMEOUT for _, s, _ in failures):
-        nccl = next((said for r in ranks if "NCCL:" in (said := said_tail(r.err))), "")
+    if timed_out and all(a.status == Status.TIMEOUT for a in failures):
+        nccl = next((a.said for a in accounts if "NCCL:" in a.said), "")
         line = f"probe passed its {config.timeout_s:g} s timeout; all ranks were killed"
         return ProbeResult(status=Status.TIMEOUT, cause=line + (f" [{nccl}]" if nccl else ""), **common)
     if failures:
-        r, status, cause = max(failures, key=lambda f: (f[1].severity, -f[0].rank))
-        return ProbeResult(status=status, cause=cause or f"rank {r.rank}: {status}", phase=_phase(r), **common)
-    if any(s is None for _, s, _ in statuses) or results[0] is None or results[0].steps is None:
+        worst = max(failures, key=lambda a: (Status(a.status).severity, -a.order))
+        cause = worst.cause or f"{worst.label}: {worst.status}"
+        if worst.node:  # across nodes: where it happened (c10d's global ranks are join order)
+            cause = f"on node {worst.node}, local rank {worst.local_rank}: {cause}"
+        return ProbeResult(status=Status(worst.status), cause=cause, phase=worst.phase, **common)
+    if any(a.status is None for a in accounts) or not results or results[0] is None or results[0].steps is None:
         return ProbeResult(status=Status.ERROR, cause="probe ended without results from every rank", **common)
     if config.batches is not None:
         return _drawn(config, [res for res in results if res is not None], common)
@@ -221,10 +251,12 @@ def is_transient(status: Status, launch_fault: bool) -> bool:
 
 
 __all__ = [
+    "account",
     "exit_status",
     "is_transient",
     "launch_fault",
     "merge",
+    "merge_accounts",
     "rank_status",
     "stderr_fallback",
     "tail",

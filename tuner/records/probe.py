@@ -187,8 +187,19 @@ def baseline_row(rows: Iterable[ProbeRow]) -> ProbeRow | None:
     return next((r for r in rows if r.fidelity == Fidelity.BASELINE), None)
 
 
+#: what the runner adds to the refusal of a config whose engine an earlier probe of the study found refused (it is
+#: not launched again): tuner.probing.runner writes it, the faces read the refusal without it (``refusal_reason``)
+EARLIER_REFUSAL = " (said by an earlier probe; not launched)"
+
+
+def refusal_reason(cause: str | None) -> str:
+    """A refused probe's reason, one line, the same for every probe its engine's refusal stopped."""
+    return " ".join((cause or "").split()).removesuffix(EARLIER_REFUSAL)
+
+
 __all__ = [
     "DEFAULT_HEADROOM",
+    "EARLIER_REFUSAL",
     "MEASURED",
     "Fidelity",
     "ProbeRow",
@@ -196,4 +207,5 @@ __all__ = [
     "baseline_row",
     "failed_in_production",
     "is_stable",
+    "refusal_reason",
 ]

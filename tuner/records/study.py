@@ -31,7 +31,17 @@ _JSON_PARTS = (
     "data",
     "trace",
 )
-_SCALARS = ("job_changes", "world_size", "global_batch", "device_memory", "headroom", "budget_s", "finalists")
+_SCALARS = (
+    "job_changes",
+    "world_size",
+    "global_batch",
+    "device_memory",
+    "headroom",
+    "budget_s",
+    "finalists",
+    "nnodes",
+    "files_global_batch",
+)
 _KNOWN = frozenset((*_JSON_PARTS, *_SCALARS, "baseline_source"))
 
 
@@ -79,6 +89,8 @@ class StudyDefinition:
     host: dict[str, Any] | None = None  # tuner.session.host_record.HostRecord as JSON, once a worker recorded it
     data: dict[str, Any] | None = None  # tuner.job.length_summary.LengthSummary as JSON (a study with the user's data)
     trace: dict[str, Any] | None = None  # tuner.memory.trace.Trace as JSON, once a worker traced (a study with data)
+    nnodes: int | None = None  # the nodes its probes span (None: one host, or a study stored before nodes existed)
+    files_global_batch: int | None = None  # their files' global batch where the study's is a change they asked for
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as stored
 
     @property
@@ -116,6 +128,8 @@ class StudyDefinition:
             budget_s=float(budget) if budget is not None else None,
             baseline_source=stored.get("baseline_source"),
             finalists=_int("finalists", stored.get("finalists"), study, 0),
+            nnodes=_int("nnodes", stored.get("nnodes"), study, 1),
+            files_global_batch=_int("files_global_batch", stored.get("files_global_batch"), study, 1),
             extra={k: v for k, v in stored.items() if k not in _KNOWN},
         )
 
@@ -143,7 +157,8 @@ class StudyDefinition:
             "baseline_files": self.baseline_files,
             "finalists": self.finalists,
         }
-        for name in ("trainer", "fsdp", "host", "data", "trace"):  # only once known: an older study's JSON stays
+        # only once known: older JSON stays
+        for name in ("trainer", "fsdp", "host", "data", "trace", "nnodes", "files_global_batch"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return {**out, **self.extra}

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -11,6 +12,8 @@ import plotly.graph_objects as go
 from trials.contract import MEMORY_PHASES
 from tuner.memory.imbalance import rank_imbalance
 from tuner.records import ProbeRow, ProbeStatus
+from tuner.reporting.labels import probe_label
+from tuner.reporting.wall import memory_of
 
 MiB = float(1 << 20)
 OOM_STATUSES = (ProbeStatus.OOM, ProbeStatus.INFERRED_OOM)
@@ -46,8 +49,8 @@ def _hover(row: ProbeRow) -> str:
     knobs = row.knobs or {}
     parts = [f"{k}={v}" for k, v in sorted(knobs.items()) if v is not None]
     head = f"trial {row.trial_number} · {row.fidelity} · {row.status}"
-    cause = row.cause
-    tail = f"<br>cause: {str(cause)[:120]}" if cause else ""
+    cause = " ".join(str(row.cause or "").split())
+    tail = "<br>cause: " + "<br>".join(textwrap.wrap(cause, 100)) if cause else ""  # whole, wrapped
     return head + "<br>" + "<br>".join(parts) + tail
 
 
@@ -85,53 +88,17 @@ def throughput_over_time(rows: Sequence[ProbeRow]) -> go.Figure:
     return _layout(fig, "Throughput per probe over time", "finished at", "samples/s (global batch)")
 
 
-def throughput_vs_micro_batch(rows: Sequence[ProbeRow]) -> go.Figure:
-    """samples/s against micro batch size, one trace per ZeRO stage; OOMs as red crosses on the x axis."""
-    fig = go.Figure()
-    measured = [r for r in rows if r.measured or r.status in OOM_STATUSES]
-    stages = sorted({int(_knob(r, "zero_stage", 0) or 0) for r in measured})
-    for stage in stages:
-        ok = [r for r in measured if int(_knob(r, "zero_stage", 0) or 0) == stage and r.status == "ok"]
-        oom = [r for r in measured if int(_knob(r, "zero_stage", 0) or 0) == stage and r.status in OOM_STATUSES]
-        colour = STAGE_COLOURS[stage % len(STAGE_COLOURS)]
-        if ok:
-            fig.add_trace(
-                go.Scatter(
-                    x=[_knob(r, "micro_batch_size") for r in ok],
-                    y=[float(r.samples_per_s or 0.0) for r in ok],
-                    mode="markers",
-                    name=f"ZeRO-{stage}",
-                    marker={"color": colour, "size": 9},
-                    text=[_hover(r) for r in ok],
-                    hoverinfo="text+y",
-                )
-            )
-        if oom:
-            fig.add_trace(
-                go.Scatter(
-                    x=[_knob(r, "micro_batch_size") for r in oom],
-                    y=[0.0] * len(oom),
-                    mode="markers",
-                    name=f"ZeRO-{stage} OOM",
-                    marker={"color": colour, "symbol": "x", "size": 11},
-                    text=[_hover(r) for r in oom],
-                    hoverinfo="text",
-                )
-            )
-    fig.update_xaxes(type="log", dtick=0.30102999566)
-    return _layout(fig, "Throughput vs micro batch, per ZeRO stage", "micro batch size (log)", "samples/s")
-
-
 def memory_vs_micro_batch(rows: Sequence[ProbeRow], capacity: int | None, headroom: float) -> go.Figure:
-    """Peak allocated (max over ranks) against micro batch per ZeRO stage, with capacity and headroom lines."""
+    """The memory of the fullest rank against micro batch per ZeRO stage, with capacity and headroom lines; an OOM
+    at what it needed (in use + the refused allocation: tuner.reporting.wall.memory_of), not its pre-failure peak."""
     fig = go.Figure()
-    measured = [r for r in rows if r.measured and r.peak_allocated]
+    measured = [r for r in rows if r.measured and memory_of(r)]
     for stage in sorted({int(_knob(r, "zero_stage", 0) or 0) for r in measured}):
         group = [r for r in measured if int(_knob(r, "zero_stage", 0) or 0) == stage]
         fig.add_trace(
             go.Scatter(
                 x=[_knob(r, "micro_batch_size") for r in group],
-                y=[(r.peak_allocated or 0) / MiB for r in group],
+                y=[(memory_of(r) or 0) / MiB for r in group],
                 mode="markers",
                 name=f"ZeRO-{stage}",
                 marker={
@@ -152,7 +119,7 @@ def memory_vs_micro_batch(rows: Sequence[ProbeRow], capacity: int | None, headro
             annotation_position="bottom right",
         )
     fig.update_xaxes(type="log", dtick=0.30102999566)
-    return _layout(fig, "Peak memory vs micro batch", "micro batch size (log)", "peak allocated per rank (MiB)")
+    return _layout(fig, "Peak memory vs micro batch", "micro batch size (log)", "memory per rank (MiB; OOM: needed)")
 
 
 def oom_frontier(rows: Sequence[ProbeRow]) -> go.Figure:
@@ -198,7 +165,13 @@ def oom_frontier(rows: Sequence[ProbeRow]) -> go.Figure:
     return _layout(fig, "OOM frontier: what fits and what does not", "micro batch size (log)", "max_length")
 
 
-def rank_peaks(rows: Iterable[ProbeRow]) -> go.Figure | None:
+def _unique(label: str, row: ProbeRow, taken: Sequence[str]) -> str:
+    """A bar's category name: a second probe of the same trial and config gets its probe id (plotly would stack
+    both on one category)."""
+    return label if not any(t == label or t.startswith(label + " r") for t in taken) else f"{label} #{row.id}"
+
+
+def rank_peaks(rows: Iterable[ProbeRow], job: Mapping[str, Any] | None = None) -> go.Figure | None:
     """Grouped bars of each rank's peak for multi-rank probes; flagged (imbalanced) probes are named with a '!'."""
     labels: list[str] = []
     per_rank: dict[int, list[float | None]] = defaultdict(list)
@@ -206,7 +179,7 @@ def rank_peaks(rows: Iterable[ProbeRow]) -> go.Figure | None:
         imb = rank_imbalance(row.measurement.ranks)
         if imb is None:
             continue
-        label = f"#{row.id} t{row.trial_number}" + (" !" if imb.flagged else "")
+        label = _unique(probe_label(row, job), row, labels) + (" !" if imb.flagged else "")
         labels.append(label)
         for rank in set(per_rank) | set(imb.peaks):
             per_rank[rank].extend([None] * (len(labels) - 1 - len(per_rank[rank])))
@@ -220,17 +193,18 @@ def rank_peaks(rows: Iterable[ProbeRow]) -> go.Figure | None:
     return _layout(fig, "Peak memory per rank (probes marked ! are imbalanced > 20%)", "probe", "peak allocated (MiB)")
 
 
-def phase_peaks(rows: Iterable[ProbeRow]) -> go.Figure | None:
+def phase_peaks(rows: Iterable[ProbeRow], job: Mapping[str, Any] | None = None) -> go.Figure | None:
     """Grouped bars of each measured probe's peak per phase of its memory window (train, eval forward, generate:
     ProbeRow.measurement.phase_peaks, the most over ranks); a probe whose ranks' phase peaks differ gets one bar group
-    per rank ("r1"). None when no row stored phases (rows from before per-phase peaks show nothing, never a guess)."""
+    per rank ("r1"). Each probe is named by its trial and config ("t12 micro=4 z2", "confirm micro=4 z2"). None when
+    no row stored phases (rows from before per-phase peaks show nothing, never a guess)."""
     labels: list[str] = []
     bars: dict[str, list[float | None]] = defaultdict(list)
     for row in rows:
         measured = row.measurement
         if not measured.phase_peaks:
             continue
-        base = f"#{row.id} t{row.trial_number}"
+        base = _unique(probe_label(row, job), row, labels)
         groups = [(f"{base} r{r.rank}", r.phases) for r in measured.ranks] if measured.ranks_differ else []
         for label, peaks in groups or [(base, measured.phase_peaks)]:
             labels.append(label)

@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from trials.contract import BUILTIN_PREFIX, Knobs, ModelSpec
 from tuner.errors import BaselineError, ConfigError, TunerError
-from tuner.job.batching import default_global_batch, require_reachable
-from tuner.job.definition import BUILTIN_DEFAULTS, Job, JobFlags, fix_space, resolve_job
+from tuner.job.batching import default_global_batch, held_global_batch, require_reachable
+from tuner.job.definition import BUILTIN_DEFAULTS, Job, JobFlags, fix_space, hold_engine, resolve_job
+from tuner.job.ledger.trl import check_model, recipe_args
+from tuner.job.nodes import node_space
 from tuner.job.objective import Objective, objective_for
+from tuner.job.provenance import Held, sources_line
 from tuner.job.space import Space, space_from_definition
 from tuner.records import DEFAULT_HEADROOM, RecordError, StudyDefinition
 from tuner.search.schedule import Schedule
@@ -53,6 +56,9 @@ class SearchRequest:
     job_changes: tuple[str, ...] = ()  # job knobs a space file searches on purpose
     data: DataJob | None = None  # the user's data (--dataset): its lengths; stored as their summary (definition)
     length_sources: dict[str, str] = field(default_factory=dict)  # where each job length came from
+    sources: str | None = None  # where each held value came from, in a line (tuner.job.provenance; not stored)
+    nnodes: int = 1  # the nodes every probe spans (world_size / nnodes ranks on each; tuner.session.nodes)
+    files_global_batch: int | None = None  # their files' global batch, where the search's is a change asked for
 
     def data_lines(self) -> list[str]:
         """What the dry run and a search's header say about the data (none without --dataset)."""
@@ -80,6 +86,8 @@ class SearchRequest:
             "finalists": self.schedule.finalists,
             **({"trainer": self.trainer} if self.trainer is not None else {}),
             **({"fsdp": self.fsdp} if self.fsdp is not None else {}),
+            **({"nnodes": self.nnodes} if self.nnodes > 1 else {}),
+            **({"files_global_batch": self.files_global_batch} if self.files_global_batch is not None else {}),
             **data,
         }
 
@@ -109,6 +117,8 @@ def build_request(
     space_listed: Collection[str] = (),
     length_hint: str | None = None,
     data: DataJob | None = None,
+    nnodes: int = 1,
+    change_global_batch: bool = False,
 ) -> SearchRequest:
     """The one place `tuner search` (tuner.cli.search) and ``POST /studies`` (api.definitions) check a search's
     settings and build its request from values each has already parsed from its own input (files, a JSON body).
@@ -135,21 +145,30 @@ def build_request(
         flags.max_length or data_longest or (int(BUILTIN_DEFAULTS["max_length"]) if builtin else max(space.max_length))
     )
     base = baseline(world_size, guess) if baseline is not None else None
+    check_model(base.hf_args if base is not None else None, model.source, option("model"))
+    args = recipe_args(base.hf_args) if base is not None else None  # an SFT recipe: TRL's default max_length
     sources: dict[str, str] = {}
     if data is not None:  # their data's longest sample, unless their args or a flag set a length (then: truncation)
         from tuner.job.data_job import fill_from_data, length_sources
 
-        sources = length_sources(flags, base.hf_args if base is not None else None, True, builtin)
-        flags = fill_from_data(flags, data, base.hf_args if base is not None else None)
-        lengths = lengths if lengths is not None else data.lengths.input.tolist()
+        sources = length_sources(flags, args, True, builtin)
+        flags = fill_from_data(flags, data, args)
     job = resolve_job(
         builtin=builtin,
         baseline_knobs=base.knobs if base is not None else None,
-        hf_args=base.hf_args if base is not None else None,
+        hf_args=args,
         flags=flags,
         **({"length_hint": length_hint} if length_hint else {}),
+        trainer=(base.trainer_args, base.seq2seq_args) if base is not None else None,
+        compile=base.compile if base is not None else None,
         option=option,
     )
+    if data is not None:  # an SFT recipe's packing: the rows SFTTrainer trains on (tuner.job.packing)
+        from tuner.job.packed_data import packed_data
+
+        data = packed_data(data, args, job.max_length)
+        lengths = lengths if lengths is not None else data.lengths.input.tolist()
+    space = hold_engine(space, str(base.knobs["engine"]) if base is not None else None, space_listed)
     space, job_changes = fix_space(space, job, space_listed)
     base_knobs = None
     if base is not None:  # trial 0 runs the user's config on their job
@@ -157,7 +176,14 @@ def build_request(
         evaluation = {"eval_batch_size": job.eval_batch_size, "generate": job.generate}
         base_knobs = Knobs.model_validate({**base.knobs, **fixed, **evaluation})
     world = world_size or (base.world_size if base is not None else None) or 1
-    batch = global_batch or (base.global_batch if base is not None else None)
+    space = node_space(space, world, nnodes, space_listed)
+    files_batch = _files_batch(base, world)
+    files_how = _files_how(base, world)
+    batch = held_global_batch(global_batch, files_batch, files_how, change_global_batch, option)
+    changed = files_batch if batch is not None and files_batch is not None and batch != files_batch else None
+    batch_source = _batch_source(global_batch, base, world)
+    if changed is not None:
+        batch_source = f"{batch}: {option('change_global_batch')}, a change to your files' {changed} ({files_how})"
     batch = batch or default_global_batch(space.micro_batch_size, world)
     space = space.restrict(micro_batch_size=require_reachable(space.micro_batch_size, batch, world))
     if base_knobs is not None and batch % (base_knobs.micro_batch_size * world):
@@ -188,11 +214,48 @@ def build_request(
         job_changes=tuple(job_changes),
         data=data,
         length_sources=sources,
+        sources=sources_line(
+            job,
+            Held(
+                flags,
+                base.hf_args if base is not None else None,
+                base.ds_config if base is not None and base.ds_config else None,
+                builtin,
+                sources,
+                batch_source,
+                option("world_size") if world_size else ("your files" if base and base.world_size else "1: default"),
+            ),
+        ),
+        nnodes=nnodes,
+        files_global_batch=changed,
     )
 
 
+def _files_batch(base: Baseline | None, world: int) -> int | None:
+    """The global batch their files give: micro x accumulation x world size (the option's, the files', else 1)."""
+    if base is None:
+        return None
+    return base.global_batch or int(base.knobs["micro_batch_size"]) * base.gradient_accumulation_steps * world
+
+
+def _files_how(base: Baseline | None, world: int) -> str:
+    """How their files make their global batch, in words (empty without files)."""
+    if base is None:
+        return ""
+    return f"micro {base.knobs['micro_batch_size']} x accumulation {base.gradient_accumulation_steps} x world {world}"
+
+
+def _batch_source(given: int | None, base: Baseline | None, world: int) -> str:
+    """Where the global batch comes from, in words."""
+    if given:
+        return f"{given}: option"
+    if base is not None:
+        return f"{_files_batch(base, world)}: your files, {_files_how(base, world)}"
+    return "the smallest every micro batch of the space reaches: no file or option gives one"
+
+
 #: definition keys a resumed study must agree on: they decide which configs exist and what they measure
-ESSENTIAL = ("model", "job", "space", "world_size", "global_batch", "device_memory", "objective")
+ESSENTIAL = ("model", "job", "space", "world_size", "nnodes", "global_batch", "device_memory", "objective")
 #: an option that sets several stored fields: each must agree
 FIELDS_OF = {"baseline": ("baseline", "baseline_source", "baseline_files", "fsdp")}
 
@@ -262,6 +325,8 @@ def request_from_definition(base: SearchRequest, stored: StudyDefinition | dict[
         job_changes=d.job_changes,
         data=base.data if base.data is not None else stored_data(d),
         length_sources=base.length_sources if base.data is not None else _STORED_SOURCES,
+        nnodes=d.nnodes or 1,
+        files_global_batch=d.files_global_batch,
     )
 
 

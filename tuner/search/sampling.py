@@ -26,7 +26,7 @@ class PlainSuggester:
             return min(values)
         if name == "engine":
             return "deepspeed" if "deepspeed" in values else values[0]
-        if name in ("gradient_checkpointing", "offload_optimizer", "overlap_comm", "generate"):
+        if name in ("gradient_checkpointing", "offload_optimizer", "offload_param", "overlap_comm", "generate"):
             return False if False in values else values[0]
         if name in BUCKET_KNOBS:
             sized = [v for v in values if v is not None]

@@ -47,6 +47,7 @@ class SearchSetup:
     training_args: Mapping[str, Any] | None = None  # the user's training args (the Trainer's optimizer values)
     data: DataJob | None = None  # the user's data: every probe's memory at its worst batch, timed on drawn ones
     fsdp: FsdpSettings | None = None  # the user's FSDP2 settings every fsdp2 probe holds (None: accelerate's)
+    nnodes: int = 1  # the nodes each probe spans (world_size / nnodes ranks on each)
 
     @classmethod
     def of(cls, request: SearchRequest) -> SearchSetup:
@@ -68,6 +69,7 @@ class SearchSetup:
             training_args=(request.baseline_files or {}).get("training_args"),
             data=request.data,
             fsdp=FsdpSettings.model_validate(request.fsdp) if request.fsdp is not None else None,
+            nnodes=request.nnodes,
         )
 
     def probe_config(self, knobs: Knobs, fidelity: Fidelity, timeout_s: float) -> ProbeConfig:
@@ -94,6 +96,7 @@ class SearchSetup:
             training_args=self.training_args,
             model=self.model,
             world_size=self.world_size,
+            nnodes=self.nnodes,
             gradient_accumulation_steps=accum,
             warmup_steps=warmup,
             measure_steps=measure,

@@ -12,7 +12,9 @@ from tuner.errors import ConfigError, NoStableConfig, StudyNotFound
 from tuner.interop.export import FORMATS, ExportArgs, best_export_args, render_best
 from tuner.interop.export.changes import Changes, best_changes
 from tuner.records import Candidate, ProbeRow, StudyDefinition, baseline_row, failed_in_production
+from tuner.records.throughput import Throughput, config_throughput, throughput
 from tuner.search.selection import best_stable
+from tuner.session.no_pick import why_no_pick
 from tuner.session.options import api_option
 from tuner.settings import redact_url
 from tuner.storage import Store
@@ -32,7 +34,7 @@ class ServedBest:
     @cached_property
     def content(self) -> str:
         """The export in ``format`` (tuner.interop.export.render_best), as `tuner best` prints it."""
-        return render_best(self.format, self.best, self.definition, self.transformers_version)
+        return render_best(self.format, self.best, self.definition, self.transformers_version, self.study)
 
     @cached_property
     def export_args(self) -> ExportArgs:
@@ -43,9 +45,28 @@ class ServedBest:
         return baseline_row(self.rows)
 
     @cached_property
+    def throughput(self) -> Throughput:
+        """The pick's figure (tuner.records.throughput: the median of its probes), as every face shows it."""
+        found = throughput(self.best.rows)
+        assert found is not None, "a stable candidate has a measured ok probe"
+        return found
+
+    @property
+    def unit(self) -> str:
+        """The study's objective unit (samples/s, or retained tokens/s when the search varied max_length)."""
+        from tuner.job.objective import Objective
+
+        return Objective.from_dict(self.definition.objective).unit
+
+    @cached_property
+    def baseline_throughput(self) -> Throughput | None:
+        """The user's config's figure, the same statistic over its config's probes (None: it has no ok probe)."""
+        return config_throughput(self.rows, self.baseline)
+
+    @cached_property
     def changes(self) -> Changes:
         """What the export changes in the user's files (tuner.interop.export.changes)."""
-        return best_changes(self.best, self.definition, self.baseline, self.transformers_version)
+        return best_changes(self.best, self.definition, self.baseline, self.transformers_version, self.rows)
 
     @cached_property
     def caveat(self) -> str | None:
@@ -144,6 +165,6 @@ def no_stable_config(name: str, rows: list[ProbeRow]) -> str:
     failed = failed_in_production(rows)
     why = f"; {len(failed)} whose real training run failed are no longer served" if failed else ""
     return (
-        f"study {name!r} has no stable config yet ({ran} probe{'' if ran == 1 else 's'} so far{why}); run "
-        f"`tuner search --study {name}` longer or with more device memory"
+        f"study {name!r} has no stable config yet ({ran} probe{'' if ran == 1 else 's'} so far{why}): "
+        + why_no_pick(rows).replace("`tuner search`", f"`tuner search --study {name}`")
     )

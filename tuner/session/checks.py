@@ -20,7 +20,7 @@ def check_world_size(request: SearchRequest) -> None:
     from tuner.probing import gpus
 
     visible, physical, cuda_visible = gpus.host_visible_devices()
-    gpus.check_world_size(request.world_size, visible, physical, cuda_visible)
+    gpus.check_world_size(request.world_size // request.nnodes, visible, physical, cuda_visible)  # ranks per node
 
 
 def check_host(request: SearchRequest, store: Store, resumed: bool, settings: Settings) -> None:
@@ -42,11 +42,12 @@ def check_host(request: SearchRequest, store: Store, resumed: bool, settings: Se
         refusal = gpus.fingerprint_refusal(stored, here, request.device_memory is not None)
         if refusal:
             raise ConfigError(refusal)
-    if request.world_size > 1:
+    ranks = request.world_size // request.nnodes  # each node's own: the preflight runs on this node
+    if ranks > 1:
         from tuner.probing.environment import probe_env
         from tuner.probing.preflight import run_preflight
 
         with tempfile.TemporaryDirectory() as d:
-            problem = run_preflight(request.world_size, probe_env(request.world_size, settings=settings), Path(d))
+            problem = run_preflight(ranks, probe_env(ranks, settings=settings), Path(d))
         if problem:
             raise ConfigError(problem)

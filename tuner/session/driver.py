@@ -33,6 +33,7 @@ from trials.contract import ProbeConfig, ProbeResult
 from tuner.errors import StorageError
 from tuner.records import Candidate, Fidelity, ProbeRow, ProbeStatus, baseline_row
 from tuner.records.run import RunStatus
+from tuner.records.throughput import Throughput, config_throughput
 from tuner.search.request import SearchRequest
 from tuner.search.selection import best_stable
 from tuner.search.strategy import Outcome, Proposal, Strategy
@@ -90,6 +91,8 @@ class SearchSummary:
     probes_run: int
     probe_seconds: float
     trials: int
+    # the baseline config's figure over every probe of it (tuner.records.throughput), as the other faces show it
+    baseline_throughput: Throughput | None = None
 
 
 def _json_record(row: ProbeRow) -> dict[str, Any]:
@@ -369,4 +372,5 @@ class Search:
             probes_run=self.probes_run,
             probe_seconds=self.probe_seconds,
             trials=len(self.study.get_trials(deepcopy=False, states=None)),
+            baseline_throughput=config_throughput(rows, baseline_row(rows)),
         )

@@ -4,11 +4,13 @@ lengths and collation, and when evaluation first runs (tuner.memory.explain take
 
 from __future__ import annotations
 
+from trials.contract import FsdpSettings, Knobs
 from tuner.errors import ConfigError
-from tuner.memory.estimator import Estimator, Evaluation, trace, trace_at
+from tuner.memory.estimator import Estimator, Evaluation, accumulates, fsdp_at, trace, trace_at
 from tuner.memory.explain import Inputs
+from tuner.memory.trace import FsdpAt
 from tuner.search.request import SearchRequest
-from tuner.session.memory import evaluation
+from tuner.session.memory import evaluation, job_trainer
 
 TRACE_MAX_LENGTH = 1024  # longer inputs are extrapolated from two short traced lengths (a long trace takes minutes)
 SHORT_LENGTHS = (320, 640)
@@ -39,11 +41,15 @@ def explain_inputs(request: SearchRequest) -> Inputs:
     tr = trace(
         request.model,
         points,
+        fsdp_points=fsdp_points(request, config, lengths),
+        fsdp=FsdpSettings.model_validate(request.fsdp) if request.fsdp is not None else None,
         timeout_s=TRACE_TIMEOUT_S,
         label_length=job.max_target_length,
         lora=job.lora,
         evaluation=_traced_evaluation(request),
         padded=request.data is not None and request.data.pads,
+        trainer=job_trainer(request),
+        evaluate_checkpointed=False,  # eval runs without checkpointing: its phases traced once a length (minutes less)
     )
     data = request.data
     return Inputs(
@@ -56,7 +62,28 @@ def explain_inputs(request: SearchRequest) -> Inputs:
         global_batch=request.global_batch,
         eval_when=eval_when(request),
         traced_lengths=lengths,
+        bucket_choices=tuple(sorted({int(n) for n in request.space.reduce_bucket_size if n})),
     )
+
+
+def fsdp_points(request: SearchRequest, config: Knobs, lengths: tuple[int, ...]) -> list[FsdpAt]:
+    """An FSDP2 config's own points (its memory is traced per config, tuner.memory.fsdp) at the traced lengths, and
+    those of each change explain weighs (tuner.memory.explain_changes): checkpointing, reshard_after_forward and
+    offload_params on, and a smaller micro batch whose global batch accumulates (``no_sync``'s resident grads: its
+    own kind of point, at micro 1 and half the config's). None for another engine."""
+    if config.engine != "fsdp2":
+        return []
+    world, glob = request.world_size, request.global_batch
+    variants = [config] + [
+        config.model_copy(update={name: True})
+        for name in ("gradient_checkpointing", "reshard_after_forward", "offload_params")
+        if not getattr(config, name)
+    ]
+    out = {fsdp_at(k, world, accumulates(glob, k.micro_batch_size, world), length=n) for k in variants for n in lengths}
+    if not accumulates(glob, config.micro_batch_size, world):  # a smaller micro batch accumulates
+        for micro in sorted({1, max(1, config.micro_batch_size // 2)}):
+            out |= {fsdp_at(config, world, True, micro=micro, length=n) for n in lengths}
+    return sorted(out)
 
 
 def _traced_evaluation(request: SearchRequest) -> Evaluation | None:

@@ -12,6 +12,7 @@ measured nothing (ruled out without running, or failed before its memory window)
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,8 @@ from trials.contract import DataBatches, FsdpSettings, JobSettings, Knobs, Model
 from tuner.errors import ConfigError, TunerError
 from tuner.memory.estimator import Estimator, Evaluation, accumulates, fsdp_at, trace, trace_at
 from tuner.memory.explain import Inputs, MeasuredTrial
-from tuner.memory.snapshot_child import read as read_snapshot
-from tuner.memory.trace import FsdpAt
+from tuner.memory.snapshot_child import read_all as read_snapshots
+from tuner.memory.trace import FsdpAt, trace_trainer
 from tuner.records.probe import ProbeRow
 from tuner.session.best import pick_study
 from tuner.session.explain_job import TRACE_TIMEOUT_S
@@ -99,15 +100,24 @@ def _fsdp_points(
     return sorted(p for p in out if p[3] != "fp16")  # fp16 FSDP2 does not trace on CPU (its scaler needs CUDA)
 
 
+def first_explainable(rows: Sequence[ProbeRow]) -> int | None:
+    """The first trial of ``rows`` that measured a rank's memory (ok or OOM), or None: a trial refused before
+    launching (their release's fill DeepSpeed refuses) or ruled out without running measured nothing to explain."""
+    for r in rows:
+        if r.measured and r.measurement.ranks and r.trial_number is not None:
+            return int(r.trial_number)
+    return None
+
+
 def trial_inputs(store: Store, study: str | None, trial: int | None) -> TrialInputs:
-    """The inputs of the trial's explanation (``trial`` None: the study's baseline trial, else its first)."""
+    """The inputs of the trial's explanation (``trial`` None: the study's first trial that measured something, the
+    baseline when it ran; one refused before launching measured nothing)."""
     name, definition = pick_study(store, study)
     rows = store.probes(name)
     if trial is None:
-        first = next((r for r in rows if r.measured and r.trial_number is not None), None)
-        if first is None:
+        trial = first_explainable(rows)
+        if trial is None:
             raise ConfigError(f"study {name!r} has no probed trial to explain yet")
-        trial = int(first.trial_number or 0)
     row = _trial_row(store, name, trial)
     knobs = Knobs.model_validate(row.knobs)
     model = ModelSpec.model_validate(row.config.get("model") or {})
@@ -130,6 +140,14 @@ def trial_inputs(store: Store, study: str | None, trial: int | None) -> TrialInp
         padded=_padded(row.config),
         fsdp_points=_fsdp_points(both, calib, world, definition.global_batch),
         fsdp=FsdpSettings.model_validate(definition.fsdp) if definition.fsdp else None,
+        trainer=trace_trainer(
+            job.trainer_args,
+            job.seq2seq_args,
+            job.eval_held_batches,
+            row.config.get("deepspeed"),
+            dpo=job.dpo,
+            padding_free=job.padding_free,
+        ),
     )
     estimator = Estimator(trace=tr, world_size=world, global_batch=definition.global_batch)
     for k, need in calib:
@@ -148,7 +166,7 @@ def trial_inputs(store: Store, study: str | None, trial: int | None) -> TrialInp
         oom_need=m.oom_need or None,
         failures=failures,
         snapshots=tuple(r.snapshot for r in m.ranks if r.snapshot),
-        snapshot_reads=tuple(read_snapshot(s) for s in dict.fromkeys(s for _, _, s in failures if s)),
+        snapshot_reads=read_snapshots(list(dict.fromkeys(s for _, _, s in failures if s))),  # one budget
     )
     inputs = Inputs(
         estimator=estimator,

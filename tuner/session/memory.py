@@ -11,6 +11,7 @@ from typing import Any
 from trials.contract import FsdpSettings
 from tuner.memory.estimator import Estimator, Evaluation, Trace
 from tuner.memory.frontier import Frontier
+from tuner.memory.trace import TraceTrainer, trace_trainer
 from tuner.memory.tracing import (
     DATA_TRACE_CAP,
     ESTIMATE_AUTO_MIN_BUDGET_S,
@@ -44,7 +45,25 @@ def shapes(request: SearchRequest) -> TraceShapes:
         lora=job.lora if job is not None else None,
         evaluation=evaluation(request),
         fsdp=FsdpSettings.model_validate(request.fsdp) if request.fsdp is not None else None,
+        trainer=job_trainer(request),
         **_data_shapes(request),
+    )
+
+
+def job_trainer(request: SearchRequest) -> TraceTrainer | None:
+    """The job's training args as its probes run them, for the trace (tuner.memory.trace.trace_trainer)."""
+    job = request.job
+    if job is None:
+        return None
+    held = job.eval_held_batches if job.evaluates else 0
+    return trace_trainer(
+        job.trainer_args,
+        job.seq2seq_args,
+        held,
+        request.baseline_source,
+        bool(job.compile),
+        job.dpo,
+        padding_free=job.padding_free,
     )
 
 

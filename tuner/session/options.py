@@ -17,11 +17,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trials.contract import ModelSpec
-from tuner.declared import API, ESTIMATE, EVERY_SEARCH_FACE, SEARCH, TUNE, setting
-from tuner.errors import BaselineError, ConfigError, TunerError
+from tuner.declared import (
+    API,
+    DATA_PANEL,
+    ESTIMATE,
+    EVERY_SEARCH_FACE,
+    EXPLAIN,
+    SEARCH,
+    SEARCH_PANEL,
+    STORAGE_PANEL,
+    TUNE,
+    setting,
+)
+from tuner.errors import ConfigError, TunerError
 from tuner.job.definition import JobFlags
 from tuner.job.inline_data import MAX_INLINE_SAMPLES, InlineLengths, inline_data
-from tuner.job.model_source import resolve_model
+from tuner.job.model_source import resolve_local_model
+from tuner.job.nodes import MAX_NODES, check_storage, node_layout
 from tuner.job.objective import load_lengths
 from tuner.job.padding import Padding
 from tuner.job.space import (
@@ -38,17 +50,16 @@ from tuner.records import DEFAULT_HEADROOM
 from tuner.search.request import BaselineLoader, SearchRequest
 from tuner.search.request import build_request as build_search_request
 from tuner.search.schedule import Schedule
-from tuner.units import parse_duration, parse_size
+from tuner.session.their_files import DEFAULT_MODEL, FileOrMapping, local_baseline, recipe_model
+from tuner.units import parse_duration, parse_memory
 
 if TYPE_CHECKING:
     from tuner.interop.baseline import Baseline
     from tuner.job.data_job import DataJob
 
-DEFAULT_MODEL = "builtin:tiny-t5"
-FileOrMapping = Path | str | Mapping[str, Any]
 _LOCAL = frozenset({SEARCH, TUNE})  # settings of one run on this host (files, a budget, a seed), not of a study
-_ESTIMATED = EVERY_SEARCH_FACE | {ESTIMATE}  # `tuner estimate` has them too
-_DATA = _LOCAL | {ESTIMATE}  # the user's data: read on this host (POST /studies takes no server path)
+_ESTIMATED = EVERY_SEARCH_FACE | {ESTIMATE, EXPLAIN}  # the job: `tuner estimate` and `tuner explain` have them too
+_DATA = _LOCAL | {ESTIMATE, EXPLAIN}  # the user's data: read on this host (POST /studies takes no server path)
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,7 @@ class SearchOptions:
     files'). Each field's declaration (tuner.declared.setting) is what every face shows of it."""
 
     budget: str | float = setting(
-        "wall-clock budget for the whole search: 90s, 30m, 2h, 1h30m", cli_type=str, faces=_LOCAL
+        "wall-clock budget for the whole search: 90s, 30m, 2h, 1h30m", cli_type=str, faces=_LOCAL, panel=SEARCH_PANEL
     )
     model: str = setting(
         "builtin:tiny-t5, an HF model id, or a local model directory",
@@ -72,24 +83,53 @@ class SearchOptions:
         "search space YAML/TOML (default: built-in)",
         None,
         cli_type=Path,
+        panel=SEARCH_PANEL,
         api_type=dict[str, Any] | None,
         api_help="inline search space over the default (knob -> choices)",
     )
     storage: str | None = setting(
-        "SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)", None, faces=_LOCAL | {ESTIMATE}
+        "SQLAlchemy URL (default: $TUNER_STORAGE or sqlite:///tuner.db)",
+        None,
+        faces=_LOCAL | {ESTIMATE, EXPLAIN},
+        panel=STORAGE_PANEL,
     )
-    study: str | None = setting("study name; an existing one is resumed", None, faces=_LOCAL)
+    study: str | None = setting(
+        "study name; an existing one is resumed", None, faces=_LOCAL | {EXPLAIN}, panel=STORAGE_PANEL
+    )
     world_size: int | None = setting(
         "ranks per probe (data-parallel GPUs)", None, faces=_ESTIMATED, api={"ge": 1, "le": MAX_WORLD_SIZE}
+    )
+    nnodes: int | None = setting(
+        "nodes each probe spans: run this same command on every node (or srun -N N --ntasks-per-node 1 tuner search "
+        "...); the workers meet in the study's PostgreSQL (default: the Slurm step's nodes, else 1)",
+        None,
+        min=1,
+        faces=_ESTIMATED,
+        api={"ge": 1, "le": MAX_NODES},
+    )
+    nproc_per_node: int | None = setting(
+        "ranks (GPUs) per node of a search across nodes: world size = nnodes x nproc-per-node",
+        None,
+        min=1,
+        faces=_ESTIMATED,
+        api={"ge": 1, "le": MAX_WORLD_SIZE},
     )
     device_memory: str | int | None = setting(
         "memory per rank, e.g. 80GiB (default: the device's)", None, cli_type=str, faces=_ESTIMATED
     )
-    headroom: float = setting("stable = peak <= headroom x device memory", DEFAULT_HEADROOM, api={"gt": 0, "le": 1})
+    headroom: float = setting(
+        "stable = peak <= headroom x device memory", DEFAULT_HEADROOM, api={"gt": 0, "le": 1}, panel=SEARCH_PANEL
+    )
     global_batch: int | None = setting(
         "samples per optimizer step, held fixed", None, faces=_ESTIMATED, api={"ge": 1, "le": MAX_GLOBAL_BATCH}
     )
-    n_trials: int | None = setting("stop exploring after this many probes", None, faces=_LOCAL)
+    change_global_batch: bool = setting(
+        "search --global-batch as a change to your files' global batch (micro x accumulation x world); without it a "
+        "different one is refused",
+        False,
+        faces=_ESTIMATED,
+    )
+    n_trials: int | None = setting("stop exploring after this many probes", None, faces=_LOCAL, panel=SEARCH_PANEL)
     baseline: FileOrMapping | None = setting(
         "your current DeepSpeed JSON, HF training-args JSON or accelerate config (FSDP); probed first",
         None,
@@ -99,10 +139,16 @@ class SearchOptions:
         api_help="your current DeepSpeed config (HF 'auto' values allowed), probed first as trial 0",
     )
     lengths: Path | str | Sequence[int] | None = setting(
-        "file of your samples' token lengths (retained-token objective)", None, cli_type=Path, faces=_LOCAL
+        "file of your samples' token lengths (retained-token objective)",
+        None,
+        cli_type=Path,
+        faces=_LOCAL,
+        panel=DATA_PANEL,
     )
-    finalists: int = setting("best stable configs re-probed longer before the pick", 2, faces=_LOCAL)
-    seed: int | None = setting("sampler seed", None, faces=_LOCAL)
+    finalists: int = setting(
+        "best stable configs re-probed longer before the pick", 2, faces=_LOCAL, panel=SEARCH_PANEL
+    )
+    seed: int | None = setting("sampler seed", None, faces=_LOCAL, panel=SEARCH_PANEL)
     training_args: FileOrMapping | None = setting(
         "your training-args JSON, with --baseline DS_JSON (or name it inside) or an accelerate config",
         None,
@@ -113,8 +159,9 @@ class SearchOptions:
     )
     transformers_version: str | None = setting(
         "the transformers release your training runs on (default: this host's): the baseline's 'auto' values are "
-        "filled as its Trainer fills them, and the exports written for it",
+        "filled as its Trainer fills them, its TrainingArguments' fields read, and the exports written for it",
         None,
+        faces=_ESTIMATED,
         api_help="the transformers release your training runs on (default: the worker's): the baseline's 'auto' "
         "values are filled as its Trainer fills them, e.g. 5.17.0",
     )
@@ -123,6 +170,7 @@ class SearchOptions:
         None,
         flag="--estimate/--no-estimate",
         faces=_LOCAL,
+        panel=SEARCH_PANEL,
     )
     # the user's data (tuner.job.dataset): the job's lengths and batches come from it
     dataset: str | None = setting(
@@ -130,25 +178,30 @@ class SearchOptions:
         "in your local cache; the job's lengths are its samples'",
         None,
         faces=_DATA,
+        panel=DATA_PANEL,
     )
-    split: str = setting("the dataset's training split", "train", faces=_DATA)
-    eval_split: str | None = setting("the dataset's eval split (its lengths are shown)", None, faces=_DATA)
-    input_column: str | None = setting("seq2seq input text column of --dataset", None, faces=_DATA)
-    target_column: str | None = setting("seq2seq label text column of --dataset", None, faces=_DATA)
-    text_column: str | None = setting("causal LM text column of --dataset", None, faces=_DATA)
+    split: str = setting("the dataset's training split", "train", faces=_DATA, panel=DATA_PANEL)
+    eval_split: str | None = setting(
+        "the dataset's eval split (its lengths are shown)", None, faces=_DATA, panel=DATA_PANEL
+    )
+    input_column: str | None = setting("seq2seq input text column of --dataset", None, faces=_DATA, panel=DATA_PANEL)
+    target_column: str | None = setting("seq2seq label text column of --dataset", None, faces=_DATA, panel=DATA_PANEL)
+    text_column: str | None = setting("causal LM text column of --dataset", None, faces=_DATA, panel=DATA_PANEL)
     tokenizer: str | None = setting(
         "tokenizer id or directory for --dataset (default: the model's own; built-in presets have none)",
         None,
         faces=_DATA,
+        panel=DATA_PANEL,
     )
     padding: Padding = setting(
         "how your collator pads: longest (per batch, the Trainer's default) or max_length",
         "longest",
         cli_type=str,
         faces=_DATA,
+        panel=DATA_PANEL,
     )
     max_samples: int | None = setting(
-        "scan a seeded random sample of this many samples of --dataset", None, min=1, faces=_DATA
+        "scan a seeded random sample of this many samples of --dataset", None, min=1, faces=_DATA, panel=DATA_PANEL
     )
     sample_lengths: Sequence[Sequence[int]] | Sequence[int] | None = setting(
         "your data's per-sample token lengths, as `tuner lengths --dataset ... -o` writes them: [input, target] "
@@ -192,27 +245,12 @@ def api_option(name: str) -> str:
 BaselineReader = Callable[[SearchOptions, Callable[[str], str], "list[Baseline]"], BaselineLoader | None]
 
 
-def local_baseline(o: SearchOptions, option: Callable[[str], str], loaded: list[Baseline]) -> BaselineLoader | None:
-    """The baseline of `tuner search` and ``tuner.tune``: the user's own files (or their contents as mappings)."""
-    if o.training_args is not None and o.baseline is None:
-        raise BaselineError(
-            f"{option('training_args')} goes with {option('baseline')} (your DeepSpeed JSON or accelerate config); "
-            f"pass both, or the training args alone as {option('baseline')}"
-        )
-    from tuner.interop.trainer_fill import checked_version
-
-    version = checked_version(o.transformers_version, option)
-    if o.baseline is None:
-        return None
-    return _baseline_loader(o.baseline, o.training_args, loaded, version)
-
-
 @dataclass(frozen=True)
 class Face:
     """How a front door reads what it is given and names a setting: the command line, tune(), the API body."""
 
     option: Callable[[str], str] = api_option  # a setting as this face spells it in a message
-    model: Callable[[str], ModelSpec] = resolve_model
+    model: Callable[[str], ModelSpec] = resolve_local_model  # the API's: ids and presets, no hub request
     baseline: BaselineReader = local_baseline
     length_hint: str | None = None  # how this face's user gives a length (None: build_request's, the CLI's words)
 
@@ -230,14 +268,6 @@ def _space(space: FileOrMapping | None) -> tuple[Space, set[str]]:
     return load_space(space), space_file_knobs(space)
 
 
-def engine_of_baseline(space: Space, listed: set[str], baseline: Mapping[str, Any] | None) -> Space:
-    """The engine is the user's (their FSDP settings are part of the job): an FSDP2 baseline searches FSDP2 unless the
-    space names its engines."""
-    if baseline is None or "engine" in listed or baseline.get("engine") != "fsdp2":
-        return space
-    return space.restrict(engine=["fsdp2"])
-
-
 def prepare_request(
     options: SearchOptions, storage: str, face: Face = PYTHON, cache_dir: Path | None = None
 ) -> tuple[SearchRequest, set[str]]:
@@ -246,24 +276,27 @@ def prepare_request(
     must agree on). ``baseline`` is your DeepSpeed JSON or training-args JSON (a file, or its contents as a mapping);
     ``training_args`` the second one."""
     o, option = options, face.option
+    from tuner.settings import slurm_step
+
+    nnodes, world_size = node_layout(o.nnodes, o.nproc_per_node, o.world_size, slurm_step(), option)
+    check_storage(storage, nnodes, option)
     budget_s = parse_duration(o.budget) if isinstance(o.budget, str) else float(o.budget)
     if budget_s <= 0:
         raise ConfigError(f"{option('budget')} must be positive, got {o.budget!r}")
     loaded: list[Baseline] = []
     baseline = face.baseline(o, option, loaded)
     parsed_space, listed = _space(o.space)
-    parsed_space = engine_of_baseline(parsed_space, listed, loaded[-1].knobs if loaded else None)
     lengths = o.lengths
     lens = load_lengths(lengths) if isinstance(lengths, (str, Path)) else list(lengths) if lengths is not None else None
     request = build_search_request(
         study_name=check_study_name(o.study, option("study")) if o.study else _new_study_name(),
         storage=storage,
-        model=face.model(o.model),
+        model=face.model(recipe_model(o) or o.model),  # a TRL recipe's model_name_or_path where none was named
         space=parsed_space,
         budget_s=budget_s,
-        world_size=o.world_size,
+        world_size=world_size,
         global_batch=o.global_batch,
-        device_memory=_size(o.device_memory, option),
+        device_memory=device_memory_size(o.device_memory, option),
         headroom=o.headroom,
         n_trials=o.n_trials,
         baseline=baseline,
@@ -275,9 +308,18 @@ def prepare_request(
         space_listed=listed,
         length_hint=face.length_hint,
         data=_data(o, option, cache_dir),
+        nnodes=nnodes,
+        change_global_batch=o.change_global_batch,
     )
-    # the 64-rank and global-batch caps (the GPUs this host shows: check_world_size, before the study is written)
-    check_job_limits(request.world_size, request.global_batch, option)
+    if loaded:  # their accelerate config's machines are the search's nodes; its HSDP replicas are trial 0's
+        from tuner.interop.baseline_nodes import check_machines, with_replicas
+
+        accelerate = loaded[-1].files().get("accelerate")
+        check_machines(accelerate, nnodes, option)
+        request = dataclasses.replace(request, baseline=with_replicas(request.baseline, accelerate, request.world_size))
+    # the 64-rank (per node) and global-batch caps (the GPUs this host shows: check_world_size, before the study is
+    # written)
+    check_job_limits(request.world_size // nnodes, request.global_batch, option)
     if request.job is not None and request.job.lora is not None:  # its target modules are in the model, peft runs
         from tuner.job.lora import check_lora
 
@@ -321,11 +363,12 @@ def read_data(o: SearchOptions, option: Callable[[str], str], cache_dir: Path | 
     )
 
 
-def _size(value: str | int | None, option: Callable[[str], str]) -> int | None:
+def device_memory_size(value: str | int | None, option: Callable[[str], str]) -> int | None:
+    """The bytes of ``value`` (a size with its unit), an error naming the setting as ``option`` spells it."""
     if value is None:
         return None
     try:
-        return parse_size(value)
+        return parse_memory(value)
     except TunerError as err:  # the same error, naming the setting
         raise type(err)(f"{option('device_memory')}: {err}") from None
 
@@ -336,7 +379,8 @@ def explicit_settings(o: SearchOptions, baseline_world: int | None) -> set[str]:
     given = {
         "model": o.model != DEFAULT_MODEL or "model" in o.given,
         "space": o.space is not None,
-        "world_size": o.world_size is not None or baseline_world is not None,
+        "world_size": o.world_size is not None or o.nproc_per_node is not None or baseline_world is not None,
+        "nnodes": o.nnodes is not None or o.nproc_per_node is not None,
         "global_batch": o.global_batch is not None or o.baseline is not None,
         "device_memory": o.device_memory is not None,
         "objective": o.lengths is not None or o.dataset is not None or o.sample_lengths is not None,
@@ -350,54 +394,3 @@ def explicit_settings(o: SearchOptions, baseline_world: int | None) -> set[str]:
 
 def _new_study_name() -> str:
     return "search-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-
-
-def _mapping(given: Mapping[str, Any], what: str) -> dict[str, Any]:
-    """A baseline given as a mapping, its nesting and size bounded as a file's (tuner.bounded)."""
-    from tuner.bounded import check_shape
-
-    check_shape(given, what)
-    return dict(given)
-
-
-def _baseline_loader(
-    baseline: FileOrMapping,
-    training_args: FileOrMapping | None,
-    loaded: list[Baseline],
-    transformers_version: str | None = None,
-) -> Callable[[int | None, int], Baseline]:
-    """Parses the user's files for a world size and the longest length (build_request calls it once it knows
-    them), "auto" filled as ``transformers_version``'s Trainer fills it, keeping the parsed baseline in ``loaded``."""
-
-    def load(world: int | None, max_length: int) -> Baseline:
-        from tuner.interop.baseline import parse_baseline
-        from tuner.interop.baseline_files import file_kind, load_baseline, read_json
-
-        if not isinstance(baseline, Mapping) and not isinstance(training_args, Mapping):
-            args_path = Path(training_args) if training_args is not None else None
-            kw: dict[str, Any] = {"world_size": world, "max_length": max_length}
-            loaded.append(load_baseline(Path(baseline), args_path, **kw, transformers_version=transformers_version))
-            return loaded[-1]
-        first = (
-            _mapping(baseline, "baseline")
-            if isinstance(baseline, Mapping)
-            else read_json(Path(baseline), "baseline file")
-        )
-        second = None
-        if training_args is not None:
-            second = (
-                _mapping(training_args, "training_args")
-                if isinstance(training_args, Mapping)
-                else read_json(Path(training_args), "training-args file")
-            )
-        kind = file_kind(first)
-        ds, hf = (first, second) if kind == "deepspeed" else (None, second) if kind == "accelerate" else (None, first)
-        if second is not None and kind == "hf":
-            raise BaselineError("two training-args given; pass one DeepSpeed JSON and one training-args JSON")
-        accelerate = first if kind == "accelerate" else None
-        version = transformers_version
-        kw = {"world_size": world, "max_length": max_length, "transformers_version": version}
-        loaded.append(parse_baseline(ds, hf, **kw, accelerate=accelerate))
-        return loaded[-1]
-
-    return load

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trials.contract import FSDP_KNOBS, Knobs
+from trials.contract import FSDP_KNOBS, ZERO_PP_KNOBS, Knobs
 from tuner.job.space import ZERO_KNOBS
 from tuner.search.request import SearchRequest
 
@@ -32,9 +32,11 @@ class Plan:
     def lines(self, request: SearchRequest) -> list[str]:
         ruled = "no memory estimate" if self.ruled_out is None else f"{self.ruled_out} ruled out by the memory estimate"
         out = [
-            f"study {request.study_name}: {request.model.source}, world size {request.world_size}, global batch "
-            f"{request.global_batch}, budget {request.budget_s:.0f} s",
+            f"study {request.study_name}: {request.model.source}, world size {request.world_size}"
+            f"{node_layout_text(request)}, global batch {request.global_batch}, budget {request.budget_s:.0f} s"
+            f"{node_hours_text(request.budget_s, request.nnodes)}",
             f"your job (held fixed): {self.job}" if self.job else "your job: (no job settings stored)",
+            *([f"  {request.sources}"] if request.sources else []),
             *request.data_lines(),
             f"space: {self.configs} configs; {ruled}",
             *(f"  searched: {line}" for line in self.searched),
@@ -47,12 +49,29 @@ class Plan:
             out.append(self.estimate_note)
         out += list(self.baseline)
         out.append(
-            f"expected: at most about {self.expected_probes} probes in {self.expected_s / 60:.0f} min (before any "
-            f"probe is measured, one is guessed at {request.schedule.first_probe_s:.0f} s; inferred configs cost "
-            "nothing)"
+            f"expected: at most about {self.expected_probes} probes in {self.expected_s / 60:.0f} min"
+            f"{node_hours_text(self.expected_s, request.nnodes)} (before any probe is measured, one is guessed at "
+            f"{request.schedule.first_probe_s:.0f} s; inferred configs cost nothing)"
         )
+        if request.nnodes > 1:
+            out.append(
+                f"across nodes: one `tuner search` per node, the same command (or srun -N {request.nnodes} "
+                "--ntasks-per-node 1 tuner search ...), every node busy for the whole search; NCCL's buffers are not "
+                "in the estimate (they grow with the communicators: hpZ's and HSDP's groups add some), the probes "
+                "measure them"
+            )
         out.append("nothing was written and no device was used; run without --dry-run to search")
         return out
+
+
+def node_layout_text(request: SearchRequest) -> str:
+    """`` (2 nodes x 4 ranks)`` for a search across nodes, else nothing."""
+    return f" ({request.nnodes} nodes x {request.world_size // request.nnodes} ranks)" if request.nnodes > 1 else ""
+
+
+def node_hours_text(seconds: float, nnodes: int) -> str:
+    """What ``seconds`` of a search across ``nnodes`` nodes cost in node-hours (every node is held throughout)."""
+    return f" = {seconds * nnodes / 3600:.2f} node-hours on {nnodes} nodes" if nnodes > 1 else ""
 
 
 def plan(request: SearchRequest, estimate: bool | None) -> Plan:
@@ -119,9 +138,9 @@ def searched(request: SearchRequest) -> tuple[str, ...]:
 
 def _sampled(name: str, engines: Sequence[str]) -> bool:
     """Whether the space samples knob ``name`` for any of its engines (ZeRO knobs: DeepSpeed; FSDP ones: FSDP2)."""
-    if name == "zero_stage" or name in ZERO_KNOBS:
+    if name == "zero_stage" or name in ZERO_KNOBS or name in ZERO_PP_KNOBS:
         return "deepspeed" in engines
-    return name not in FSDP_KNOBS or "fsdp2" in engines
+    return name not in (*FSDP_KNOBS, "dp_replicate_size") or "fsdp2" in engines
 
 
 def baseline_phases(estimator: Any, baseline: Knobs | None, capacity: int | None) -> tuple[str, ...]:

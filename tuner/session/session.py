@@ -21,6 +21,7 @@ import optuna
 
 from trials.contract import ProbeConfig, ProbeResult
 from tuner.files import private_dir
+from tuner.probing.args_check import check_trainer_args
 from tuner.records import StudyDefinition
 from tuner.search.request import SearchRequest, check_resume, request_from_definition
 from tuner.search.strategy import SearchSetup, Strategy
@@ -60,6 +61,9 @@ class Events:
     def running(self, request: SearchRequest, deadline: Deadline) -> AbstractContextManager[Listener | None]:
         """Around the search's run: the listener the driver tells of each probe (None: nobody)."""
         return nullcontext()
+
+    def node(self, line: str) -> None:
+        """A search across nodes: what this worker does as a node (leads, follows, ran its part of a probe)."""
 
 
 class ListenerEvents(Events):
@@ -197,6 +201,7 @@ class SearchSession:
     def plan(self) -> tuple[SearchRequest, Plan]:
         """The dry run: what the search would do; writes nothing, probes nothing."""
         request, _ = self.request()
+        check_trainer_args(request.job)  # their TrainingArguments' verdict, as every probe would meet it
         with self.events.step(TRACING):
             return request, plan(request, self.options.estimate)
 
@@ -205,13 +210,32 @@ class SearchSession:
         real = self.probe is None
         if real:
             check_world_size(request)  # before the study is written or any probe runs
-        probe = self.probe or real_probe(self.settings)
+            check_trainer_args(request.job)  # their TrainingArguments' verdict, as every probe would meet it
+        probe = self.probe or (real_probe(self.settings) if request.nnodes == 1 else None)
         store = Store(request.storage)
         request, resumed = resolve(request, explicit, store)
         if real:
             with self.events.step(CHECKING_HOST):
                 check_host(request, store, resumed, self.settings)
         deadline = Deadline(request.budget_s, clock=self.clock)  # the trace below counts against the budget
+        if probe is None:  # one worker per node, in step through the database (tuner.session.node_session)
+            from tuner.session.node_session import run_across_nodes
+
+            return run_across_nodes(
+                request,
+                store,
+                deadline,
+                self.settings,
+                self.events,
+                lead=lambda node_probe: self.lead(request, store, resumed, deadline, node_probe),
+                followed=lambda summary: Ran(request, store, resumed, summary),
+                trials=lambda: len(join(request, store, self.settings.cache_dir).study.get_trials(deepcopy=False)),
+            )
+        return self.lead(request, store, resumed, deadline, probe)
+
+    def lead(self, request: SearchRequest, store: Store, resumed: bool, deadline: Deadline, probe: Probe) -> Ran:
+        """The search itself on this worker: joined to the study (what gone workers left recovered), its memory
+        traced, its probes run by ``probe``."""
         joined = join(request, store, self.settings.cache_dir)
         self.events.opened(request, resumed)
         with self.events.step(TRACING):

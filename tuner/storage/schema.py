@@ -116,3 +116,66 @@ claims = Table(
     Column("claimed_at", UTCDateTime, nullable=False),
     UniqueConstraint("study_name", "config_key", "fidelity", name="uq_claim"),
 )
+
+# -- searches across nodes (issue 43): the workers of one study, one per node, meet here (tuner.session.nodes) --------
+# A worker's place as a node of a study: where its peers reach it and its beat (a node stops counting when it stops
+# beating: NODE_STALE_S, tuner.records.nodes).
+nodes = Table(
+    "tuner_nodes",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("study_name", String(128), nullable=False, index=True),
+    Column("worker", String(256), nullable=False),  # host:pid
+    Column("address", String(256), nullable=False),  # the address its peers reach it at (torchrun --local-addr)
+    Column("nproc", Integer, nullable=False),  # ranks per node
+    Column("joined_at", UTCDateTime, nullable=False),
+    Column("heartbeat_at", UTCDateTime, nullable=False),
+    Column("left_at", UTCDateTime, nullable=True),
+    Column("message", Text, nullable=True),  # why it left
+    UniqueConstraint("study_name", "worker", name="uq_tuner_nodes_worker"),
+)
+
+# The leader of a study across nodes (the one worker that runs the search and posts its probes): one row per study,
+# taken over from a leader that stopped beating (compare-and-swap on its worker); ended when its search ended.
+node_leases = Table(
+    "tuner_node_leases",
+    metadata,
+    Column("study_name", String(128), primary_key=True),
+    Column("worker", String(256), nullable=False),
+    Column("since", UTCDateTime, nullable=False),
+    Column("ended_at", UTCDateTime, nullable=True),
+    Column("message", Text, nullable=True),  # why the search ended
+)
+
+# One probe across nodes as the leader posts it: every node's worker joins it and starts its torchrun agent on the
+# rendezvous; any node (or the leader) sets stop_at, and every node then stops its ranks.
+node_probes = Table(
+    "tuner_node_probes",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("study_name", String(128), nullable=False, index=True),
+    Column("leader", String(256), nullable=False),
+    Column("endpoint", String(300), nullable=False),  # host:port of the c10d store (the leader's agent)
+    Column("rdzv_id", String(128), nullable=False),
+    Column("nodes", JSON, nullable=False),  # the workers expected to join
+    Column("config", JSON, nullable=False),  # the ProbeConfig
+    Column("join_timeout_s", Float, nullable=False),
+    Column("posted_at", UTCDateTime, nullable=False),
+    Column("stop_at", UTCDateTime, nullable=True),
+    Column("stop_reason", Text, nullable=True),
+    Column("closed_at", UTCDateTime, nullable=True),
+    Column("result", JSON, nullable=True),  # the leader's verdict over every node (a ProbeResult), once closed
+)
+
+# One node's part of a probe across nodes: joined, then its ranks' accounts (tuner.probing.accounts.NodePart).
+node_parts = Table(
+    "tuner_node_parts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("probe_id", Integer, ForeignKey("tuner_node_probes.id"), nullable=False, index=True),
+    Column("worker", String(256), nullable=False),
+    Column("joined_at", UTCDateTime, nullable=False),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Column("result", JSON, nullable=True),
+    UniqueConstraint("probe_id", "worker", name="uq_tuner_node_parts"),
+)

@@ -102,7 +102,7 @@ def _tuner(monkeypatch, capsys, *args: str) -> str:
 def test_trials_best_and_report_say_when_the_baseline_crashes_on_the_stored_data(
     study: str, monkeypatch, capsys, tmp_path: Path
 ) -> None:
-    trials = _tuner(monkeypatch, capsys, "trials", "--study", "data", "--storage", study)
+    trials = _tuner(monkeypatch, capsys, "trials", "--study", "data", "--storage", study, "--wide")
     assert "your data: 400 samples of " in trials and "data.jsonl [train]" in trials
     baseline = next(line for line in trials.splitlines() if line.startswith("trial 0 (your config) on your data: "))
     assert "1 batch in " in baseline and "needs more than 16.0 MiB" in baseline
@@ -110,6 +110,9 @@ def test_trials_best_and_report_say_when_the_baseline_crashes_on_the_stored_data
     assert "the estimate traced inputs of 40, " in baseline and "calibrated on 1 measured probe at " in baseline
     assert "extrapolated beyond the traced ones; stored data: lengths stored exactly" in baseline
     assert "trial 1 on your data" not in trials  # the pick fits every batch: nothing to warn of
+    piped = _tuner(monkeypatch, capsys, "trials", "--study", "data", "--storage", study).splitlines()
+    column = piped[0].split("\t").index("on your data")  # piped, each row's crash line is a column
+    assert [row.split("\t")[column] for row in piped[1:] if row.startswith("0 baseline")] == [baseline]
 
     changes = _tuner(monkeypatch, capsys, "best", "--changes", "--study", "data", "--storage", study)
     assert "your config (trial 0) on your data: 1 batch in " in changes

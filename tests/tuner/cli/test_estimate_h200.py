@@ -42,6 +42,8 @@ ARGS = [
     "128",
     "--kernels",
     "cuda",
+    "--transformers-version",  # their training args carry overwrite_output_dir: a 4.x release's
+    "4.57.3",
 ]
 
 

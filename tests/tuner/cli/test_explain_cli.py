@@ -68,3 +68,10 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
         assert done.returncode == 2, done.stdout
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and says in errors[0], done.stderr
+
+
+def test_every_part_of_the_estimate_has_a_column_name_in_explain() -> None:
+    from tuner.cli.explain_view import _SHORT
+    from tuner.memory.breakdown import PARTS
+
+    assert set(PARTS) <= set(_SHORT)  # a part without one was a KeyError in explain's table (the reference model)

@@ -42,6 +42,7 @@ def _args(tmp_path: Path, *extra: str) -> list[str]:
         write_jsonl(data, long_tail_lengths(100_000, tail_every=700, tail=(6000, 9000)), target_words=(5, 60))
     args = ["explain", "--model", "builtin:flan-t5-large", "--baseline", str(SEED / "ds_config.json")]
     args += ["--training-args", str(SEED / "training_args.json"), "--world-size", "4", "--device-memory", "79.15GiB"]
+    args += ["--transformers-version", "4.57.3"]  # their training args carry overwrite_output_dir: a 4.x release's
     args += ["--dataset", str(data), "--input-column", "source", "--target-column", "target"]
     args += ["--tokenizer", str(tokenizer), "--storage", f"sqlite:///{tmp_path}/t.db", "--oom-message", OOM, *extra]
     return args

@@ -65,7 +65,9 @@ def _snapshot_file(path: Path) -> str:
         block(GiB, forward),
         block(GiB // 2, [frame("/w/jobs/custom_loss.py", "smooth", 42)]),
         block(GiB, adam, state="inactive"),
+        block(GiB // 4, [], address=99 * GiB),  # the backward's thread: no Python frames, its alloc in the trace
     )
+    s["device_traces"][0].insert(0, {"action": "alloc", "addr": 99 * GiB, "size": GiB // 4, "stream": 0, "frames": []})
     path.write_bytes(pickle.dumps(s))
     return str(path)
 
@@ -103,7 +105,27 @@ def test_a_trials_snapshot_is_read_by_parts_and_a_missing_one_is_one_line(
         "-",
     ]
     assert rows["unattributed (no rule matches its frames)"] == ["0.50", "-"]
-    assert "    live 6.50 GiB of 7.50 GiB reserved" in out
+    assert rows["gradients"][0] == "0.25"
+    assert "    of the gradients, recorded with no Python frames (the backward's thread): 0.25 GiB" in out
+    assert "    live 6.75 GiB of 7.75 GiB reserved" in out
     assert "    unattributed: jobs/custom_loss.py:42:smooth, 512.00 MiB in 1 block(s)" in out
     assert "  memory snapshot not read: the file is gone (the latest 20 are kept beside the study's database)" in out
     assert out.count("recorded failure, rank") == 2 and "not covered:" in out
+
+
+def test_the_study_alone_explains_its_first_trial_that_measured(tmp_path: Path) -> None:
+    """`tuner explain --study S` without --trial: trial 0 refused before launching (their release fills what
+    DeepSpeed refuses) or ruled out measured nothing; the first trial whose ranks measured memory is explained."""
+    from tuner.session.explain_trial import first_explainable
+    from tuner.storage.store import Store
+
+    url = f"sqlite:///{tmp_path}/r.db"
+    sample = SampleStudy(url, "r", {"model": {"source": "builtin:tiny-t5"}, "world_size": 1, "device_memory": 64 * MiB})
+    config = ProbeConfig(knobs=Knobs(micro_batch_size=2, max_length=64, engine="torch"), device_memory=64 * MiB)
+    refused = ProbeResult(status="refused", cause="refused before launching: warmup_num_steps must be positive")
+    sample.probe(config, refused, trial_number=0, config_key="a", fidelity="baseline")
+    sample.inferred(config, trial_number=1, config_key="b", cause="estimated peak over the device memory")
+    assert first_explainable(Store(url).probes("r")) is None
+    oom = ProbeResult(status="oom", cause="OutOfMemoryError", ranks=[RankMemory(rank=0, oom_need=70 * MiB)])
+    sample.probe(config, oom, trial_number=2, config_key="c")
+    assert first_explainable(Store(url).probes("r")) == 2

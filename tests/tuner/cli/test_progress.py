@@ -118,7 +118,8 @@ def test_summary_table_shows_best_and_baseline_speedup():
     out = io.StringIO()
     Console(file=out, width=200, color_system=None).print(summary_table(summary, Objective()))
     text = out.getvalue()
-    assert "12.5 samples/s" in text and "x2.50" in text and "micro=4" in text and "accum=8" in text
+    assert "\n2.50x the throughput of your config (5.00 -> 12.5 samples/s)\n" in text
+    assert "12.5 samples/s (one probe; not confirmed)" in text and "micro=4" in text and "accum=8" in text
     assert "the pick: trial 4, micro=4 len=128 accum=8, peak 50.0 MiB of 160.0 MiB" in text
     assert all(len(line) <= 100 for line in text.splitlines()), text
     assert "refused" not in text
@@ -142,7 +143,8 @@ def test_summary_table_offers_no_deepspeed_export_for_an_fsdp2_pick():
     )
     out = io.StringIO()
     Console(file=out, width=200, color_system=None).print(summary_table(summary, Objective()))
-    assert "(then --format accelerate|hf|env -o FILE)" in out.getvalue() and "deepspeed|" not in out.getvalue()
+    assert "then: tuner export --study demo --format accelerate|hf|env -o FILE" in out.getvalue()
+    assert "deepspeed|" not in out.getvalue()
 
 
 def test_summary_table_counts_refused_configs_apart():
@@ -255,3 +257,39 @@ def test_ruled_out_lines_cite_the_oom_by_its_label_without_a_trial_number():
     ]
     cited = ruled_out_lines(rows, JOB, {"micro=8 z3 reduce=5e7": (10, ProbeStatus.OOM)})[0]  # printed: trial 10
     assert cited.endswith("each needs at least trial 10's memory (an OOM)") and len(cited) <= 100
+
+
+# -- issue 40 §4: a refusal is the only answer to why a config never ran: whole, once ---------------------------------
+REFUSAL = (
+    "FSDP2 cannot shard this model: parameter 'shared.weight' is shared by modules accelerate puts in different FSDP "
+    "groups (as T5's shared / embed_tokens); untie those weights, or search engine deepspeed"
+)
+
+
+def test_a_refusal_is_printed_whole_under_its_first_probe_then_cited():
+    out = io.StringIO()
+    console = Console(file=out, width=80, color_system=None)
+    progress = LiveProgress(console, Deadline(180, clock=lambda: 0.0), Objective(), "demo", JOB)
+    for number, micro in ((0, 1), (1, 2)):
+        row = _row("refused", micro=micro, cause=REFUSAL, peak_allocated=None)
+        progress.finished(_numbered(micro, number), Outcome(row=row, state=None, objective=None, stable=False))
+    progress.started(_proposal(4))
+    text = out.getvalue()
+    assert "FSD\u2026" not in text and " ".join(text.split()).count(REFUSAL) == 1
+    lines = text.splitlines()
+    assert "refused" in lines[0] and "reason below" in lines[0] and lines[1].startswith("  \u21b3 FSDP2 cannot shard")
+    assert "as above" in lines[-1]
+
+
+def test_a_study_whose_every_probe_was_refused_ends_with_the_refusals_fix():
+    from tuner.session.no_pick import why_no_pick
+
+    rows = [_row("refused", micro=m, cause=REFUSAL, peak_allocated=None) for m in (1, 2, 4)]
+    line = why_no_pick(rows)
+    assert line == f"every probe was refused before running: {REFUSAL}"
+    assert "device-memory" not in line and "budget" not in line
+    ooms = why_no_pick([_row("oom", micro=8), *rows[:1]])
+    assert ooms.startswith(f"1 probe was refused before running: {REFUSAL}; 1 ran out of device memory: give a")
+    assert why_no_pick([]).startswith("no probe has run yet")
+    failed = why_no_pick([_row("error", micro=2, cause="RuntimeError: gloo\nconnect failed")])
+    assert failed == "1 failed (RuntimeError: gloo connect failed); `tuner trials --all` lists each"

@@ -53,6 +53,7 @@ HF_ARGS = {
     "per_device_eval_batch_size": 32,
     "gradient_accumulation_steps": 2,
     "bf16": True,
+    "eval_strategy": "epoch",
     "predict_with_generate": True,
     "max_source_length": 512,
     "max_target_length": 128,
@@ -165,7 +166,8 @@ def test_baseline_round_trips_and_exports_keep_its_optimizer() -> None:
             None,
             {"per_device_train_batch_size": 2, "max_seq_length": 128, "fp16": True},
             {},
-            {"engine": "torch", "zero_stage": 0, "precision": "fp16", "eval_batch_size": 8, "accum": 1},
+            # no eval_strategy: TrainingArguments' "no", so no eval step (none invented at the default eval batch)
+            {"engine": "torch", "zero_stage": 0, "precision": "fp16", "eval_batch_size": None, "accum": 1},
         ),
         # training args naming an inline DeepSpeed dict
         (None, {**HF_ARGS, "deepspeed": HF_ZERO2}, {"world_size": 4}, {"zero_stage": 2, "offload_optimizer": True}),
@@ -259,10 +261,10 @@ def test_parse_table(ds: dict | None, hf: dict | None, kw: dict, expect: dict) -
             "device none, cpu or nvme",
         ),
         (
-            with_(EXPLICIT, "zero_optimization.offload_param", {"device": "cpu"}),
+            with_(EXPLICIT, "zero_optimization.offload_param", {"device": "nvme"}),
             None,
             {"max_length": 8},
-            "offload_param",
+            "offload_param.device 'nvme'",
         ),
         (
             with_(EXPLICIT, "zero_optimization", {"stage": 0, "offload_optimizer": {"device": "cpu"}}),
@@ -294,7 +296,7 @@ def test_parse_table(ds: dict | None, hf: dict | None, kw: dict, expect: dict) -
         (None, {"per_device_train_batch_size": 4, "max_length": 0}, {}, "max length must be an integer"),
         (
             None,
-            {"per_device_train_batch_size": 4, "max_length": 8, "predict_with_generate": "yes"},
+            {"per_device_train_batch_size": 4, "max_length": 8, "do_eval": True, "predict_with_generate": "yes"},
             {},
             "predict_with_generate must be true or false",
         ),

@@ -204,7 +204,8 @@ def test_the_bucket_number_is_the_estimates_zero_buffers_part_and_fp32_doubles_i
     ("eval_per_sample", "first"), [(256 << 20, "eval-batch-generate"), (1 << 20, "overlap-comm-buckets")]
 )
 def test_findings_are_ranked_by_their_number(eval_per_sample: int, first: str) -> None:
-    hf = {**ARGS, "per_device_eval_batch_size": 32, "predict_with_generate": True, "logging_steps": 1}
+    hf = {**ARGS, "eval_strategy": "steps", "per_device_eval_batch_size": 32, "predict_with_generate": True}
+    hf["logging_steps"] = 1
     b = basis(DS, hf, eval_per_sample=eval_per_sample)
     ranked = diagnose(DS, hf, env=QUIET_ENV, gpus=0, basis=b)[1]
     numbers = [f.nbytes for f in ranked if f.nbytes is not None]

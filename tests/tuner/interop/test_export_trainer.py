@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -157,7 +158,13 @@ def seed_export(engine: str) -> dict:
     from tuner.interop.baseline_files import load_baseline
     from tuner.interop.export import UserFiles, hf_export, installed_transformers
 
-    base = load_baseline(SEED / "training_args.json", world_size=1, hidden_size=64, max_length=16)
+    # their files as this host's transformers 5 Trainer takes them: overwrite_output_dir (4.x) dropped
+    theirs = json.loads((SEED / "training_args.json").read_text())
+    theirs.pop("overwrite_output_dir")
+    theirs["deepspeed"] = str(SEED / "ds_config.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "training_args.json").write_text(json.dumps(theirs))
+        base = load_baseline(Path(tmp) / "training_args.json", world_size=1, hidden_size=64, max_length=16)
     tuned = {"micro_batch_size": 4, "gradient_checkpointing": True, "offload_optimizer": False, "overlap_comm": False}
     tuned |= {"zero_stage": 1, "reduce_bucket_size": 10_000_000} if engine == "deepspeed" else {"zero_stage": 0}
     knobs = Knobs.model_validate({**base.knobs, **tuned, "engine": engine})

@@ -25,7 +25,7 @@ from tuner.search.request import build_request, check_resume, request_from_defin
 from tuner.search.setup import SearchSetup
 
 ARGS = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "output_dir": "out", "max_seq_length": 64}
-ACCELERATE = {
+ACCELERATE: dict[str, Any] = {
     "compute_environment": "LOCAL_MACHINE",
     "distributed_type": "FSDP",
     "mixed_precision": "bf16",
@@ -107,8 +107,8 @@ def test_an_export_imports_back_as_the_same_config(
         reshard_after_forward=raf,
         offload_params=offload,
         gradient_checkpointing=ac,
-        precision=precision,  # type: ignore[arg-type]
-        eval_batch_size=4,
+        precision=precision,
+        eval_batch_size=None,  # an export without their training args says no eval schedule: nothing evaluates
     )
     kw: dict[str, Any] = {"world_size": 2, "gradient_accumulation_steps": 2, "fsdp": held.model_dump()}
     accelerate = yaml.safe_load(render("accelerate", knobs.model_dump(), **kw))
@@ -140,7 +140,7 @@ REFUSED = [
     ("class-list", with_block(fsdp_version=2, fsdp_transformer_layer_cls_to_wrap=["A"]), None, r"comma-separated"),
     ("ac-offload", with_block(fsdp_version=2, fsdp_activation_checkpointing_offload=True), None, r"offload"),
     ("sync-off", with_block(fsdp_version=2, fsdp_sync_module_states=False), None, r"sync_module_states true"),
-    ("deepspeed-type", {**ACCELERATE, "distributed_type": "DEEPSPEED"}, None, r"DEEPSPEED.*DeepSpeed JSON"),
+    ("multi-gpu-type", {**ACCELERATE, "distributed_type": "MULTI_GPU"}, None, r"MULTI_GPU.*training args"),
     ("fp8", {**ACCELERATE, "mixed_precision": "fp8"}, None, r"fp8"),
     ("alone", ACCELERATE, "no args", r"holds no batch size.*--training-args"),
     ("args-forward-prefetch", None, {"fsdp": True, "fsdp_config": {"forward_prefetch": True}}, r"forward_prefetch"),

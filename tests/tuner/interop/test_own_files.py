@@ -20,8 +20,19 @@ SEED = Path(__file__).resolve().parents[2] / "data" / "seed"  # the motivating t
 TUNED = {"micro_batch_size": 4, "zero_stage": 1, "reduce_bucket_size": 50_000_000, "overlap_comm": False}
 
 
-def seed_case(**tuned: Any) -> tuple[Any, Knobs, int]:
-    base = load_baseline(SEED / "training_args.json", world_size=1, hidden_size=64, max_length=32)
+def seed_case(tmp: Path | None = None, **tuned: Any) -> tuple[Any, Knobs, int]:
+    """The team's files, read as the 4.x release they train on (their file has overwrite_output_dir, gone in
+    transformers 5); with ``tmp``: as they would run on this host's release (overwrite_output_dir dropped)."""
+    if tmp is None:
+        base = load_baseline(
+            SEED / "training_args.json", world_size=1, hidden_size=64, max_length=32, transformers_version="4.57.3"
+        )
+    else:
+        given = json.loads((SEED / "training_args.json").read_text())
+        given.pop("overwrite_output_dir")
+        (tmp / "ds_config.json").write_text((SEED / "ds_config.json").read_text())
+        (tmp / "training_args.json").write_text(json.dumps(given))
+        base = load_baseline(tmp / "training_args.json", world_size=1, hidden_size=64, max_length=32)
     knobs = Knobs.model_validate({**base.knobs, **TUNED, "offload_optimizer": False, **tuned})
     accum = 8 // knobs.micro_batch_size  # a global batch of 8 on one rank
     return base, knobs, accum
@@ -66,7 +77,7 @@ def test_the_trainer_runs_the_deepspeed_json_the_probe_ran(tmp_path: Path) -> No
     import torch
     from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
-    base, knobs, accum = seed_case()
+    base, knobs, accum = seed_case(tmp_path)
     probed = probe_config(
         knobs=knobs, baseline=base.ds_config, training_args=base.hf_args, gradient_accumulation_steps=accum
     ).deepspeed
@@ -106,8 +117,6 @@ def test_a_deepspeed_only_user_gets_the_probed_json_itself() -> None:
         {"deepspeed": probed},
         job=None,
         baseline=None,
-        best_objective=1.0,
-        best_samples_per_s=None,
     )
     assert found.not_probed == ["flops_profiler"]
     assert "deepspeed: train_micro_batch_size_per_gpu: 2 -> 4" in found.lines()

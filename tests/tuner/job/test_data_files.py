@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.job.data_files import MAX_DEPTH, scan_json
+from tuner.job.data_stream import MAX_DEPTH, scan_json
 
 
 def test_brackets_in_strings_do_not_count_and_a_chat_sample_passes(tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ def test_builtin_presets_have_defaults_and_a_real_model_needs_a_length() -> None
 
 
 def test_the_motivating_teams_files_give_their_job() -> None:
-    base = load_baseline(SEED / "training_args.json", world_size=4, max_length=1)
+    # their file has overwrite_output_dir (gone in transformers 5): read as the 4.x release they train on
+    base = load_baseline(SEED / "training_args.json", world_size=4, max_length=1, transformers_version="4.57.3")
     job = resolve_job(builtin=False, baseline_knobs=base.knobs, hf_args=base.hf_args, flags=JobFlags(max_length=512))
     assert (job.precision, job.max_length) == ("bf16", 512)
     assert (job.eval_batch_size, job.generate, job.num_beams) == (50, True, 1)
@@ -38,6 +39,7 @@ def test_training_args_lengths_and_generation_settings_then_flags_win(tmp_path: 
         "output_dir": "o",
         "per_device_train_batch_size": 2,
         "per_device_eval_batch_size": 16,
+        "eval_strategy": "epoch",
         "predict_with_generate": True,
         "max_source_length": 384,
         "max_target_length": 64,
@@ -70,7 +72,9 @@ def test_training_args_lengths_and_generation_settings_then_flags_win(tmp_path: 
 def test_their_deepspeed_json_and_training_args_as_two_files_give_the_same_job(tmp_path: Path) -> None:
     args = {k: v for k, v in json.loads((SEED / "training_args.json").read_text()).items() if k != "deepspeed"}
     (tmp_path / "args.json").write_text(json.dumps(args))  # no "deepspeed" key: the JSON comes as its own file
-    base = load_baseline(SEED / "ds_config.json", tmp_path / "args.json", world_size=4, max_length=1)
+    base = load_baseline(
+        SEED / "ds_config.json", tmp_path / "args.json", world_size=4, max_length=1, transformers_version="4.57.3"
+    )
     job = resolve_job(builtin=False, baseline_knobs=base.knobs, hf_args=base.hf_args, flags=JobFlags(max_length=512))
     assert (job.precision, job.eval_batch_size, job.generate) == ("bf16", 50, True)
     assert base.knobs["zero_stage"] == 2 and base.knobs["offload_optimizer"] and base.knobs["overlap_comm"]

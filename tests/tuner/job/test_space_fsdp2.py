@@ -89,10 +89,15 @@ def test_progress_names_fsdp_configs_briefly() -> None:
     assert compact({**knobs, "reshard_after_forward": True}) == "micro=4 len=128 fsdp2"
 
 
-def test_an_fsdp2_baseline_searches_fsdp2_unless_the_space_names_engines() -> None:
-    from tuner.session.options import engine_of_baseline
+def test_the_files_engine_is_the_engine_searched_unless_the_space_names_engines() -> None:
+    from tuner.job.definition import hold_engine
 
     space = inline_space(None)
-    assert engine_of_baseline(space, set(), {"engine": "fsdp2"}).engine == ["fsdp2"]
-    assert engine_of_baseline(space, {"engine"}, {"engine": "fsdp2"}).engine == space.engine
-    assert engine_of_baseline(space, set(), {"engine": "deepspeed"}) is space
+    fsdp2 = hold_engine(space, "fsdp2")
+    assert fsdp2.engine == ["fsdp2"] and fsdp2.reshard_after_forward == [False, True]
+    assert fsdp2.offload_params == [False, True]  # FSDP2's own knobs searched
+    assert hold_engine(space, "fsdp2", {"engine"}) is space  # a space file naming engines wins
+    assert hold_engine(space, "deepspeed").engine == ["deepspeed"]
+    torch = hold_engine(space, "torch")
+    assert torch.engine == ["torch"] and torch.zero_stage == [0]
+    assert hold_engine(space, None) is space  # no files: the space's engines

@@ -132,7 +132,7 @@ def test_an_ok_trial_sets_its_measured_phases_against_the_estimate() -> None:
     assert check.phase == "train" and check.estimate.phase == FORWARD_BACKWARD  # the larger of the step's phases
     assert check.measured == 380 * MiB and abs(check.error - (check.estimate.total / (380 * MiB) - 1)) < 1e-12
     text = "\n".join(lines(found, "tuner search"))
-    assert "train step: measured 0.371 GiB, estimated" in text and "calibrated on the study's 1 other" in text
+    assert "train step: measured 380.00 MiB, estimated" in text and "calibrated on the study's 1 other" in text
     assert json.loads(as_json(found))["trial"]["measured"][0]["phase"] == "train"
 
 

@@ -138,6 +138,56 @@ def test_live_blocks_are_summed_per_part_and_the_rest_is_named() -> None:
     assert got.blocks == 8 and not got.cut
 
 
+def trace_entry(action: str, addr: int, size: int, frames: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An entry of torch's allocation trace (TraceEntry: action, addr, size, stream, frames, time_us)."""
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "frames": frames or [], "time_us": 0}
+
+
+def test_backward_blocks_without_python_frames_are_gradients_by_the_recordings_trace(tmp_path: Path) -> None:
+    """With stacks="python" (the probe's recording) the blocks the autograd engine's own thread allocates on CUDA
+    carry no Python frames, as do the blocks allocated before the recording started; only the former have an alloc
+    in the recording's trace (device_traces) at their address. Before, both read as "before recording" and the
+    gradients of an OOM in the backward showed as setup."""
+    adam = [frame(f"{SITE}/torch/optim/adamw.py", "_init_group")]
+    s = snapshot(
+        block(3 * GiB, [], address=0),  # the parameters, built before the recording
+        block(2 * GiB, [], address=3 * GiB),  # a gradient: the autograd thread's, no frames
+        block(1 * GiB, [], address=5 * GiB),  # freed and allocated again at the same address by the backward
+        block(1 * GiB, adam, address=6 * GiB),
+        block(512 * MiB, [], address=7 * GiB),  # its alloc fell out of the trace's ring: read as before
+    )
+    s["device_traces"] = [
+        [
+            trace_entry("alloc", 5 * GiB, GiB),
+            trace_entry("free_requested", 5 * GiB, GiB),
+            trace_entry("free_completed", 5 * GiB, GiB),
+            trace_entry("alloc", 9 * GiB, GiB),  # a temporary, gone by the dump
+            trace_entry("free_completed", 9 * GiB, GiB),
+            trace_entry("alloc", 3 * GiB, 2 * GiB),
+            trace_entry("alloc", 5 * GiB, GiB),
+            trace_entry("alloc", 6 * GiB, GiB, adam),
+            *s["device_traces"][0],  # the OOM
+        ]
+    ]
+    got = attribute(s)
+    assert got.part(GRADIENTS) == 3 * GiB and got.unframed == 3 * GiB
+    assert got.before_recording == 3 * GiB + 512 * MiB and got.part(OPTIMIZER) == GiB and got.unattributed == 0
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(s))
+    read_back = read(str(path)).parts  # through the child that reads untrusted files
+    assert read_back is not None and read_back.unframed == 3 * GiB and read_back.part(GRADIENTS) == 3 * GiB
+    no_trace = attribute(snapshot(block(GiB, [], address=0)))  # a snapshot without a trace: as before
+    assert no_trace.before_recording == GiB and no_trace.unframed == 0
+
+
+def test_a_trace_that_is_not_torchs_is_read_as_no_trace() -> None:
+    s = snapshot(block(GiB, [], address=0))
+    for odd in ([["x", {"action": "alloc", "addr": "0"}, {"action": "alloc", "addr": True}]], "x", [None]):
+        s["device_traces"] = odd
+        got = attribute(s)
+        assert got.before_recording == GiB and got.unframed == 0
+
+
 def test_a_snapshot_with_more_blocks_than_the_bound_is_cut_and_says_so() -> None:
     adam = [frame(f"{SITE}/torch/optim/adamw.py", "_init_group")]
     got = attribute(snapshot(*(block(MiB, adam) for _ in range(10))), max_blocks=4)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -67,11 +69,13 @@ def test_missing_ops_looks_for_the_built_library(tmp_path: Path) -> None:
 
 def test_a_dead_builds_lock_is_cleared_before_building(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A build killed from outside (kill -9 of a runner) leaves torch's FileBaton lock; every later load would wait on
-    it until the probe's timeout. The next build, under tuner's flock, removes it first. The compiler is replaced by a
-    stand-in that records whether the lock was still there (the real build runs in
-    tests/tuner/probing/test_runner.py)."""
+    it until the probe's timeout. The next build, under tuner's flock, removes it first once it is older than any
+    build. The compiler is replaced by a stand-in that records whether the lock was still there (the real build runs
+    in tests/tuner/probing/test_runner.py)."""
     (tmp_path / "cpu_adam").mkdir()
     (tmp_path / "cpu_adam" / "lock").write_text("")
+    old = time.time() - launch_ops.LOCK_STALE_S - 60
+    os.utime(tmp_path / "cpu_adam" / "lock", (old, old))
     seen: dict[str, bool] = {}
 
     class Build:  # `python -m trials.ops OP`, one op per process
@@ -95,6 +99,28 @@ def test_a_dead_builds_lock_is_cleared_before_building(tmp_path: Path, monkeypat
     built = ensure_ops(_cfg(zero_stage=1, offload_optimizer=True), {"TORCH_EXTENSIONS_DIR": str(tmp_path)})
     assert seen == {"cpu_adam": False, "shm_comm": False}
     assert [(b.op, b.outcome) for b in built] == [("cpu_adam", "built"), ("shm_comm", "built")]
+
+
+def test_a_live_builders_lock_is_waited_on_not_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed JIT-building in a Trainer that shares the op cache holds torch's lock outside tuner's flock; removing
+    it made that builder fail at its release (FileNotFoundError on the lock: CI's offload probes were refused). The
+    next build waits for it and finds the op built."""
+    lib = tmp_path / "cpu_adam"
+    lib.mkdir()
+    (lib / "lock").write_text("")
+
+    def other_builder() -> None:
+        time.sleep(0.5)
+        (lib / "cpu_adam.so").write_bytes(b"")
+        (lib / "lock").unlink()
+
+    monkeypatch.setattr(launch_ops, "stale", lambda op_dir: False)
+    monkeypatch.setattr(launch_ops.subprocess, "Popen", _no_build)
+    builder = threading.Thread(target=other_builder)
+    builder.start()
+    built = launch_ops.build_ops(["cpu_adam"], {"TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    builder.join()
+    assert [(b.op, b.outcome) for b in built] == [("cpu_adam", "cached")]
 
 
 def test_a_library_ninja_would_rebuild_counts_as_missing(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from tests.helpers.report_study import CAPACITY, HEADROOM, XSS, populate_study
 from tuner.errors import ConfigError, StudyNotFound
+from tuner.records.throughput import number
 from tuner.reporting.html import load, render_html, write_report
 from tuner.storage.db import optuna_storage
 from tuner.storage.store import Store
@@ -44,20 +45,22 @@ def test_report_shows_plots_best_config_and_flags(url: str, tmp_path: Path) -> N
 
     out = write_report(url, "rep", tmp_path / "report.html")
     page = out.read_text()
-    # self-contained: plotly.js inlined once, no external script or stylesheet
-    assert page.count("plotly.js v") >= 1
+    # self-contained: plotly.js (its basic bundle) inlined once, no external script or stylesheet
+    assert page.count("plotly.js (basic - minified) v") == 1 and page.count("<script") == page.count("</script>")
+    assert len(page) < 1_500_000
     assert not re.search(r"<script[^>]+src=", page)
     assert not re.search(r"<link[^>]+href=\"http", page)
-    # the four required plots and the optuna views, each as a plotly div
+    # the wall, the other plots and the optuna views, each as a plotly div (what they draw: tests/e2e)
     for title in (
+        "The wall: throughput against the memory of the fullest rank",
         "Throughput per probe over time",
-        "Throughput vs micro batch, per ZeRO stage",
         "Peak memory vs micro batch",
+        "Peak memory per phase",
         "OOM frontier",
         "Peak memory per rank",
     ):
         assert title in page, title
-    assert len(re.findall(r'<div id="plot-\d+" class="plotly-graph-div"', page)) >= 7
+    assert len(re.findall(r'<div id="[\w-]+" class="plotly-graph-div"', page)) >= 7
     assert "capacity" in page and "headroom 90%" in page
     # probes counted as probes: the ones that ran, apart from configs ruled out without running
     ran = sum(1 for r in data.rows if r.measured)
@@ -66,7 +69,7 @@ def test_report_shows_plots_best_config_and_flags(url: str, tmp_path: Path) -> N
     assert inferred == 0 or f"<td>ruled out without running (inferred-oom)</td><td>{inferred}</td>" in page
     # chosen config and its export
     assert "Chosen config" in page and "No stable config yet" not in page
-    assert f"{best_value:,.2f}" in page
+    assert f'id="pick-figure">{number(best_value)} retained tokens/s<' in page  # the figure every face shows
     assert "train_micro_batch_size_per_gpu" in page and "<summary>deepspeed</summary>" in page
     # the imbalanced 2-rank probe is flagged with its likely causes
     assert 'class="flag">IMBALANCE: rank 0 peaks 67% above rank 1' in page
@@ -74,6 +77,8 @@ def test_report_shows_plots_best_config_and_flags(url: str, tmp_path: Path) -> N
     # stored strings are escaped: the hostile cause and definition never become markup
     assert XSS not in page
     assert "&lt;script&gt;document.title=" in page
+    # the study definition folded, not screens of JSON
+    assert re.search(r"<h2>Study definition</h2><details><summary>[^<]+</summary><pre>", page)
 
 
 def test_report_of_a_study_without_probes_says_so(url: str, tmp_path: Path) -> None:

@@ -91,8 +91,11 @@ def test_the_baseline_gives_world_size_global_batch_and_its_deepspeed_source() -
     assert request.baseline == Knobs(micro_batch_size=2, max_length=128, zero_stage=2)
     assert request.baseline_source == {"zero_optimization": {"stage": 2}}
     assert request.space.micro_batch_size == [1, 2, 4]
-    explicit = _request(baseline=load, world_size=2, global_batch=8)  # the options win over the baseline
-    assert (explicit.world_size, explicit.global_batch) == (2, 8)
+    with pytest.raises(ConfigError, match=r"^global_batch 8 differs from your files' global batch 16 \(micro 2 x "):
+        _request(baseline=load, world_size=2, global_batch=8)  # theirs, unless a change is asked for
+    explicit = _request(baseline=load, world_size=2, global_batch=8, change_global_batch=True)
+    assert (explicit.world_size, explicit.global_batch, explicit.files_global_batch) == (2, 8, 16)
+    assert explicit.definition()["files_global_batch"] == 16 and "files_global_batch" not in request.definition()
 
 
 def test_a_baseline_micro_batch_that_cannot_reach_the_global_batch_names_the_option() -> None:
@@ -100,13 +103,19 @@ def test_a_baseline_micro_batch_that_cannot_reach_the_global_batch_names_the_opt
         return _baseline(micro=4)
 
     with pytest.raises(BaselineError, match=r"baseline micro batch 4 x world size 1 cannot reach global batch 2; set "):
-        _request(baseline=load, global_batch=2, space=default_space().restrict(micro_batch_size=[1, 2]))
+        _request(
+            baseline=load,
+            global_batch=2,
+            space=default_space().restrict(micro_batch_size=[1, 2]),
+            change_global_batch=True,
+        )
     with pytest.raises(BaselineError, match="set --global-batch to a multiple"):
         _request(
             baseline=load,
             global_batch=2,
             space=default_space().restrict(micro_batch_size=[1, 2]),
             option=lambda name: "--" + name.replace("_", "-"),
+            change_global_batch=True,
         )
 
 
@@ -136,6 +145,8 @@ def test_cli_options_and_an_api_body_build_the_same_definition(tmp_path: Path) -
         device_memory="1GiB",
         headroom=0.8,
         baseline=tmp_path / "ds.json",
+        model="builtin:tiny-t5",
+        given=frozenset({"model"}),  # typed: with files the model is named (the default is only without them)
     )
     cli, _ = prepare_request(options, "sqlite://", CLI)
     body = StudyCreate(name="same", world_size=2, device_memory="1GiB", headroom=0.8, budget_s=7200, baseline=ds)

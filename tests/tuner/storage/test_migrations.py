@@ -81,7 +81,13 @@ def _meta_version(url: str) -> str:
 
 def test_head_is_the_latest_script_and_one_line_of_history() -> None:
     assert migrations.script().get_current_head() == migrations.HEAD
-    assert [r.revision for r in migrations.script().walk_revisions()] == ["0004", "0003", "0002", "0001"]  # no branches
+    assert [r.revision for r in migrations.script().walk_revisions()] == [
+        "0005",
+        "0004",
+        "0003",
+        "0002",
+        "0001",
+    ]  # no branches
 
 
 def test_head_matches_the_code_metadata(storage_url: str) -> None:
@@ -158,6 +164,8 @@ def test_a_pre_alembic_sqlite_file_upgrades_in_place_through_the_cli(tmp_path: P
     before.pop("tuner_meta")
     assert all(row[-1] is None for row in after["tuner_probes"])  # 0003's record_uid: NULL on the rows from before
     after["tuner_probes"] = [row[:-1] for row in after["tuner_probes"]]
+    for table in ("tuner_nodes", "tuner_node_leases", "tuner_node_probes", "tuner_node_parts"):  # 0005's, empty
+        assert after.pop(table) == []
     assert after == before  # every row of every table (ours and Optuna's) kept as it was
 
     store = Store(url)

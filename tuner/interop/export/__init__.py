@@ -1,4 +1,5 @@
-"""Exports of a tuned configuration: deepspeed (JSON), hf (TrainingArguments kwargs), accelerate (YAML), env, json.
+"""Exports of a tuned configuration: deepspeed (JSON), hf (TrainingArguments kwargs), accelerate (YAML), env, json,
+recipe (their TRL recipe back, tuner.interop.export.recipe).
 
 ``render(fmt, knobs, world_size=, gradient_accumulation_steps=, baseline=)`` returns the text a user saves; the
 ``to_*`` functions return the structures. Pure functions: no torch import. ``baseline`` is the user's DeepSpeed JSON
@@ -22,11 +23,12 @@ from tuner.interop.export.deepspeed import to_deepspeed, validate_knobs
 from tuner.interop.export.env import render_env, to_env
 from tuner.interop.export.fsdp import NO_DEEPSPEED_JSON, held
 from tuner.interop.export.hf import to_hf
+from tuner.interop.export.nodes import launch_text
 from tuner.interop.export.own import UserFiles, own_deepspeed, own_training_args
 from tuner.interop.trainer_fill import TrainerFix, host_transformers, trainer_fill, trainer_fixes
 from tuner.records.study import StudyDefinition
 
-FORMATS: tuple[str, ...] = ("json", "deepspeed", "hf", "accelerate", "env")
+FORMATS: tuple[str, ...] = ("json", "deepspeed", "hf", "accelerate", "env", "launch", "recipe")
 
 __all__ = [
     "FORMATS",
@@ -145,9 +147,10 @@ def accelerate_export(
     files: UserFiles | None = None,
     fsdp: Mapping[str, Any] | None = None,
     deepspeed_config_file: str = DEFAULT_DS_FILE,
+    nnodes: int = 1,
 ) -> dict[str, Any]:
     """The accelerate export: the user's own accelerate config when they gave one (their other keys kept), else
-    accelerate's local-machine defaults, with the engine, world size and precision of ``knobs``."""
+    accelerate's local-machine defaults, with the engine, world size, machines and precision of ``knobs``."""
     return to_accelerate(
         knobs,
         world_size=world_size,
@@ -155,6 +158,7 @@ def accelerate_export(
         deepspeed_config_file=deepspeed_config_file,
         fsdp=fsdp,
         given=files.accelerate if files is not None else None,
+        nnodes=nnodes,
     )
 
 
@@ -181,6 +185,7 @@ def to_summary(
     transformers_version: str | None = None,
     job: Mapping[str, Any] | None = None,
     fsdp: Mapping[str, Any] | None = None,
+    nnodes: int = 1,
 ) -> dict[str, Any]:
     """The json format: the flat knobs, the batch arithmetic and every other export in one document (an FSDP2
     config's accelerate config in place of a DeepSpeed JSON). A LoRA job's adapters are listed under ``held_fixed``
@@ -189,6 +194,7 @@ def to_summary(
     out: dict[str, Any] = {
         "knobs": k.model_dump(),
         "world_size": world_size,
+        "nnodes": nnodes,
         "gradient_accumulation_steps": gradient_accumulation_steps,
         "global_batch": k.micro_batch_size * gradient_accumulation_steps * world_size,
     }
@@ -202,19 +208,20 @@ def to_summary(
             allow_auto=True,
             transformers_version=transformers_version,
         )
-    if k.engine == "fsdp2":
+    if k.engine == "fsdp2" or nnodes > 1:
         out["accelerate"] = accelerate_export(
             k.model_dump(),
             world_size=world_size,
             gradient_accumulation_steps=gradient_accumulation_steps,
             files=files,
             fsdp=fsdp,
+            nnodes=nnodes,
         )
     version = transformers_version
     out["hf"] = hf_export(
         k.model_dump(), **batch, baseline=baseline, files=files, transformers_version=version, job=job, fsdp=fsdp
     )
-    out["env"] = to_env(k.model_dump(), **batch, baseline=baseline, fsdp=fsdp)
+    out["env"] = to_env(k.model_dump(), **batch, baseline=baseline, fsdp=fsdp, nnodes=nnodes)
     if job and job.get("lora"):
         out["held_fixed"] = {"lora": dict(job["lora"])}
     return out
@@ -231,6 +238,8 @@ def render(
     transformers_version: str | None = None,
     job: Mapping[str, Any] | None = None,
     fsdp: Mapping[str, Any] | None = None,
+    nnodes: int = 1,
+    study: str = "STUDY",
 ) -> str:
     """The export of ``knobs`` in format ``fmt`` as text (JSON, YAML or shell), ending in a newline. With the user's
     ``files`` the deepspeed, hf and accelerate formats are their own files with only the tuned knobs changed;
@@ -243,16 +252,29 @@ def render(
     }
     version = transformers_version
     if fmt == "json":
-        return layout.dumps(to_summary(knobs, **args, files=files, transformers_version=version, job=job, fsdp=fsdp))
+        summary = to_summary(
+            knobs, **args, files=files, transformers_version=version, job=job, fsdp=fsdp, nnodes=nnodes
+        )
+        return layout.dumps(summary)
     if fmt == "deepspeed":
         return layout.dumps(deepspeed_export(knobs, **args, files=files, transformers_version=version))
     if fmt == "hf":
         return layout.dumps(hf_export(knobs, **args, files=files, transformers_version=version, job=job, fsdp=fsdp))
+    if fmt == "recipe":  # their TRL recipe, laid out as they wrote it (a study without one: a ConfigError)
+        from tuner.interop.export.recipe import recipe_files, render_recipe, to_recipe
+
+        theirs = recipe_files(files)
+        assert theirs.training_args is not None
+        tuned = hf_export(knobs, **args, files=theirs, transformers_version=version, job=job, fsdp=fsdp)
+        return render_recipe(to_recipe(theirs.training_args, tuned), theirs.training_args_yaml)
     if fmt == "accelerate":
         batch = {k: v for k, v in args.items() if k != "baseline"}
-        return render_yaml(accelerate_export(knobs, **batch, files=files, fsdp=fsdp))
+        return render_yaml(accelerate_export(knobs, **batch, files=files, fsdp=fsdp, nnodes=nnodes))
     if fmt == "env":
-        return render_env(to_env(knobs, **args, fsdp=fsdp))
+        return render_env(to_env(knobs, **args, fsdp=fsdp, nnodes=nnodes))
+    if fmt == "launch":
+        env = {k: v for k, v in to_env(knobs, **args, fsdp=fsdp, nnodes=nnodes).items() if not k.startswith("TUNER_")}
+        return launch_text(validate_knobs(knobs), world_size=world_size, nnodes=nnodes, env=env, study=study)
     raise ConfigError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
@@ -281,6 +303,7 @@ class ExportArgs:
     transformers_version: str | None = None
     job: Mapping[str, Any] | None = None  # the study's job (tuner.job.definition.Job as stored)
     fsdp: Mapping[str, Any] | None = None  # the user's held FSDP2 settings (trials.contract.FsdpSettings as JSON)
+    nnodes: int = 1  # the nodes the pick was measured across
 
     def kwargs(self) -> dict[str, Any]:
         return {
@@ -291,6 +314,7 @@ class ExportArgs:
             "transformers_version": self.transformers_version,
             "job": self.job,
             "fsdp": self.fsdp,
+            "nnodes": self.nnodes,
         }
 
 
@@ -318,6 +342,7 @@ def best_export_args(
         transformers_version=transformers_version or (str(stored) if stored else None) or installed_transformers(),
         job=d.job,
         fsdp=d.fsdp,
+        nnodes=int(best.config.get("nnodes") or d.nnodes or 1),
     )
 
 
@@ -334,8 +359,13 @@ def measured_knobs(best: BestLike) -> dict[str, Any]:
 
 
 def render_best(
-    fmt: str, best: BestLike, definition: StudyDefinition | Mapping[str, Any], transformers_version: str | None = None
+    fmt: str,
+    best: BestLike,
+    definition: StudyDefinition | Mapping[str, Any],
+    transformers_version: str | None = None,
+    study: str = "STUDY",
 ) -> str:
     """A study's best config in format ``fmt``, as every command and the API hand it out (for the training host's
     ``transformers_version``; None: this host's)."""
-    return render(fmt, measured_knobs(best), **best_export_args(best, definition, transformers_version).kwargs())
+    args = best_export_args(best, definition, transformers_version).kwargs()
+    return render(fmt, measured_knobs(best), **args, study=study)

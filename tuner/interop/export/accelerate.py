@@ -11,11 +11,19 @@ import yaml
 from trials.contract import FsdpSettings
 from tuner.interop.export.deepspeed import check_batch, validate_knobs
 from tuner.interop.export.fsdp import accelerate_block, held
+from tuner.interop.export.nodes import accelerate_header, machines_block, parallelism_block
 from tuner.interop.fsdp_names import PRECISION_MIXED
 
 DEFAULT_DS_FILE = "ds_config.json"
 # the engine-specific sections a config holds (replaced by the exported engine's)
 _ENGINE_KEYS = ("deepspeed_config", "fsdp_config", "mixed_precision")
+# the keys of their deepspeed_config block that say only where the launcher starts the processes (kept as written)
+_DS_LAUNCHER = (
+    "deepspeed_hostfile",
+    "deepspeed_exclusion_filter",
+    "deepspeed_inclusion_filter",
+    "deepspeed_multinode_launcher",
+)
 
 
 def to_accelerate(
@@ -27,6 +35,7 @@ def to_accelerate(
     deepspeed_config_file: str = DEFAULT_DS_FILE,
     fsdp: FsdpSettings | Mapping[str, Any] | None = None,
     given: Mapping[str, Any] | None = None,
+    nnodes: int = 1,
 ) -> dict[str, Any]:
     """The accelerate config (ClusterConfig fields) for ``knobs``: ``given`` (the user's own accelerate config) with
     its world size, engine and precision set, or accelerate's local-machine defaults.
@@ -36,7 +45,8 @@ def to_accelerate(
     its own zero_stage/offload keys). ``tuner export --format accelerate -o FILE`` writes that JSON next to FILE.
     An FSDP2 run is ``distributed_type: FSDP`` with its ``fsdp_config`` (tuner.interop.export.fsdp: the tuned knobs
     and ``fsdp``, the user's held FSDP2 settings) and its mixed precision. ``baseline`` is accepted for a uniform
-    signature; it only shapes the DeepSpeed JSON.
+    signature; it only shapes the DeepSpeed JSON. Across ``nnodes`` machines the config names them and the c10d
+    rendezvous (tuner.interop.export.nodes), and an HSDP pick its parallelism config.
     """
     k = validate_knobs(knobs)
     check_batch(world_size, gradient_accumulation_steps)
@@ -58,18 +68,25 @@ def to_accelerate(
     if given is not None:  # their file: only the engine, world size and precision change
         config = {key: value for key, value in given.items() if key not in _ENGINE_KEYS}
     config["num_processes"] = world_size
+    config.update(machines_block(nnodes, given))
     if k.engine == "deepspeed":
         # no mixed_precision key: with a deepspeed_config_file accelerate refuses one (the JSON's bf16/fp16 rule)
         config["distributed_type"] = "DEEPSPEED"
+        theirs = (given or {}).get("deepspeed_config")
+        launcher = {key: v for key, v in theirs.items() if key in _DS_LAUNCHER} if isinstance(theirs, Mapping) else {}
         config["deepspeed_config"] = {
             "deepspeed_config_file": deepspeed_config_file,
             "deepspeed_multinode_launcher": "standard",
+            **launcher,  # their launcher's own (a hostfile, filters): where the processes start, kept
             "zero3_init_flag": k.zero_stage == 3,
         }
     elif k.engine == "fsdp2":
         config["distributed_type"] = "FSDP"
         config["mixed_precision"] = PRECISION_MIXED[k.precision]
         config["fsdp_config"] = accelerate_block(k, held(fsdp), (given or {}).get("fsdp_config"))
+        hsdp = parallelism_block(k, world_size)
+        if hsdp:
+            config["parallelism_config"] = hsdp
     else:
         config["mixed_precision"] = PRECISION_MIXED[k.precision]
         config["distributed_type"] = "MULTI_GPU" if world_size > 1 else "NO"
@@ -78,6 +95,7 @@ def to_accelerate(
 
 def render_yaml(config: Mapping[str, Any], deepspeed_config_file: str = DEFAULT_DS_FILE) -> str:
     header = "# accelerate launch --config_file THIS_FILE train.py   (written by `tuner export`)\n"
+    header += accelerate_header(int(config.get("num_machines") or 1))
     if "deepspeed_config" in config:
         header += (
             f"# needs the DeepSpeed JSON at {deepspeed_config_file}: "

@@ -15,6 +15,7 @@ from typing import Any
 from trials.contract import DS_HOST_KEYS, FSDP_KNOBS
 from tuner.interop.export import (
     BestLike,
+    ExportArgs,
     accelerate_export,
     best_export_args,
     deepspeed_export,
@@ -25,7 +26,9 @@ from tuner.interop.export import (
 from tuner.interop.export.own import UserFiles, checkpointing_key
 from tuner.job.objective import Objective
 from tuner.job.space import ZERO_KNOBS
+from tuner.records.probe import ProbeRow
 from tuner.records.study import StudyDefinition
+from tuner.records.throughput import Throughput, config_throughput, speedup_text, throughput
 from tuner.units import format_size
 
 _UNSET = object()
@@ -56,6 +59,7 @@ class Changes:
     verdict: str | None = None  # against the baseline probe
     written_for: str | None = None  # which transformers the training-args export names its fields for
     engine: str | None = None  # the pick's engine, and the user's when it differs (engine_line)
+    kept: list[str] = field(default_factory=list)  # their keys kept as written that change neither (the ledger)
 
     def lines(self) -> list[str]:
         out = [self.engine] if self.engine else []
@@ -64,6 +68,11 @@ class Changes:
             out.append(f"held fixed (your job): {self.fixed}")
         if self.not_probed:
             out.append(f"carried, not probed: {', '.join(self.not_probed)} (probes run without them)")
+        if self.kept:
+            out.append(
+                f"kept as you wrote them, neither memory nor speed (tuner's ledger): {', '.join(self.kept)}; every "
+                "other field of your files was probed as your Trainer runs it"
+            )
         if self.verdict:
             out.append(self.verdict)
         if self.written_for:
@@ -91,15 +100,18 @@ def diff(old: Any, new: Any, file: str, prefix: str = "") -> list[Change]:
     return out
 
 
-def verdict(baseline: Any | None, best_objective: float, best_samples_per_s: float | None) -> str | None:
-    """The best config against the baseline probe (a ProbeRow, or None without a baseline)."""
+def verdict(
+    baseline: Any | None, pick: Throughput | None, base: Throughput | None, unit: str = "samples/s"
+) -> str | None:
+    """The best config against the baseline probe (a ProbeRow, or None without a baseline): with both figures
+    (tuner.records.throughput: the median of each config's probes) the speed-up and the two numbers it divides."""
     if baseline is None:
         return None
     status = str(baseline.status)
-    if status == "ok" and baseline.objective:
-        speed = f"{best_objective / baseline.objective:.2f}x the throughput of your config"
-        if baseline.samples_per_s and best_samples_per_s:
-            speed += f" ({baseline.samples_per_s:.3g} -> {best_samples_per_s:.3g} samples/s)"
+    if status == "ok":
+        if pick is None or base is None:
+            return None
+        speed = speedup_text(pick, base, unit)
         return speed + ("" if baseline.stable else "; yours ran above the memory headroom")
     if status == "oom":
         measured = baseline.measurement
@@ -118,8 +130,9 @@ def changes_of(
     *,
     job: str | None,
     baseline: Any | None,
-    best_objective: float,
-    best_samples_per_s: float | None,
+    pick: Throughput | None = None,
+    base: Throughput | None = None,
+    unit: str = "samples/s",
     tuned_without_files: Sequence[Change] = (),
 ) -> Changes:
     """The changes of the user's ``files`` to the ``exported`` ones ({"training args": ..., "deepspeed": ...,
@@ -145,8 +158,35 @@ def changes_of(
         changes=changes,
         fixed=job,
         not_probed=not_probed,
-        verdict=verdict(baseline, best_objective, best_samples_per_s),
+        verdict=verdict(baseline, pick, base, unit),
     )
+
+
+def _their_args(knobs: Mapping[str, Any], args: ExportArgs) -> tuple[Mapping[str, Any] | None, bool]:
+    """The export of the user's training args (None: they gave none), and whether they are a TRL recipe: then laid
+    out as the recipe format writes it (their keys, checkpointing under their name), so the changes speak in their
+    keys; other training args as the hf export writes them."""
+    from tuner.interop.export.recipe import to_recipe
+    from tuner.job.ledger.trl import read_recipe
+
+    files = args.files
+    if files is None or files.training_args is None:
+        return None, False
+    out = hf_export(
+        knobs,
+        world_size=args.world_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        baseline=args.baseline,
+        files=files,
+        transformers_version=args.transformers_version,
+        job=args.job,
+        fsdp=args.fsdp,
+    )
+    try:
+        recipe = read_recipe(files.training_args).kind is not None
+    except ValueError:
+        recipe = False
+    return (to_recipe(files.training_args, out), True) if recipe else (out, False)
 
 
 def _searched(choices: Any) -> bool:
@@ -159,26 +199,18 @@ def best_changes(
     definition: StudyDefinition | Mapping[str, Any],
     baseline: Any | None,
     transformers_version: str | None = None,
+    rows: Sequence[ProbeRow] = (),
 ) -> Changes:
     """The changes of a study's best config (``best``: a selection Candidate) to the user's files, as ``tuner best
     --changes``, ``GET /best-config`` and the report show them; ``baseline``: the study's baseline probe row;
-    ``transformers_version``: the training host's (None: this host's)."""
+    ``transformers_version``: the training host's (None: this host's); ``rows``: the study's probe rows (the
+    baseline's figure is the median of its config's probes, as the other faces show it)."""
     d = StudyDefinition.of(definition)
     args = best_export_args(best, d, transformers_version)
     knobs = measured_knobs(best)
     world, accum, files = args.world_size, args.gradient_accumulation_steps, args.files
     exported: dict[str, Mapping[str, Any] | None] = {"training args": None, "deepspeed": None, "accelerate": None}
-    if files is not None and files.training_args is not None:
-        exported["training args"] = hf_export(
-            knobs,
-            world_size=world,
-            gradient_accumulation_steps=accum,
-            baseline=args.baseline,
-            files=files,
-            transformers_version=args.transformers_version,
-            job=args.job,
-            fsdp=args.fsdp,
-        )
+    exported["training args"], recipe = _their_args(knobs, args)
     if files is not None and files.accelerate is not None:
         exported["accelerate"] = accelerate_export(
             knobs, world_size=world, gradient_accumulation_steps=accum, files=files, fsdp=args.fsdp
@@ -220,16 +252,43 @@ def best_changes(
         exported,
         job=fixed,
         baseline=baseline,
-        best_objective=float(getattr(best, "objective", 0.0) or 0.0),
-        best_samples_per_s=getattr(best, "samples_per_s", None),
+        pick=throughput(getattr(best, "rows", ())),
+        base=config_throughput(rows, baseline) if isinstance(baseline, ProbeRow) else None,
+        unit=Objective.from_dict(d.objective).unit,
         tuned_without_files=tuned,
     )
     why = {(f.file, f.key): f.why for f in export_fixes(files, args.transformers_version)}
     found = replace(found, changes=[replace(c, why=why.get((c.file, c.key))) for c in found.changes])
-    found = replace(found, engine=engine_line(knobs, d.baseline))
+    found = replace(found, engine=engine_line(knobs, d.baseline), kept=neutral_keys(files, args.transformers_version))
+    if d.files_global_batch is not None:  # a change they asked for (--change-global-batch): said with the others
+        batch = Change("your job", "global batch (micro x accumulation x world)", d.files_global_batch, d.global_batch)
+        found = replace(found, changes=[batch, *found.changes])
     if exported["training args"] is None:
         return found
-    return replace(found, written_for=written_for(args.transformers_version))
+    line = written_for(args.transformers_version)
+    if recipe:
+        line = f"changes in your TRL recipe's keys (--format recipe writes them back); the hf format's {line}"
+    return replace(found, written_for=line)
+
+
+def neutral_keys(files: UserFiles | None, transformers_version: str | None) -> list[str]:
+    """Their keys the ledger calls neutral (tuner.job.ledger: logging, hub, output paths ...), kept as written."""
+    if files is None:
+        return []
+    from tuner.errors import BaselineError
+    from tuner.job.ledger.accelerate import read_accelerate
+    from tuner.job.ledger.deepspeed import read_deepspeed
+    from tuner.job.ledger.held import read_training_args
+
+    kept: list[str] = []
+    if files.training_args is not None:
+        kept += sorted(read_training_args(files.training_args, transformers_version, strict=False).neutral)
+    try:
+        kept += sorted(read_deepspeed(files.deepspeed or {}))
+        kept += sorted(read_accelerate(files.accelerate).kept) if files.accelerate is not None else []
+    except BaselineError:  # stored before the ledger refused it: nothing to add
+        pass
+    return kept
 
 
 def applies(name: str, knobs: Mapping[str, Any]) -> bool:

@@ -8,13 +8,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trials.contract import BUCKET_KNOBS, DS_DEFAULT_BUCKET, Knobs
+from trials.contract import BUCKET_KNOBS, DS_DEFAULT_BUCKET, ZERO_PP_KNOBS, Knobs
 from tuner.errors import ConfigError
 from tuner.interop.export.mapping import (
     AUTO,
     DS_BATCH_KEYS,
     DS_FIELDS,
     HF_DEFAULTS,
+    DsField,
     auto_paths,
     encode_offload,
     precision_blocks,
@@ -24,7 +25,9 @@ from tuner.interop.export.mapping import (
 # ZeRO keys whose "auto" the HF Trainer resolves from the model (trials.engine resolves them the same way)
 _MODEL_SIZED = {"reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"}
 # Keys of the baseline's zero_optimization that the tuned knobs replace (plus the legacy spelling of offload).
-_TUNED_ZERO_KEYS = {f.path[-1] for f in DS_FIELDS if f.path[0] == "zero_optimization"} | {"cpu_offload"}
+_TUNED_ZERO_KEYS = {f.path[-1] for f in DS_FIELDS if f.path[0] == "zero_optimization"}
+_TUNED_ZERO_KEYS |= {"cpu_offload", "cpu_offload_param"}
+_OFFLOADS = ("offload_optimizer", "offload_param")
 
 
 def validate_knobs(knobs: Mapping[str, Any]) -> Knobs:
@@ -50,6 +53,29 @@ def trainer_adamw(training_args: Mapping[str, Any] | None) -> dict[str, Any]:
             "weight_decay": given["weight_decay"],
         },
     }
+
+
+def _unset_zero_pp(field: DsField, value: Any) -> bool:
+    """A ZeRO++ knob left off: nothing written, DeepSpeed's default (what the probe ran)."""
+    return field.knob in ZERO_PP_KNOBS and (value is None or value is False or (type(value) is int and value == 1))
+
+
+def _zero_value(field: DsField, value: Any, base_zero: Mapping[str, Any]) -> Any:
+    """The JSON value of one tuned ZeRO key, as the probe ran it (None: not written, DeepSpeed's default)."""
+    if _unset_zero_pp(field, value):
+        return None
+    if field.knob in BUCKET_KNOBS and value is None:
+        # the user's "auto" reduce bucket: the Trainer (and the probe, from the model) resolve it to hidden size²;
+        # else DeepSpeed's default, what the probe runs with
+        user_auto = field.path[-1] in _MODEL_SIZED and base_zero.get(field.path[-1]) == AUTO
+        return AUTO if user_auto else DS_DEFAULT_BUCKET
+    if field.knob in _OFFLOADS:  # the baseline's own offload options (pin_memory, ratio ...) stay
+        found = base_zero.get(field.path[-1])
+        own: dict[str, Any] = found if isinstance(found, dict) else {}
+        if field.knob == "offload_param" and not value and not own:
+            return None  # ZeRO-3 without parameter offload and no block of theirs
+        return {**encode_offload(True), **own, "device": "cpu"} if value else encode_offload(False)
+    return value
 
 
 def check_batch(world_size: int, gradient_accumulation_steps: int) -> None:
@@ -86,8 +112,6 @@ def to_deepspeed(
     if legacy_bf16 is not None and "bf16" not in base:
         base["bf16"] = legacy_bf16
     base_zero = dict(base.pop("zero_optimization", None) or {})
-    found = base_zero.get("offload_optimizer")
-    base_offload: dict[str, Any] = found if isinstance(found, dict) else {}
 
     out: dict[str, Any] = {
         "train_batch_size": k.micro_batch_size * gradient_accumulation_steps * world_size,
@@ -99,15 +123,9 @@ def to_deepspeed(
     for field in DS_FIELDS:
         if field.path[0] != "zero_optimization" or k.zero_stage < field.min_stage:
             continue
-        value: Any = getattr(k, field.knob)
-        if field.knob in BUCKET_KNOBS and value is None:
-            # the user's "auto" reduce bucket: the Trainer (and the probe, from the model) resolve it to hidden size²;
-            # else DeepSpeed's default, what the probe runs with
-            user_auto = field.path[-1] in _MODEL_SIZED and base_zero.get(field.path[-1]) == AUTO
-            value = AUTO if user_auto else DS_DEFAULT_BUCKET
-        if field.knob == "offload_optimizer":  # the baseline's own offload options (pin_memory, ratio ...) stay
-            value = {**encode_offload(True), **base_offload, "device": "cpu"} if value else encode_offload(False)
-        set_path(out, field.path, value)
+        value = _zero_value(field, getattr(k, field.knob), base_zero)
+        if value is not None:
+            set_path(out, field.path, value)
     out["zero_optimization"] = {
         "stage": k.zero_stage,
         **{key: v for key, v in out.get("zero_optimization", {}).items() if key != "stage"},

@@ -10,6 +10,7 @@ from trials.contract import ALLOC_CONF_ENV, FsdpSettings
 from tuner.errors import ConfigError
 from tuner.interop.export.deepspeed import check_batch, validate_knobs
 from tuner.interop.export.fsdp import fsdp_env, held
+from tuner.interop.export.nodes import parallelism_env
 from tuner.interop.fsdp_names import PRECISION_MIXED
 from tuner.job.space import ALLOC_CONF_SYNTAX
 
@@ -23,6 +24,7 @@ def to_env(
     gradient_accumulation_steps: int,
     baseline: Mapping[str, Any] | None = None,
     fsdp: FsdpSettings | Mapping[str, Any] | None = None,
+    nnodes: int = 1,
 ) -> dict[str, str]:
     """Variable -> value. The allocator config goes to both names PyTorch reads; ACCELERATE_MIXED_PRECISION is what
     ``Accelerator()`` picks up by default; TUNER_* carry every tuned value for a training script to read. An FSDP2
@@ -51,6 +53,7 @@ def to_env(
         "ENGINE": k.engine,
         "ZERO_STAGE": k.zero_stage,
         "OFFLOAD_OPTIMIZER": int(k.offload_optimizer),
+        **({"OFFLOAD_PARAM": 1} if k.offload_param else {}),  # ZeRO-3's parameter offload, only where on
         "GRADIENT_CHECKPOINTING": int(k.gradient_checkpointing),
         "PRECISION": k.precision,
         "EVAL_BATCH_SIZE": k.eval_batch_size or k.micro_batch_size,
@@ -65,6 +68,9 @@ def to_env(
             OFFLOAD_PARAMS=int(k.offload_params),
         )
         env.update(fsdp_env(k, held(fsdp)))
+        env.update(parallelism_env(k, world_size))  # HSDP: the mesh `accelerate launch` would ask for
+    if nnodes > 1:
+        values["NNODES"] = nnodes
     env.update({f"TUNER_{name}": str(value) for name, value in values.items()})
     return env
 

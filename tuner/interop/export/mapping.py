@@ -37,10 +37,17 @@ DS_FIELDS: tuple[DsField, ...] = (
     DsField("overlap_comm", ("zero_optimization", "overlap_comm"), min_stage=1),
     DsField("contiguous_gradients", ("zero_optimization", "contiguous_gradients"), min_stage=1),
     DsField("offload_optimizer", ("zero_optimization", "offload_optimizer"), min_stage=1),
+    DsField("offload_param", ("zero_optimization", "offload_param"), min_stage=3),  # ZeRO-3's parameter offload
+    # ZeRO++ (ZeRO-3 only; written only where set: unset is DeepSpeed's default, no ZeRO++)
+    DsField("zero_hpz_partition_size", ("zero_optimization", "zero_hpz_partition_size"), min_stage=3),
+    DsField("zero_quantized_weights", ("zero_optimization", "zero_quantized_weights"), min_stage=3),
+    DsField("zero_quantized_gradients", ("zero_optimization", "zero_quantized_gradients"), min_stage=3),
 )
 DS_PATH: dict[str, tuple[str, ...]] = {f.knob: f.path for f in DS_FIELDS}
-# DeepSpeed's legacy spelling of optimizer offload to the CPU (a boolean), read by the baseline import, never written
+# DeepSpeed's legacy spellings of optimizer / parameter offload to the CPU (booleans), read by the baseline import,
+# never written
 DS_LEGACY_CPU_OFFLOAD: tuple[str, ...] = ("zero_optimization", "cpu_offload")
+DS_LEGACY_CPU_OFFLOAD_PARAM: tuple[str, ...] = ("zero_optimization", "cpu_offload_param")
 # precision is two blocks: {"bf16": {"enabled": ...}, "fp16": {"enabled": ...}}
 PRECISION_BLOCKS: dict[str, str] = {"bf16": "bf16", "fp16": "fp16"}
 # The batch fields DeepSpeed checks against each other: train_batch_size = micro x accumulation x world size.
@@ -165,6 +172,12 @@ def encode_offload(enabled: bool) -> dict[str, Any]:
 def decode_offload(ds: Mapping[str, Any]) -> bool:
     """Whether a DeepSpeed JSON offloads the optimizer to the CPU (encode_offload's block, or the legacy boolean)."""
     return get_path(ds, (*DS_PATH["offload_optimizer"], "device")) == "cpu" or bool(get_path(ds, DS_LEGACY_CPU_OFFLOAD))
+
+
+def decode_offload_param(ds: Mapping[str, Any]) -> bool:
+    """Whether a ZeRO-3 DeepSpeed JSON offloads the parameters to the CPU (its block, or the legacy boolean)."""
+    device = get_path(ds, (*DS_PATH["offload_param"], "device"))
+    return device == "cpu" or bool(get_path(ds, DS_LEGACY_CPU_OFFLOAD_PARAM))
 
 
 def decode_precision(ds: Mapping[str, Any]) -> str:

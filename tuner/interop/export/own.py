@@ -37,6 +37,7 @@ class UserFiles:
     deepspeed: Mapping[str, Any] | None = None
     training_args: Mapping[str, Any] | None = None
     accelerate: Mapping[str, Any] | None = None  # their accelerate config (an FSDP2 baseline's)
+    training_args_yaml: bool = False  # their training-args file was YAML (a TRL recipe's: the recipe export)
 
     @classmethod
     def of(cls, stored: Any) -> UserFiles | None:
@@ -44,7 +45,8 @@ class UserFiles:
         if not isinstance(stored, Mapping):
             return None
         found = [stored.get(name) for name in ("deepspeed", "training_args", "accelerate")]
-        files = cls(*(part if isinstance(part, Mapping) else None for part in found))
+        deepspeed, args, accelerate = (part if isinstance(part, Mapping) else None for part in found)
+        files = cls(deepspeed, args, accelerate, training_args_yaml=stored.get("training_args_format") == "yaml")
         given = (files.deepspeed, files.training_args, files.accelerate)
         return files if any(part is not None for part in given) else None
 
