@@ -39,6 +39,12 @@ def _dry_run(tmp_path: Path, **extra: str) -> tuple[subprocess.CompletedProcess[
         **extra,
     }
     env.pop("TUNER_PINNED_ALLOC", None)
+    # the dry run's ops step checks ops already built ("(cached)": its 90 s box is not a first build's 2-core time);
+    # on a fresh machine nothing else may have built them yet, so the user's own step comes first, outside the clock
+    prepared = subprocess.run(
+        [sys.executable, "-m", "tuner", "prepare"], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert prepared.returncode == 0, prepared.stdout[-3000:] + prepared.stderr[-3000:]
     proc = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True, text=True, timeout=870
     )
@@ -52,7 +58,7 @@ def _took(out: str) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_the_gpu_check_dry_run_passes_on_cpu(tmp_path: Path) -> None:
     proc, evidence = _dry_run(tmp_path)
     out = proc.stdout
@@ -92,7 +98,7 @@ def test_the_gpu_check_dry_run_passes_on_cpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_the_gpu_check_brings_its_evidence_back_whatever_fails(tmp_path: Path) -> None:
     proc, evidence = _dry_run(
         tmp_path, GPU_CHECK_FORCE="ops-fail,search-timeout,trainer-kill", GPU_CHECK_DEADLINE="330"
