@@ -18,7 +18,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 
 # The contract's other halves, re-exported: tuner/ imports the contract from this module alone.
 from trials.contract_batches import BatchDims, DataBatches, Strict, probe_accum, timed_micro_steps  # noqa: F401
-from trials.contract_job import DpoSpec, FsdpSettings, FsdpWrap, JobSettings, LoraBias, LoraSpec  # noqa: F401
+from trials.contract_job import DpoSpec, FsdpSettings, FsdpWrap, JobSettings, LoraBias, LoraSpec, TrlHead  # noqa: F401
 from trials.contract_nodes import (  # noqa: F401
     NODE_KNOBS,
     ZERO_PP_KNOBS,

@@ -64,6 +64,18 @@ class DpoSpec(Strict):
         return f"DPO pairs (chosen + rejected: 2 x micro rows), {said}"
 
 
+class TrlHead(Strict):
+    """TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``, TRL >= 1.16) as a TRL SFT / DPO recipe's trainer
+    runs it: the probe patches the model with TRL's own function and takes the loss (SFT) or the per-token log-probs
+    (DPO, policy and reference) through it, so it holds the head's tiles of min(tokens, 4096) x 32768 in place of the
+    full logits (trials.trl_head). Set only where TRL is installed beside tuner (tuner.job.trl_head)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: str = Field(description="the TRL release installed beside tuner whose head the probe runs")
+    outputs: tuple[str, ...] = Field(("log_probs",), description="add_fused_lm_head's outputs, as the trainer asks")
+
+
 class JobSettings(Strict):
     """What the user's job fixes that a probe needs beside the knobs (tuner.job.definition.Job holds the rest)."""
 
@@ -87,6 +99,7 @@ class JobSettings(Strict):
     padding_free: PaddingFree | None = Field(
         None, description="a TRL SFT recipe's padding-free batches: each micro batch one flattened row (trials.data)"
     )
+    trl_head: TrlHead | None = Field(None, description="TRL's fused LM head (None: the full logits)")
 
     def label_length(self, max_length: int) -> int:
         return self.max_target_length or max_length

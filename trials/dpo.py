@@ -6,9 +6,10 @@ math is here, each piece citing the lines it mirrors), for a job whose JobSettin
   the completion (the collator's; here the rows' second half), and under ``precompute_ref_log_probs`` the dataset's
   ``ref_chosen_logps`` / ``ref_rejected_logps`` columns (one number per pair);
 - the policy's per-row log-probs of the completion tokens, summed (``_compute_loss``: ``per_token_logps.sum(dim=1)``
-  with labels -100 outside the completion mask). TRL 1.16 computes them through a fused, tiled LM head that never
-  holds the (rows, length, vocabulary) logits; this step holds them (the model's own head, then a gather and a
-  logsumexp), so its peak is at or above TRL's;
+  with labels -100 outside the completion mask). TRL 1.16 computes them through its fused, tiled LM head, which never
+  holds the (rows, length, vocabulary) logits: with JobSettings.trl_head set the step calls it too, the model patched
+  with TRL's own ``add_fused_lm_head`` (trials.trl_head); without it (TRL not installed beside tuner) the step holds
+  the full logits (the model's own head, then a gather and a logsumexp), as TRL < 1.16 did;
 - the reference log-probs (``reference``): a frozen reference model's forward under ``torch.no_grad()`` (DPOTrainer
   builds it at dpo_trainer.py:908-927, a second copy of the model in the policy's dtype, and prepares it for the
   engine at 984-990: ``prepare_deepspeed`` without an optimizer, ZeRO stage 0 unless the policy's is 3;
@@ -50,10 +51,15 @@ def pairs(batch: Batch, spec: DpoSpec) -> Batch:
     return out
 
 
-def sequence_logps(model: Any, batch: Batch) -> torch.Tensor:
+def sequence_logps(model: Any, batch: Batch, fused: bool = False) -> torch.Tensor:
     """Each row's log-probability of its completion tokens, summed (dpo_trainer.py:1296-1304: labels are the input
-    ids masked to -100 outside the completion, shifted by one; ``per_token_logps.sum(dim=1)``)."""
+    ids masked to -100 outside the completion, shifted by one; ``per_token_logps.sum(dim=1)``); ``fused``: through
+    TRL's fused LM head (``fused_lm_head=True``: the model patched by trials.trl_head.fuse), as DPOTrainer does."""
     inputs = {k: v for k, v in batch.items() if k not in _NON_MODEL_KEYS}
+    if fused:
+        labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+        outputs = model(**inputs, labels=labels, use_cache=False, fused_lm_head=True)
+        return outputs.log_probs[:, -(batch["completion_mask"].shape[1] - 1) :].sum(dim=1)
     logits = model(**inputs, use_cache=False).logits[:, :-1]
     labels = batch["input_ids"][:, 1:]
     keep = batch["completion_mask"][:, 1:].to(torch.bool)
@@ -72,7 +78,7 @@ def sigmoid_loss(
 
 
 def reference_logps(
-    spec: DpoSpec, policy: Any, reference: Any | None, batch: Batch
+    spec: DpoSpec, policy: Any, reference: Any | None, batch: Batch, fused: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference's (chosen, rejected) log-probs (dpo_trainer.py:1318-1347): the batch's precomputed columns; else
     under ``torch.no_grad()`` the reference model's forward, or the policy's with its adapter disabled (PEFT)."""
@@ -81,25 +87,25 @@ def reference_logps(
     with torch.no_grad():
         if spec.reference == "adapter":
             with _peft_of(policy).disable_adapter():
-                logps = sequence_logps(policy, batch)
+                logps = sequence_logps(policy, batch, fused)
         else:
             assert reference is not None, "a DPO job with a reference model needs one built"
-            logps = sequence_logps(reference, batch)
+            logps = sequence_logps(reference, batch, fused)
     ref_chosen, ref_rejected = logps.chunk(2, dim=0)
     return ref_chosen, ref_rejected
 
 
-def dpo_loss(spec: DpoSpec, reference: Any | None, policy: Any, batch: Batch) -> torch.Tensor:
+def dpo_loss(spec: DpoSpec, reference: Any | None, policy: Any, batch: Batch, fused: bool = False) -> torch.Tensor:
     """One micro-step's DPO loss (``DPOTrainer._compute_loss``): the policy's forward over the pairs, the reference's,
-    the sigmoid loss."""
-    chosen, rejected = sequence_logps(policy, batch).chunk(2, dim=0)  # batch is [chosen, rejected]
-    ref_chosen, ref_rejected = reference_logps(spec, policy, reference, batch)
+    the sigmoid loss; ``fused``: the log-probs through TRL's fused LM head."""
+    chosen, rejected = sequence_logps(policy, batch, fused).chunk(2, dim=0)  # batch is [chosen, rejected]
+    ref_chosen, ref_rejected = reference_logps(spec, policy, reference, batch, fused)
     return sigmoid_loss(spec.beta, chosen, rejected, ref_chosen, ref_rejected)
 
 
-def loss_of(spec: DpoSpec, reference: Any | None) -> Callable[[Any, Batch], torch.Tensor]:
-    """What an engine calls as its loss (``engine.loss(module, batch)``) for a DPO job."""
-    return functools.partial(dpo_loss, spec, reference)
+def loss_of(spec: DpoSpec, reference: Any | None, fused: bool = False) -> Callable[[Any, Batch], torch.Tensor]:
+    """What an engine calls as its loss (``engine.loss(module, batch)``) for a DPO job (``fused``: TRL's head)."""
+    return functools.partial(dpo_loss, spec, reference, fused=fused)
 
 
 def _peft_of(module: Any) -> Any:

@@ -52,6 +52,7 @@ from trials.trace_modes import (
 )
 from trials.trace_trainer import TracedTrainer, optimizer_bytes, optimizer_factory, prepared
 from trials.trainer_args import loss_function, their_forward
+from trials.trl_head import fuse, step_loss
 
 if TYPE_CHECKING:
     pass
@@ -155,6 +156,8 @@ def trace_point(
             param_bytes = tracker.live
             largest = max(p.numel() for p in params)
             reference, loss_of = dpo_step(trainer.dpo, spec, mode, loss_of)  # DPO: its reference model and loss
+            fuse(trainer.trl_head, model, reference)  # TRL's fused LM head, as the probe runs it (trials.trl_head)
+            loss_of = step_loss(trainer.trl_head, trainer.dpo, reference, loss_of)
             opt = MasterStep(trainable, mode.cast_module, optimizer_factory(model, trainer.optimizer_args(args)))
             before_batch = tracker.live
             rows = micro * (2 if trainer.dpo else 1)

@@ -52,7 +52,6 @@ from trials.contract import (
 from trials.contract import probe_accum as contract_accum
 from trials.cuda_setup import eager_nccl_init
 from trials.data import RankBatches, batch_dims
-from trials.dpo import loss_of as dpo_loss_of
 from trials.dpo import prepare_reference, reference_model
 from trials.engine import Engine, build_engine, hidden_size_of_config, host_offload, probe_deepspeed_config
 from trials.eval_pile import eval_forward
@@ -71,6 +70,7 @@ from trials.outcome import classify, launch_fault, one_line
 from trials.rank_device import RankDevice
 from trials.step_hooks import StepHooks
 from trials.trainer_args import deterministic, prepare_model, their_args, their_forward
+from trials.trl_head import fuse, step_loss
 
 
 def probe_accum(config: ProbeConfig) -> int:
@@ -297,6 +297,7 @@ class Probe:
         model = self._build_model()
         prepare_model(model, args)  # use_cache, Liger, NEFTune: what their Trainer does before its engine
         reference = reference_model(cfg, is_encoder_decoder(model), lambda: self._build_model(lora=False))
+        fuse(cfg.job.trl_head, model, reference)  # TRL's fused LM head, as SFTTrainer / DPOTrainer patch it
         self._mark("model")
         vocab = int(model.config.vocab_size)
         encdec = is_encoder_decoder(model)
@@ -311,8 +312,8 @@ class Probe:
             if cfg.batches is not None:
                 self.memory_shape = batch_dims(batch, encdec, cfg.knobs.micro_batch_size)
             engine = build_engine(model, cfg, accum, self.device, self.world_size, args)
-            if cfg.job.dpo is not None:  # DPO's step: the pairs' loss against the reference (trials.dpo)
-                engine.loss = dpo_loss_of(cfg.job.dpo, prepare_reference(reference, engine, self.device))
+            reference = prepare_reference(reference, engine, self.device)  # DPO's (trials.dpo), or None
+            engine.loss = step_loss(cfg.job.trl_head, cfg.job.dpo, reference, engine.loss)  # DPO's, TRL head's
             self.step_hooks = StepHooks.of(args, self.device, self.world_size)
             self._host_offload(engine)
             self._mark("engine")

@@ -34,6 +34,7 @@ from trials.trace_model import build, worst_batch
 from trials.trace_modes import cuda_kernels, masks_decided_as_on_real_tensors, packing_decided_as_on_real_tensors
 from trials.trace_trainer import TracedTrainer
 from trials.trainer_args import prepare_model, their_forward
+from trials.trl_head import fuse, step_loss
 
 
 @contextlib.contextmanager
@@ -120,12 +121,15 @@ def trace_fsdp_point(
         torch.manual_seed(0)
         model = build(spec, lora)  # checkpointing is accelerate's fsdp2_apply_ac, applied by FsdpEngine
         prepare_model(model, args)
+        head = trainer.trl_head if trainer.dpo is None else None  # SFT's fused LM head (DPO is not traced here)
+        fuse(head, model)
         tracker = LiveTensorTracker()
         tracker.track(module_tensors(model))
         gathered = _Gathered(tracker)
         with _watching(tracker, gathered), tracker:
             batch = worst_batch(model, k.micro_batch_size, k.max_length, label_length, padded, free)
             engine = FsdpEngine(model, config, accum, torch.device("cpu"), world_size, args)
+            engine.loss = step_loss(head, None, None, engine.loss)
             host_offload(engine, tracker)
             for _ in range(accum):  # the first step: the optimizer state
                 engine.micro_step(batch)

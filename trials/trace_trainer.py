@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from trials.contract import DpoSpec
+from trials.contract import DpoSpec, TrlHead
 from trials.contract_job import PaddingFree
 from trials.trainer_args import build_optimizer, checkpointing_kwargs, optimizer_over, prepare_model, their_args
 
@@ -37,6 +37,7 @@ class TracedTrainer:
     compiled: bool = False  # their accelerate config compiles the model (the trace runs eager kernels: said)
     padding_free: PaddingFree | None = None  # a TRL SFT recipe's padding-free batches (trials.data.flattened)
     dpo: DpoSpec | None = None  # a DPO job's step (trials.dpo): the pairs, the reference model
+    trl_head: TrlHead | None = None  # TRL's fused LM head (trials.trl_head); None: the full logits
     built: dict[tuple[str, bool], Any] = field(default_factory=dict)
 
     @classmethod
@@ -51,6 +52,7 @@ class TracedTrainer:
             compiled=bool(request.get("compiled")),
             padding_free=request.get("padding_free"),
             dpo=DpoSpec.model_validate(request["dpo"]) if request.get("dpo") else None,
+            trl_head=TrlHead.model_validate(request["trl_head"]) if request.get("trl_head") else None,
         )
 
     def training_args(self, precision: str, checkpointing: bool) -> Any | None:

@@ -76,6 +76,7 @@ class EstimateJob:
             bool(job.compile),
             job.dpo,
             padding_free=job.padding_free,
+            trl_head=job.trl_head,
         )
 
     def data_lines(self) -> list[str]:

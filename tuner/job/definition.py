@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trials.contract import FSDP_KNOBS, DpoSpec, JobSettings, LoraSpec, Precision
+from trials.contract import FSDP_KNOBS, DpoSpec, JobSettings, LoraSpec, Precision, TrlHead
 from trials.contract_job import PaddingFree
 from tuner.declared import API, ESTIMATE, EXPLAIN, SEARCH, TUNE, setting
 from tuner.errors import ConfigError
@@ -30,6 +30,7 @@ from tuner.job.lora import LORA_FLAGS, lora_spec
 from tuner.job.padding_free import padding_free_of
 from tuner.job.space import KNOB_RANGES, Space
 from tuner.job.trainer_line import trainer_parts
+from tuner.job.trl_head import trl_head_of
 
 _ALL = frozenset({SEARCH, TUNE, API, ESTIMATE, EXPLAIN})
 _LOCAL = frozenset({SEARCH, TUNE, ESTIMATE, EXPLAIN})
@@ -54,6 +55,7 @@ class Job(BaseModel):
     eval_held_batches: int = Field(0, ge=0)  # eval batches whose logits stay on the device (tuner.job.evaluation)
     compile: dict[str, Any] | None = None  # torch.compile's keywords from their accelerate config's dynamo_config
     padding_free: PaddingFree | None = None  # a TRL SFT recipe's padding-free batches (tuner.job.packing)
+    trl_head: TrlHead | None = None  # TRL's fused LM head where TRL >= 1.16 is installed (tuner.job.trl_head)
 
     @property
     def evaluates(self) -> bool:
@@ -73,6 +75,7 @@ class Job(BaseModel):
             eval_held_batches=self.eval_held_batches if self.evaluates else 0,
             compile=self.compile,
             padding_free=self.padding_free,
+            trl_head=self.trl_head,
         )
 
     def describe(self) -> str:
@@ -168,6 +171,7 @@ def resolve_job(
         values["trainer_args"], values["seq2seq_args"] = trainer
     values["compile"] = compile
     values["padding_free"] = padding_free_of(hf_args)
+    values["trl_head"] = trl_head_of(hf_args)
     values.update(_from_args(hf_args))
     values.update({k: v for k, v in vars(flags).items() if v is not None and k not in LORA_FLAGS})
     lora = {**recipe_lora(hf_args or {}), **{k: getattr(flags, k) for k in LORA_FLAGS if getattr(flags, k) is not None}}

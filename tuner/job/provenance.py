@@ -10,6 +10,7 @@ from typing import Any
 from tuner.job.definition import HF_EVAL_BATCH, HF_MAX_LENGTH_KEYS, Job, JobFlags
 from tuner.job.evaluation import strategy_line
 from tuner.job.ledger.trl import TRL_RELEASE, Recipe, read_recipe
+from tuner.job.trl_head import head_line
 
 ARGS = "training args"
 
@@ -100,7 +101,7 @@ def sources_line(job: Job, held: Held) -> str:
         recipe = replace(recipe, reference=job.dpo.reference)
     lora = "; LoRA (your recipe's use_peft + lora_*, ModelConfig's defaults for the rest)" if recipe.peft else ""
     parts = [
-        *([f"{recipe.line()}{lora}"] if recipe.kind else []),
+        *([f"{recipe.line()}{lora}; {head_line(job.trl_head)}"] if recipe.kind else []),
         f"precision {job.precision} ({_precision(job, held)})",
         f"length {job.max_length} ({_length(held)})",
         f"evaluation ({_evaluation(job, held)})",

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trials.contract import DpoSpec, FsdpSettings, Knobs, LoraSpec, ModelSpec
+from trials.contract import DpoSpec, FsdpSettings, Knobs, LoraSpec, ModelSpec, TrlHead
 from trials.contract_job import PaddingFree
 from tuner.memory.precision import traced_precision
 from tuner.memory.states import ADAM, OptimizerState
@@ -163,6 +163,7 @@ class TraceTrainer(BaseModel):
     # a TRL SFT recipe's padding-free batches (trials.contract_job.PaddingFree): each micro batch one flattened row
     padding_free: PaddingFree | None = None
     dpo: DpoSpec | None = None  # a DPO job's step (trials.dpo): the pairs, the reference model's forward
+    trl_head: TrlHead | None = None  # TRL's fused LM head (trials.trl_head): its tiles, not the full logits
 
 
 def trace_trainer(
@@ -173,12 +174,14 @@ def trace_trainer(
     compiled: bool = False,
     dpo: DpoSpec | None = None,
     padding_free: PaddingFree | None = None,
+    trl_head: TrlHead | None = None,
 ) -> TraceTrainer | None:
     """What the trace runs of a job's training args (JobSettings' trainer_args, seq2seq_args, eval_held_batches),
     beside their DeepSpeed JSON: an optimizer section there is what DeepSpeed runs (their optim is not read then, as
     their Trainer does); ``dpo``: a DPO job's pairs and reference (trials.dpo); ``padding_free``: an SFT recipe's
-    padding-free batches (trials.data.flattened); None when there is nothing beyond the defaults."""
-    if not args and not eval_held_batches and not compiled and dpo is None and padding_free is None:
+    padding-free batches (trials.data.flattened); ``trl_head``: TRL's fused LM head (trials.trl_head); None when there
+    is nothing beyond the defaults."""
+    if not args and not eval_held_batches and not compiled and dpo is None and padding_free is None and not trl_head:
         return None
     section = isinstance((deepspeed or {}).get("optimizer"), Mapping)
     return TraceTrainer(
@@ -189,6 +192,7 @@ def trace_trainer(
         compiled=compiled,
         dpo=dpo,
         padding_free=padding_free,
+        trl_head=trl_head,
     )
 
 

@@ -147,6 +147,7 @@ def trial_inputs(store: Store, study: str | None, trial: int | None) -> TrialInp
             row.config.get("deepspeed"),
             dpo=job.dpo,
             padding_free=job.padding_free,
+            trl_head=job.trl_head,
         ),
     )
     estimator = Estimator(trace=tr, world_size=world, global_batch=definition.global_batch)

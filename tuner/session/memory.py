@@ -64,6 +64,7 @@ def job_trainer(request: SearchRequest) -> TraceTrainer | None:
         bool(job.compile),
         job.dpo,
         padding_free=job.padding_free,
+        trl_head=job.trl_head,
     )
 
 

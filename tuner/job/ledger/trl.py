@@ -8,7 +8,8 @@ probe really runs today: SFT's ``max_length`` (the sequence length), ``packing``
 tuner.job.packing; BFD, TRL 1.16's default strategy, and ``padding_free`` train padding-free: each micro batch one
 flattened row, trials.data.flattened), ModelConfig's LoRA (``use_peft`` + ``lora_*``: tuner's LoRA job, trials.lora)
 and fp32 weights; a DPO recipe's step (trials.dpo: the pairs as 2 x micro rows at ``max_length``, the frozen
-reference model, or the PEFT adapter disabled, or ``precompute_ref_log_probs``). What changes memory in a way the
+reference model, or the PEFT adapter disabled, or ``precompute_ref_log_probs``); TRL's fused LM head for both where
+TRL is installed beside tuner (tuner.job.trl_head: the dry run says which). What changes memory in a way the
 probe does not run yet is refused in one line, and ``padding_free`` without packing and with a max_length, which TRL
 raises on (``Recipe.entry``). SFTConfig's and DPOConfig's changed TrainingArguments defaults (gradient_checkpointing,
 bf16, learning_rate, logging_steps) are applied as TRL applies them (``Recipe.defaults``). Pure: no trl import.
@@ -36,8 +37,8 @@ _RECIPE = "your recipe's data / tokenizer preparation (on the host, before the s
 _LOSS = "a value of the loss over the same logits (not memory or speed)"
 _ONLY = "applies only with {} (which is refused when set)"
 _MASKED = (
-    "labels -100 on the {} positions: the same input and logits shapes; TRL 1.16's fused LM head computes the loss "
-    "over the labelled positions only on a GPU (every position on a CPU), under the probe's full logits either way"
+    "labels -100 on the {} positions: the same input shapes; TRL 1.16's fused LM head, which the probe runs as TRL "
+    "does (tuner.job.trl_head), scores only the labelled positions on a GPU (every position on a CPU)"
 )
 PackingStrategy = Literal["bfd", "bfd_split", "wrapped"]
 
@@ -108,10 +109,10 @@ SFT_FIELDS: dict[str, Entry] = {
     "completion_only_loss": neutral(_MASKED.format("prompt")),
     "assistant_only_loss": neutral(_MASKED.format("non-assistant")),
     "loss_type": neutral(
-        "TRL 1.16's nll computes the loss through a fused LM head: in place of the full logits the probe holds, a "
-        "tile of min(tokens, 4096) x 32768 (forward, and again in the backward), which the probe does not run yet: "
-        "with a vocabulary under 32768 x min(tokens, 4096) / tokens the tile is the larger and your peak is above "
-        "the probe's",
+        "TRL 1.16's nll computes the loss through a fused LM head: a tile of min(tokens, 4096) x 32768 (forward, and "
+        "again in the backward) in place of the full logits. The probe runs TRL's own head where TRL >= 1.16 is "
+        "installed beside tuner, else the full logits (below your peak for a vocabulary under 32768), as the dry "
+        "run says (tuner.job.trl_head)",
         unless(lambda v: v in ("nll", "chunked_nll"), _NOT_RUN.format("loss_type other than nll")),
         "set it nll to search the step without it, knowing the probe then differs",
     ),
