@@ -70,7 +70,7 @@ from trials.outcome import classify, launch_fault, one_line
 from trials.rank_device import RankDevice
 from trials.step_hooks import StepHooks
 from trials.trainer_args import deterministic, prepare_model, their_args, their_forward
-from trials.trl_head import fuse, step_loss
+from trials.trl_head import fuse, ready, step_loss
 
 
 def probe_accum(config: ProbeConfig) -> int:
@@ -87,6 +87,7 @@ class Probe:
         cuda = torch.cuda.is_available()
         self.device = torch.device("cuda", self.local_rank) if cuda else torch.device("cpu")
         self.dev = RankDevice(config, self.device, self.rank)
+        ready(config.job.trl_head)  # TRL imported before the device's data limit: its import is no device memory
         self.first_step_t: float | None = None
         self.micro_times: list[float] = []
         self.phases: dict[str, float] = {}
@@ -98,9 +99,7 @@ class Probe:
         self.memory_shape: BatchDims | None = None
         self.timed_shapes: list[BatchDims] = []
         self.window: TimedWindow | None = None
-        self.run_phases: dict[
-            str, float
-        ] = {}  # where the time after setup went (RankResult.run_phases)  # the timed window's cycles, once run
+        self.run_phases: dict[str, float] = {}  # where the time after setup went (RankResult.run_phases)
         self.step_hooks = StepHooks()  # what their Trainer does around each micro-step (trials.step_hooks)
         self.args: Any | None = None  # the probe's TrainingArguments (trials.trainer_args), once built
 

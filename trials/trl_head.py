@@ -12,6 +12,7 @@ not reimplemented): ``fuse`` patches as the trainer does, ``step_loss`` is the m
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,14 @@ def _add_fused_lm_head(head: TrlHead) -> Callable[..., None]:
             "trl.trainer.utils.add_fused_lm_head: install the same TRL beside tuner on this host"
         ) from None
     return add_fused_lm_head
+
+
+def ready(head: TrlHead | None) -> None:
+    """Import TRL's head now (the probe: before its emulated device sets the data limit, which TRL's import would
+    eat into); where it is missing, ``fuse`` says so later, inside the probe's run."""
+    if head is not None:
+        with contextlib.suppress(ConfigRefused):
+            _add_fused_lm_head(head)
 
 
 def fuse(head: TrlHead | None, model: torch.nn.Module, reference: torch.nn.Module | None = None) -> None:
