@@ -157,7 +157,7 @@ def trace_point(
             largest = max(p.numel() for p in params)
             reference, loss_of = dpo_step(trainer.dpo, spec, mode, loss_of)  # DPO: its reference model and loss
             fuse(trainer.trl_head, model, reference)  # TRL's fused LM head, as the probe runs it (trials.trl_head)
-            loss_of = step_loss(trainer.trl_head, trainer.dpo, reference, loss_of)
+            loss_of = step_loss(trainer.trl_head, trainer.dpo, reference, loss_of, args)
             opt = MasterStep(trainable, mode.cast_module, optimizer_factory(model, trainer.optimizer_args(args)))
             before_batch = tracker.live
             rows = micro * (2 if trainer.dpo else 1)

@@ -312,7 +312,7 @@ class Probe:
                 self.memory_shape = batch_dims(batch, encdec, cfg.knobs.micro_batch_size)
             engine = build_engine(model, cfg, accum, self.device, self.world_size, args)
             reference = prepare_reference(reference, engine, self.device)  # DPO's (trials.dpo), or None
-            engine.loss = step_loss(cfg.job.trl_head, cfg.job.dpo, reference, engine.loss)  # DPO's, TRL head's
+            engine.loss = step_loss(cfg.job.trl_head, cfg.job.dpo, reference, engine.loss, args)  # trials.trl_head
             self.step_hooks = StepHooks.of(args, self.device, self.world_size)
             self._host_offload(engine)
             self._mark("engine")

@@ -129,7 +129,7 @@ def trace_fsdp_point(
         with _watching(tracker, gathered), tracker:
             batch = worst_batch(model, k.micro_batch_size, k.max_length, label_length, padded, free)
             engine = FsdpEngine(model, config, accum, torch.device("cpu"), world_size, args)
-            engine.loss = step_loss(head, None, None, engine.loss)
+            engine.loss = step_loss(head, None, None, engine.loss, args)
             host_offload(engine, tracker)
             for _ in range(accum):  # the first step: the optimizer state
                 engine.micro_step(batch)

@@ -6,7 +6,7 @@ outputs); called with ``fused_lm_head=True`` the model runs its backbone and ``C
 min(tokens, 4096) x 32768 in the compute dtype (forward, and again in the backward with fp32 gradient accumulators),
 never the (batch, length, vocabulary) logits. The probe and the trace call TRL's own function and kernel here (they are
 not reimplemented): ``fuse`` patches as the trainer does, ``step_loss`` is the micro-step's loss through the head
-(SFT: ``compute_loss`` with loss_type nll and no label smoothing; DPO: trials.dpo's with ``fused``). A job without
+(SFT: ``compute_loss`` with loss_type nll; DPO: trials.dpo's with ``fused``). A job without
 ``trl_head`` (TRL not installed beside tuner: tuner.job.trl_head says so) keeps the full logits.
 """
 
@@ -68,11 +68,27 @@ def sft_loss(module: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return per_token_loss.sum() / torch.as_tensor(outputs.label_mask.sum()).clamp(min=1)
 
 
-def step_loss(head: TrlHead | None, dpo: DpoSpec | None, reference: Any | None, loss: Any) -> Any:
-    """The micro-step's loss: DPO's (through the head with one), SFT's through the head, else ``loss`` (their
+def smoothed(loss: Loss) -> Loss:
+    """SFTTrainer.compute_loss with label smoothing (sft_trainer.py:1592-1600): their label smoother's loss over the
+    full logits (``loss``: trials.trainer_args), then, for the metrics only, a no-grad forward through the head."""
+
+    def run(module: Any, batch: dict[str, torch.Tensor]) -> Any:
+        value = loss(module, batch)
+        with torch.no_grad():
+            module(**batch, use_cache=False, fused_lm_head=True)
+        return value
+
+    return run
+
+
+def step_loss(head: TrlHead | None, dpo: DpoSpec | None, reference: Any | None, loss: Any, args: Any = None) -> Any:
+    """The micro-step's loss: DPO's (through the head with one), SFT's through the head (with their
+    ``label_smoothing_factor``: the full logits' smoothed loss and the head's no-grad forward), else ``loss`` (their
     Trainer's, or None: the model's own)."""
     if dpo is not None:
         from trials.dpo import loss_of
 
         return loss_of(dpo, reference, fused=head is not None)
-    return sft_loss if head is not None else loss
+    if head is None:
+        return loss
+    return smoothed(loss) if getattr(args, "label_smoothing_factor", 0) else sft_loss

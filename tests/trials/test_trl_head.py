@@ -65,7 +65,7 @@ from trials.trace_trainer import TracedTrainer
 
 head = TrlHead.model_validate_json(sys.argv[1]) if sys.argv[1] != "null" else None
 dpo = DpoSpec() if sys.argv[2] == "dpo" else None
-trainer = TracedTrainer(dpo=dpo, trl_head=head)
+trainer = TracedTrainer(args=json.loads(sys.argv[3]), dpo=dpo, trl_head=head)
 point = trace_point(ModelSpec(source="builtin:tiny-llama"), 4, 128, False, "fp32", trainer=trainer)
 print(json.dumps(point["point"]))
 """
@@ -95,8 +95,8 @@ def _probe_peak(tmp_path: Path, name: str, job: JobSettings) -> int:
     return int(result["memory"]["peak_allocated"])
 
 
-def _traced_peak(head: TrlHead | None, kind: str) -> int:
-    said = _run("-c", TRACE, head.model_dump_json() if head is not None else "null", kind)
+def _traced_peak(head: TrlHead | None, kind: str, args: dict[str, Any] | None = None) -> int:
+    said = _run("-c", TRACE, head.model_dump_json() if head is not None else "null", kind, json.dumps(args))
     return int(json.loads(said.strip().splitlines()[-1])["peak_bytes"])
 
 
@@ -131,6 +131,15 @@ def test_the_probe_holds_trls_tile_and_the_trace_agrees(tmp_path: Path, kind: st
     assert tile <= fused - full <= tile + 8 * temporaries, (full, fused, tile)
     for head_run, probed in ((None, full), (head, fused)):
         assert _traced_peak(head_run, kind) == pytest.approx(probed, rel=1e-4), (head_run, probed)
+
+
+def test_with_label_smoothing_the_loss_takes_the_full_logits_and_the_head_runs_for_the_metrics() -> None:
+    """SFTTrainer with label_smoothing_factor: their label smoother over the full logits (with grad), then a no-grad
+    forward through the fused head for its metrics while the step's activations are alive: the trace holds the
+    smoothed full-logits step and, above it, at least the head's forward tile (min(tokens, 4096) x 32768 fp32)."""
+    args = {"label_smoothing_factor": 0.1}
+    full, fused = _traced_peak(None, "sft", args), _traced_peak(SFT_HEAD, "sft", args)
+    assert fused - full >= MICRO * (LENGTH - 1) * TILE_COLUMNS * 4, (full, fused)
 
 
 def test_without_trl_beside_tuner_the_dry_run_says_the_probe_computes_the_full_logits(tmp_path: Path) -> None:
