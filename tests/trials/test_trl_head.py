@@ -176,7 +176,9 @@ def test_an_fsdp2_probe_with_trls_head_reads_what_its_trace_says(monkeypatch: py
     monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])  # the ranks and the trace run with TRL beside tuner
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     knobs = Knobs(micro_batch_size=MICRO, max_length=LENGTH, engine="fsdp2")
-    runner = ProbeRunner(load_settings())
+    # fresh ranks (spawn), so they start with TRL on the path: this test process's fork server, where an earlier test
+    # started one, holds the environment it was started with
+    runner = ProbeRunner(load_settings(), launcher="spawn")
     peaks = {}
     for head in (None, SFT_HEAD):
         job = JobSettings(trl_head=head)
