@@ -1,10 +1,10 @@
 """The TRL recipe tables (issue 39, BENCHMARKS.md "TRL recipes: SFT and DPO tables"): real recordings of an SFT recipe
 (padded / BFD-packed x full / LoRA) and a DPO recipe (reference model / precompute_ref_log_probs / PEFT, the adapter
-disabled as the reference) on builtin:tiny-llama, recorded with TRL 1.16.0 beside tuner so each probe ran TRL's fused
-LM head. Each table's stored job is the one its recipe gives (benchmarks.record_job), the table has a wall (rows that
-fit and rows that run out of memory), the uncalibrated estimate is within the causal tables' target against every
-measured peak and puts every recorded OOM above the headroom, and strategies replay it within its rules. Recorded
-data, no timing asserts."""
+disabled as the reference) on builtin:tiny-llama and a 3.5M-parameter shape of it, recorded with TRL 1.16.0 beside
+tuner so each probe ran TRL's fused LM head. Each table's stored job is the one its recipe gives (benchmarks.
+record_job), the table has a wall (rows that fit and rows that run out of memory), the uncalibrated estimate is within
+the causal tables' target against every measured peak and puts every recorded OOM above the headroom, and strategies
+replay it within its rules. Recorded data, no timing asserts."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ INPUTS = Path(__file__).resolve().parents[2] / "benchmarks" / "inputs"
 #: table -> the recipe it ran
 SFT = {f"trl-sft{s}-1rank": f"trl-sft{s}.yaml" for s in ("", "-packed", "-lora", "-packed-lora")}
 DPO = {f"trl-dpo{s}-{n}rank": f"trl-dpo{s}.yaml" for s in ("", "-precomputed", "-peft") for n in (1, 2)}
-TABLES = {**SFT, **DPO}
+#: the same recipes on a larger Llama shape (3.5M parameters: the backbone and the optimizer weigh beside TRL's head)
+MID = {f"trl-{r}-mid-1rank": f"trl-{r}.yaml" for r in ("sft", "sft-lora", "dpo", "dpo-precomputed", "dpo-peft")}
+TABLES = {**SFT, **DPO, **MID}
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))
