@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trials.contract import JobSettings, LoraSpec, ModelSpec, ProbeResult
+from benchmarks.record_job import job_record, job_trainer, recorded_job
+from trials.contract import JobSettings, ModelSpec, ProbeResult
 from tuner.cli.estimate import _parse_size
 from tuner.job.batching import accumulation_steps
 from tuner.job.space import Space, config_key, load_space, space_from_dict
@@ -172,39 +173,11 @@ def search_trace(
     }
 
 
-def lora_of(args: argparse.Namespace) -> LoraSpec | None:
-    """The table's LoRA job from the flags (tuner.job.lora's rules), or None: a full fine-tune."""
-    from tuner.job.lora import lora_spec
-
-    def flag(name: str) -> str:
-        return "--" + name.replace("_", "-")
-
-    return lora_spec(args.lora_r, args.lora_alpha, target_modules=args.lora_target_modules, option=flag)
-
-
-def trainer_of(path: Path | None) -> dict[str, Any]:
-    """JobSettings' trainer fields from a training-args JSON, read as `tuner search` reads it (tuner's ledger)."""
-    if path is None:
-        return {}
-    from tuner.job.evaluation import held_eval_batches
-    from tuner.job.ledger.held import read_training_args
-
-    given = json.loads(path.read_text())
-    held = read_training_args(given)
-    return {"trainer_args": held.trainer, "seq2seq_args": held.seq2seq, "eval_held_batches": held_eval_batches(given)}
-
-
-def job_trainer(job: JobSettings) -> Any:
-    """The trace's view of the table's training args (tuner.memory.trace.trace_trainer)."""
-    from tuner.memory.trace import trace_trainer
-
-    return trace_trainer(job.trainer_args, job.seq2seq_args, job.eval_held_batches, None)
-
-
 def open_table(
-    path: Path, args: argparse.Namespace, model: ModelSpec, space: Space, capacity: int | None, lora: LoraSpec | None
+    path: Path, args: argparse.Namespace, model: ModelSpec, space: Space, capacity: int | None, job: JobSettings
 ) -> dict[str, Any]:
     """The table at ``path`` to resume (recorded with the same LoRA job), or a new one."""
+    lora = job.lora
     asked = lora.model_dump(mode="json") if lora is not None else None
     if path.exists():
         table: dict[str, Any] = json.loads(path.read_text())
@@ -226,11 +199,7 @@ def open_table(
         "measure_steps": args.measure,
         "space": space.model_dump(mode="json"),
         "lora": asked,
-        "job": {
-            "max_target_length": args.max_target_length,
-            "generation_max_length": args.generation_max_length,
-            **trainer_of(args.training_args),
-        },
+        "job": job_record(job),
         "trace": None,
         "rows": [],
     }
@@ -260,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--training-args",
         type=Path,
-        help="a training-args JSON the job runs (through tuner's ledger: their optimizer, loss, eval pile ...)",
+        help="training args the job runs: a training-args JSON or a TRL recipe (YAML / JSON), read as `tuner search "
+        "--baseline FILE` reads it (benchmarks.record_job: their optimizer, loss, a DPO recipe's pairs and reference, "
+        "packing, use_peft, TRL's fused head where TRL >= 1.16 is importable)",
     )
     ap.add_argument(
         "--generation-max-length", type=int, help="new tokens of the eval generate (grid knob generate: [true])"
@@ -287,19 +258,22 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides = {k: int(v) for k, v in (o.split("=", 1) for o in args.override)}
     model = ModelSpec(source=args.model, overrides=overrides)
-    lora = lora_of(args)
-    job = JobSettings(
-        lora=lora,
+    space = build_space(args)
+    job = recorded_job(
+        model,
+        space.max_length,
+        args.training_args,
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_target_modules=args.lora_target_modules,
         max_target_length=args.max_target_length,
         generation_max_length=args.generation_max_length,
-        **trainer_of(args.training_args),
     )
-    space = build_space(args)
     capacity = _parse_size(args.device_memory)
     configs = [k for k in space.configs() if accumulation_steps(args.global_batch, k.micro_batch_size, args.world_size)]
     args.out_dir.mkdir(parents=True, exist_ok=True)
     path = args.out_dir / f"{args.name}.json"
-    table = open_table(path, args, model, space, capacity, lora)
+    table = open_table(path, args, model, space, capacity, job)
     table.pop("command", None)
     table["space"] = space.model_dump(mode="json")
     table.setdefault("commands", []).append(
@@ -328,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             model,
             points,
             timeout_s=1800,
-            lora=lora,
+            lora=job.lora,
             label_length=job.max_target_length,
             evaluation=evaluation_of(space, job),
             fsdp_points=sharded,
