@@ -1,12 +1,14 @@
 """The memory trace: training steps of the model on CPU fake tensors under the live-tensor tracker.
 
 No data is computed (FakeTensorMode): a flan-t5-large-shaped T5 traces in seconds on any machine. For every point
-(micro batch, max_length, gradient checkpointing, precision, cast_module) it runs two AdamW steps at worst-case
+(micro batch, max_length, gradient checkpointing, precision, cast_module) it runs a forward+backward at worst-case
 padded shapes in the engine's precision mode (``cast_module``: DeepSpeed's half module with fp32 masters in the
-optimizer; else the plain torch engine's autocast over fp32 weights), then one more forward+backward that accumulates
-into the step's grads, and reports, in bytes:
+optimizer; else the plain torch engine's autocast over fp32 weights), two AdamW steps on its grads (the first makes
+the optimizer state, the second is measured), then one more forward+backward that accumulates into the step's grads,
+and reports, in bytes:
 
-- ``activation_bytes``: the forward+backward peak of the second step above params + full grads + optimizer state
+- ``activation_bytes``: the first forward+backward's peak above params + full grads (+ optimizer state, resident
+  from the second step on: it shifts the peak, not what the forward and backward allocate)
   (activations, saved tensors, temporaries; what every engine adds on top of its model states). The step starts with
   no grads (``zero_grad(set_to_none=True)``), so at its peak few grads exist yet: this undercounts by up to the grads'
   size what a micro-step needs when the grads of earlier micro-steps are resident,
@@ -99,22 +101,6 @@ def _forward_backward(
     return watch.peaks()
 
 
-def _step(
-    model: torch.nn.Module,
-    opt: MasterStep,
-    batch: dict[str, torch.Tensor],
-    mode: Mode,
-    tracker: LiveTensorTracker,
-    loss_of: Any = None,
-) -> tuple[int, int]:
-    """One training step; returns (fwd+bwd peak, optimizer-step peak) in live bytes."""
-    fwd_bwd, _ = _forward_backward(model, batch, mode, tracker, loss_of)
-    tracker.reset_peak()
-    opt.step()
-    step_peak = tracker.peak
-    return fwd_bwd, step_peak
-
-
 def trace_point(
     spec: ModelSpec,
     micro: int,
@@ -163,17 +149,19 @@ def trace_point(
             rows = micro * (2 if trainer.dpo else 1)
             batch = dpo_batch(trainer.dpo, worst_batch(model, rows, length, label_length, padded, trainer.padding_free))
             batch_bytes = tracker.live - before_batch
-            _step(model, opt, batch, mode, tracker, loss_of)  # creates the optimizer state
-            opt.zero_grad(set_to_none=False)
-            grads_bytes = sum(p.grad.untyped_storage().nbytes() for p in params if p.grad is not None)
-            opt.zero_grad(set_to_none=True)
-            base = tracker.live  # params + state + batch
+            # the first micro-step (no grads, no optimizer state yet): one forward + backward serves both the
+            # activation peaks and the step's grads (the state is resident memory: it shifts the peak, not what
+            # the forward and backward allocate)
             tracker.largest_since(TOP)
             fwd_bwd, fwd_bwd_after = _forward_backward(model, batch, mode, tracker, loss_of)
             named = {"forward_backward": named_largest(tracker)}
+            first = tracker.live  # params + batch + grads (+ what a model keeps beyond its grads, e.g. a cache)
+            opt.step()  # creates the optimizer state: the first step's peak is not what later steps need
+            state_bytes = tracker.live - first
+            with_grads = tracker.live  # params + state + batch + grads: what every later step starts from
             tracker.largest_since(TOP)
             tracker.reset_peak()
-            opt.step()
+            opt.step()  # the step as every later one runs it: the state resident, the same grads
             step_peak = tracker.peak
             named["optimizer_step"] = named_largest(tracker)
             tracker.keep_largest = 0
@@ -186,7 +174,6 @@ def trace_point(
             shape = (label_length, padded, held, dpo, trainer.padding_free)
             evaluated = eval_phases(model, length, mode, tracker, evaluation or {}, *shape)
             named.update(evaluated.pop("largest"))
-    with_grads = base + grads_bytes
     return {
         "param_count": param_count,
         "trainable_count": sum(p.numel() for p in trainable),
@@ -199,12 +186,12 @@ def trace_point(
             "gradient_checkpointing": checkpointing,
             "precision": precision,
             "cast_module": mode.cast_module,
-            "activation_bytes": max(0, fwd_bwd - with_grads + batch_bytes),
+            "activation_bytes": max(0, fwd_bwd - first + batch_bytes),
             "resident_activation_bytes": max(0, resident - with_grads + batch_bytes),
-            "after_grad_activation_bytes": max(0, fwd_bwd_after - with_grads + batch_bytes),
+            "after_grad_activation_bytes": max(0, fwd_bwd_after - first + batch_bytes),
             "resident_after_grad_activation_bytes": max(0, resident_after - with_grads + batch_bytes),
             "step_temp_bytes": max(0, step_peak - with_grads),
-            "peak_bytes": max(fwd_bwd, step_peak),
+            "peak_bytes": max(fwd_bwd + state_bytes, step_peak),
             **evaluated,
             "largest": named,
         },
@@ -224,7 +211,9 @@ def run(request: dict[str, Any], progress: Path | None = None) -> dict[str, Any]
     lora = LoraSpec.model_validate(request["lora"]) if request.get("lora") else None
     start = time.perf_counter()
     trainer = TracedTrainer.of(request.get("trainer"))
-    out: dict[str, Any] = {"points": [], **_optimizer_state(spec, lora, trainer)}
+    # "model_wide": false: a part of a request whose first part reports them (tuner.memory.trace_run.split)
+    wide = _optimizer_state(spec, lora, trainer) if request.get("model_wide", True) else {}
+    out: dict[str, Any] = {"points": [], **wide}
     for index, p in enumerate(request.get("points") or []):
         _said(progress, index)
         got = trace_point(

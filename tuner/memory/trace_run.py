@@ -93,11 +93,29 @@ def workers() -> int:
     return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
 
 
-def _cost(p: Mapping[str, Any], evaluates: bool) -> float:
-    """A point's tracing time, roughly: its tokens, a checkpointed backward's recompute, and evaluation's decode."""
-    tokens = float(p["micro_batch_size"]) * float(p["max_length"])
-    decode = 4.0 * float(p["max_length"]) if evaluates and p.get("evaluate", True) else 0.0
-    return tokens * (1.3 if p.get("gradient_checkpointing") else 1.0) + decode
+#: a point's tracing time in units of its training steps' (a fake-tensor trace costs per dispatched op, whatever the
+#: shapes): checkpointing's recomputed forward, the eval forward and each decoded token's step (trials.decode traces at
+#: most TRACED_STEPS of them). Measured on explain's points of flan-t5-large (bf16 cast module, micro 2, one process):
+#: 10 s the training steps, 13.0 / 12.9 s checkpointed at 320 / 640 tokens, 19.9 / 20.1 s with the eval forward and a
+#: 24-token decode; dealt by tokens, one tracer got both checkpointed points and an eval point (46 s against 20 s)
+CHECKPOINTED = 1.3
+EVAL_FORWARD = 0.2
+DECODE_STEP = 0.033
+TRACED_STEPS = 24  # trials.decode.TRACED_STEPS (tuner/ never imports trials' torch side)
+
+
+def _cost(p: Mapping[str, Any], request: Mapping[str, Any]) -> float:
+    """A point's tracing time, roughly, in units of one uncheckpointed training step's: the number of ops traced
+    (the shapes only break ties), an FSDP2 point's per rank."""
+    cost = CHECKPOINTED if p.get("gradient_checkpointing") else 1.0
+    evaluation = request.get("evaluation")
+    if evaluation is not None and p.get("evaluate", True):
+        cost += EVAL_FORWARD
+        if evaluation.get("generate"):  # trials.trace_eval's decode length
+            steps = int(evaluation.get("generation_max_length") or request.get("label_length") or p["max_length"])
+            cost += DECODE_STEP * min(steps, TRACED_STEPS)
+    cost *= float(p.get("world_size", 1)) * (2.0 if p.get("accumulates") else 1.0)
+    return cost + 1e-9 * float(p["micro_batch_size"]) * float(p["max_length"])
 
 
 #: a part of a request: its sub-request and the request-wide index (points, then fsdp_points) of each of its points
@@ -108,24 +126,24 @@ def split(request: Mapping[str, Any], count: int) -> list[Part]:
     """The request's points dealt to at most ``count`` sub-requests, the costliest first to the least loaded (each
     sub-request keeps everything else of the request); one sub-request when there is one point or none."""
     points, fsdp = list(request.get("points") or []), list(request.get("fsdp_points") or [])
-    evaluates = request.get("evaluation") is not None
     every = [("points", i, p) for i, p in enumerate(points)] + [("fsdp_points", i, p) for i, p in enumerate(fsdp)]
     count = max(1, min(count, len(every)))
     if count == 1:
         return [(dict(request), list(range(len(every))))]
     loads = [0.0] * count
     dealt: list[list[tuple[str, int, Mapping[str, Any]]]] = [[] for _ in range(count)]
-    for kind, i, p in sorted(every, key=lambda e: -_cost(e[2], evaluates)):
+    for kind, i, p in sorted(every, key=lambda e: -_cost(e[2], request)):
         w = loads.index(min(loads))
-        loads[w] += _cost(p, evaluates)
+        loads[w] += _cost(p, request)
         dealt[w].append((kind, i, p))
     out: list[Part] = []
-    for mine in dealt:
+    for n, mine in enumerate(dealt):
         mine.sort(key=lambda e: (e[0] != "points", e[1]))  # as the request orders them
         sub = {
             **request,
             "points": [p for kind, _, p in mine if kind == "points"],
             "fsdp_points": [p for kind, _, p in mine if kind == "fsdp_points"],
+            **({"model_wide": False} if n else {}),  # the model-wide numbers are read from the first part (_merge)
         }
         out.append((sub, [i if kind == "points" else len(points) + i for kind, i, _ in mine]))
     return out

@@ -77,3 +77,22 @@ def test_the_points_are_dealt_to_tracers_side_by_side_and_merged_back_in_order()
     merged = _merge(request, parts, outs)
     assert merged["param_count"] == 7
     assert merged["points"] == [{"n": 0}, {"n": 1}, {"n": 2}] and merged["fsdp_points"] == [{"n": 3}]
+
+
+def test_explains_points_are_dealt_by_what_they_trace_not_their_tokens():
+    """Explain's four points of a job that evaluates with generate (two lengths, checkpointing off and on; eval traced
+    on the uncheckpointed ones): a fake-tensor trace costs per op, so each tracer gets one eval point and one
+    checkpointed point, whatever their lengths (dealt by tokens, one got the 640-token eval point alone)."""
+    from tuner.memory.trace_run import split
+
+    point = {"micro_batch_size": 2, "precision": "bf16", "cast_module": True}
+    points = [
+        {**point, "max_length": n, "gradient_checkpointing": ckpt, **({"evaluate": False} if ckpt else {})}
+        for n in (320, 640)
+        for ckpt in (False, True)
+    ]
+    evaluation = {"eval_batch_size": 1, "generate": True, "generation_max_length": 61, "num_beams": 1}
+    parts = split({"model": {}, "points": points, "evaluation": evaluation, "label_length": 61}, 2)
+    dealt = sorted(sorted(where) for _, where in parts)
+    assert dealt == [[0, 3], [1, 2]]  # eval 320 + checkpointed 640, checkpointed 320 + eval 640
+    assert [sub.get("model_wide", True) for sub, _ in parts] == [True, False]  # the model-wide numbers traced once
