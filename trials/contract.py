@@ -111,6 +111,10 @@ def trusts_remote_code(env: Mapping[str, str]) -> bool:
 BUCKET_KNOBS: tuple[str, str] = ("allgather_bucket_size", "reduce_bucket_size")
 DS_DEFAULT_BUCKET = 500_000_000
 
+# The tokens a memory trace decodes at most (trials.decode.traced_decode; the rest of a longer decode extrapolated
+# from the last ones); tuner.memory.trace_run weighs a point's decode by it.
+TRACED_DECODE_STEPS = 24
+
 # The caching allocator's settings (the alloc_conf knob). PyTorch >= 2.9 reads PYTORCH_ALLOC_CONF and still honours
 # (first) the older PYTORCH_CUDA_ALLOC_CONF: a rank gets both, an export writes both, a rank reports the one in force.
 ALLOC_CONF_ENV: tuple[str, str] = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")

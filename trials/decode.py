@@ -6,11 +6,11 @@ the generation length. This runs that worst case: the encoder once (seq2seq), th
 greedy, or over ``batch x beams`` rows for beam search (a beam search keeps that many rows and their caches; its
 bookkeeping of scores is small beside them).
 
-``traced_decode`` is the trace's (trials.estimate, trials.trace_fsdp): a decode longer than ``TRACED_STEPS`` is traced
-to that many tokens and the rest extrapolated from its last steps. Each step past the first adds the same bytes (the
-cache's key / value rows, the token ids, a decoder-only mask's column: every one linear in the tokens so far), so the
-peak and the cache of the last step grow by a constant a token; a 128-token decode of flan-t5-large traced in full was
-the bulk of `tuner explain`'s minute.
+``traced_decode`` is the trace's (trials.estimate, trials.trace_fsdp): a decode longer than
+``trials.contract.TRACED_DECODE_STEPS`` is traced to that many tokens and the rest extrapolated from its last steps.
+Each step past the first adds the same bytes (the cache's key / value rows, the token ids, a decoder-only mask's
+column: every one linear in the tokens so far), so the peak and the cache of the last step grow by a constant a token;
+a 128-token decode of flan-t5-large traced in full was the bulk of `tuner explain`'s minute.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trials.contract import TRACED_DECODE_STEPS
+
 if TYPE_CHECKING:
     from trials.memory import LiveTensorTracker
-
-TRACED_STEPS = 24  # the tokens a trace decodes at most; the rest of a longer decode extrapolated from the last ones
 
 
 def fixed_length_decode(
@@ -93,7 +93,7 @@ def traced_decode(
     steps (the peak is the larger of the traced one, e.g. the encoder's, and that last step's)."""
     from trials.trace_model import cache_bytes
 
-    steps = min(new_tokens, TRACED_STEPS if traced_steps is None else traced_steps)
+    steps = min(new_tokens, TRACED_DECODE_STEPS if traced_steps is None else traced_steps)
     peaks: list[int] = []
     caches: list[int] = []
     top = 0

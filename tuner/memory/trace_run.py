@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trials.contract import TRACED_DECODE_STEPS
 from tuner.errors import ConfigError, ModelSourceError
 from tuner.memory import trace_cache
 from tuner.trace_progress import TraceReporter, current
@@ -94,14 +95,14 @@ def workers() -> int:
 
 
 #: a point's tracing time in units of its training steps' (a fake-tensor trace costs per dispatched op, whatever the
-#: shapes): checkpointing's recomputed forward, the eval forward and each decoded token's step (trials.decode traces at
-#: most TRACED_STEPS of them). Measured on explain's points of flan-t5-large (bf16 cast module, micro 2, one process):
+#: shapes): checkpointing's recomputed forward, the eval forward and each decoded token's step (trials.decode traces
+#: at most TRACED_DECODE_STEPS of them). Measured on explain's points of flan-t5-large (bf16 cast module, micro 2, one
+#: process):
 #: 10 s the training steps, 13.0 / 12.9 s checkpointed at 320 / 640 tokens, 19.9 / 20.1 s with the eval forward and a
 #: 24-token decode; dealt by tokens, one tracer got both checkpointed points and an eval point (46 s against 20 s)
 CHECKPOINTED = 1.3
 EVAL_FORWARD = 0.2
 DECODE_STEP = 0.033
-TRACED_STEPS = 24  # trials.decode.TRACED_STEPS (tuner/ never imports trials' torch side)
 
 
 def _cost(p: Mapping[str, Any], request: Mapping[str, Any]) -> float:
@@ -113,7 +114,7 @@ def _cost(p: Mapping[str, Any], request: Mapping[str, Any]) -> float:
         cost += EVAL_FORWARD
         if evaluation.get("generate"):  # trials.trace_eval's decode length
             steps = int(evaluation.get("generation_max_length") or request.get("label_length") or p["max_length"])
-            cost += DECODE_STEP * min(steps, TRACED_STEPS)
+            cost += DECODE_STEP * min(steps, TRACED_DECODE_STEPS)
     cost *= float(p.get("world_size", 1)) * (2.0 if p.get("accumulates") else 1.0)
     return cost + 1e-9 * float(p["micro_batch_size"]) * float(p["max_length"])
 
@@ -150,7 +151,8 @@ def split(request: Mapping[str, Any], count: int) -> list[Part]:
 
 
 def _merge(request: Mapping[str, Any], parts: list[Part], outs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The parts' answers as one: the model-wide numbers (every part reports the same), the points in order."""
+    """The parts' answers as one: the model-wide numbers (the first part's: the others skip the job's optimizer
+    state, ``split``), the points in order."""
     n = len(request.get("points") or [])
     slots: dict[int, dict[str, Any]] = {}
     for (_, where), got in zip(parts, outs, strict=True):
